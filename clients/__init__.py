@@ -1,0 +1,1 @@
+"""The ClientApp: partition loading, local training (plain SGD, and later DP-SGD), metrics."""

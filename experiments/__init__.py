@@ -1,0 +1,1 @@
+"""The command line, presets, sweeps, results tables and plots, and benchmarks."""

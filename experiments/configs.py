@@ -1,0 +1,57 @@
+"""Presets and --set overrides: reading them and turning them into a validated run config."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ConfigError, parse_assignment, validate
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+SWEEPS = Path(__file__).resolve().parent / "sweeps"
+
+
+def find_file(name: str, folder: Path, kind: str) -> Path:
+    """A path as given, or ``<folder>/<name>.toml`` for a bare name."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    bundled = folder / (name if name.endswith(".toml") else f"{name}.toml")
+    if bundled.is_file():
+        return bundled
+    available = ", ".join(sorted(p.stem for p in folder.glob("*.toml"))) or "none"
+    raise ConfigError(f"{kind} {name!r} not found: no such file, and no bundled {kind} of that "
+                      f"name (bundled: {available}).")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}.") from exc
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    """A preset: a flat TOML file of run-config keys (checked, not yet completed)."""
+    path = find_file(name, PRESETS, "preset")
+    values = read_toml(path)
+    tables = [k for k, v in values.items() if isinstance(v, dict)]
+    if tables:
+        raise ConfigError(f"preset {path} has tables {tables}; a preset is a flat list of "
+                          "run-config keys (key = value).")
+    try:
+        return validate(values, partial=True)
+    except ConfigError as exc:
+        raise ConfigError(f"in preset {path}: {exc}") from None
+
+
+def resolve(preset: str | None, assignments: Iterable[str]) -> dict[str, Any]:
+    """Defaults <- preset <- --set key=value, validated as a whole."""
+    values: dict[str, Any] = read_preset(preset) if preset else {}
+    for text in assignments:
+        key, value = parse_assignment(text)
+        values[key] = value
+    return validate(values)

@@ -1,0 +1,99 @@
+"""Run one configuration on a LocalSuperLink and report how it ended."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.console import PREFIX
+from server.results import RunFolder, read_run_info
+
+from .superlink import LocalSuperLink
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ERROR_LINE = re.compile(r"(\bERROR\b|^Traceback|^\w*(Error|Exception)\b.*:)")
+MAX_ERROR_LINES = 8
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str  # finished | failed | interrupted | crashed
+    error: str | None
+    info: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+
+def federation_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulation federation for a run config: clients and their resources."""
+    import torch
+
+    gpus = (float(cfg["client-gpus"])
+            if cfg["device"] != "cpu" and torch.cuda.is_available() else 0.0)
+    return {"num-supernodes": int(cfg["num-clients"]),
+            "client-resources-num-cpus": int(cfg["client-cpus"]),
+            "client-resources-num-gpus": gpus}
+
+
+class LogFilter:
+    """Write every line to the log file; show fedpriv's own lines (and errors) on the terminal."""
+
+    def __init__(self, log_path: Path, verbose: bool, echo: Callable[[str], None]) -> None:
+        self.log = open(log_path, "a")
+        self.verbose = verbose
+        self.echo = echo
+        self.errors_shown = 0
+        self.t0 = time.perf_counter()
+
+    def __call__(self, raw: str) -> None:
+        line = ANSI.sub("", raw)
+        self.log.write(f"[{time.perf_counter() - self.t0:7.2f}s] {line}\n")
+        self.log.flush()
+        if PREFIX in line:
+            self.echo(line.split(PREFIX, 1)[1])
+        elif self.verbose:
+            self.echo(line)
+        elif ERROR_LINE.search(line.strip()):
+            self.errors_shown += 1
+            if self.errors_shown <= MAX_ERROR_LINES:
+                self.echo("  | " + line.strip()[:400])
+            elif self.errors_shown == MAX_ERROR_LINES + 1:
+                self.echo("  | (more errors in flwr.log)")
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Path, *,
+            verbose: bool = False, echo: Callable[[str], None] = print) -> RunOutcome:
+    """Submit one run and wait for it; the ServerApp writes everything into ``run_dir``."""
+    t0 = time.perf_counter()
+    log = LogFilter(run_dir / "flwr.log", verbose, echo)
+    status, error = "crashed", None
+    try:
+        link.submit(app, {**cfg, "run-dir": str(run_dir)}, federation_config(cfg), log)
+        info = read_run_info(run_dir)
+        status = info.get("status", "crashed")
+        if status == "running":
+            status = "crashed"
+        error = info.get("error")
+        if status == "crashed":
+            error = ("the ServerApp stopped without recording an outcome; see "
+                     f"{run_dir / 'flwr.log'}")
+    except KeyboardInterrupt:
+        status, error = "interrupted", "interrupted by the user (Ctrl-C)"
+        raise
+    finally:
+        log.close()
+        info = read_run_info(run_dir)
+        if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
+            RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
+    return RunOutcome(run_dir, status, error, read_run_info(run_dir), time.perf_counter() - t0)

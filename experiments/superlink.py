@@ -1,0 +1,171 @@
+"""A private Flower SuperLink in simulation mode, owned and stopped by fedpriv.
+
+Each :class:`LocalSuperLink` gets its own ``FLWR_HOME`` (a temporary folder that
+also holds Ray's session files), a free local port, telemetry and update checks
+off, and runtime dependency installation off (the app runs in this environment).
+Whatever it starts — the SuperLink and, below it, SuperExec, the simulation
+process, Ray's GCS, raylet and actors — is stopped by PID when the ``with`` block
+ends, on success, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import procs
+
+
+class SuperLinkError(RuntimeError):
+    """The SuperLink or `flwr run` could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flower_executable(name: str) -> str:
+    """A Flower console script from this interpreter's environment."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if not found:
+        raise SuperLinkError(f"`{name}` was not found next to {sys.executable} or on PATH; "
+                             "install fedpriv's dependencies (pip install -e .).")
+    return found
+
+
+def flower_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "RAY_TMPDIR": str(home / "ray"),
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+class LocalSuperLink:
+    """Start ``flower-superlink --simulation`` on a free port; stop its whole tree on exit."""
+
+    CONNECTION = "fedpriv"
+
+    def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None) -> None:
+        self.startup_timeout = startup_timeout
+        self.cwd = cwd or Path.cwd()
+        self.home: Path | None = None
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.client: subprocess.Popen | None = None
+        self.started_s = 0.0
+        self._runs = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        assert self.home is not None
+        return flower_env(self.home)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def start(self) -> LocalSuperLink:
+        t0 = time.perf_counter()
+        self.home = Path(tempfile.mkdtemp(prefix="fp-"))
+        (self.home / "ray").mkdir()
+        self.port = free_port()
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        log = open(self.home / "superlink.log", "w")
+        self.proc = subprocess.Popen(
+            [flower_executable("flower-superlink"), "--insecure", "--simulation",
+             "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+             "--port", str(self.port)],
+            env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        ok = procs.wait_until(lambda: self._healthy() or self.proc.poll() is not None,
+                              self.startup_timeout)
+        if not ok or self.proc.poll() is not None:
+            tail = self.log_tail()
+            self.stop()
+            raise SuperLinkError(f"flower-superlink did not become ready on port {self.port}"
+                                 f" (exit code {self.proc.poll()}). Its log ends with:\n{tail}")
+        self.started_s = time.perf_counter() - t0
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = (self.home or Path("/nonexistent")) / "superlink.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc and self.proc.poll() is None else []
+
+    def submit(self, app_dir: Path, run_config: Mapping[str, Any],
+               federation: Mapping[str, Any], on_line: Callable[[str], None]) -> int:
+        """Run ``flwr run APP fedpriv --stream`` with this config; pass each output line on."""
+        from tasks.config import to_toml
+
+        assert self.home is not None
+        self._runs += 1
+        overrides = self.home / f"run-{self._runs}.toml"
+        overrides.write_text(to_toml(run_config))
+        fed = " ".join(f"{k}={_toml_value(v)}" for k, v in federation.items())
+        cmd = [flower_executable("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
+               "--run-config", str(overrides), "--federation-config", fed]
+        client = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                  bufsize=1, errors="replace")
+        self.client = client
+        try:
+            assert client.stdout is not None
+            for line in client.stdout:
+                on_line(line.rstrip("\n"))
+            return client.wait()
+        finally:
+            if client.poll() is None:
+                procs.stop_tree(client)
+            self.client = None
+
+    def stop(self) -> None:
+        """Stop everything this SuperLink started, by PID, and remove its FLWR_HOME."""
+        if self.client is not None and self.client.poll() is None:
+            procs.stop_tree(self.client)
+        if self.proc is not None:
+            procs.stop_tree(self.proc)
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> LocalSuperLink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)

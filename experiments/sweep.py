@@ -1,0 +1,195 @@
+"""`fedpriv sweep`: every combination of a grid, on one SuperLink, compared in one table.
+
+A sweep file names an optional base ``preset``, ``[fixed]`` keys for every cell and
+a ``[grid]`` of lists. Every cell is checked against the schema before anything
+starts; a cell whose data check or run fails is recorded and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.results import new_run_dir, read_metrics
+from server.summary import outcome as run_outcome
+from tasks.config import ConfigError, parse_assignment, validate
+
+from .configs import SWEEPS, find_file, read_preset, read_toml
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    path: Path
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+
+    def cells(self) -> list[dict[str, Any]]:
+        keys = list(self.grid)
+        combos = itertools.product(*self.grid.values())
+        return [dict(zip(keys, combo, strict=True)) for combo in combos]
+
+
+@dataclass
+class Cell:
+    index: int
+    params: dict[str, Any]
+    config: dict[str, Any]
+    status: str = "pending"
+    error: str | None = None
+    run_dir: Path | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and check a sweep file (schema errors in any cell stop the sweep before it starts)."""
+    path = find_file(name, SWEEPS, "sweep")
+    raw = read_toml(path)
+    unknown = set(raw) - {"name", "preset", "fixed", "grid"}
+    if unknown:
+        raise ConfigError(f"sweep {path}: unknown top-level entries {sorted(unknown)}; allowed: "
+                          "name, preset, [fixed], [grid].")
+    grid = raw.get("grid", {})
+    if not grid or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError(f"sweep {path}: [grid] must map keys to non-empty lists, e.g. "
+                          "num-clients = [5, 10].")
+    base: dict[str, Any] = {}
+    if "preset" in raw:
+        base.update(read_preset(str(raw["preset"])))
+    base.update(raw.get("fixed", {}))
+    for text in overrides:
+        key, value = parse_assignment(text)
+        base[key] = value
+    spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid)
+    errors = []
+    for params in spec.cells():
+        try:
+            validate({**base, **params})
+        except ConfigError as exc:
+            errors.append(f"cell {params}: {exc}")
+    if errors:
+        raise ConfigError(f"sweep {path} has invalid cells:\n" + "\n".join(errors[:5]))
+    return spec
+
+
+def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    keys = list(spec.grid)
+    head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
+            "steady-round-s", "wall-s", "run-dir", "error"]
+    rows = []
+    for c in cells:
+        r = c.result
+        rows.append([c.index, *[c.params[k] for k in keys], c.status,
+                     _fmt(r.get("final", {}).get("accuracy")),
+                     _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
+                     r.get("rounds", ""), _fmt(r.get("steady-round-s"), 3),
+                     _fmt(r.get("wall-s"), 1),
+                     str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
+    with open(out / "sweep.csv", "w", newline="") as f:
+        csv.writer(f).writerows([head, *rows])
+    md = [f"# Sweep {spec.name}", "", f"From `{spec.path}`; fixed keys: "
+          + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), "",
+          "| " + " | ".join(head[:-2]) + " |", "|" + "---|" * (len(head) - 2)]
+    for row in rows:
+        md.append("| " + " | ".join(str(x) for x in row[:-2]) + " |")
+    failed = [c for c in cells if c.error]
+    if failed:
+        md += ["", "Failed cells:", ""] + [f"- cell {c.index} ({c.label}): {c.error}"
+                                         for c in failed]
+    md += ["", "![accuracy vs round](plots/accuracy_vs_round.png)", "",
+           "![final accuracy](plots/final_accuracy.png)", ""]
+    (out / "sweep.md").write_text("\n".join(md))
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _plots(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    from matplotlib.figure import Figure
+
+    from server.plots import line_plot
+
+    done = [c for c in cells if c.run_dir and read_metrics(c.run_dir)]
+    series = {}
+    for c in done:
+        recs = read_metrics(c.run_dir)  # type: ignore[arg-type]
+        series[c.label] = ([r["round"] for r in recs], [r["test"]["accuracy"] for r in recs])
+    line_plot(out / "plots" / "accuracy_vs_round.png", series, "round", "test accuracy",
+              f"sweep {spec.name}", ylim=(0.0, 1.0))
+    fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
+    ax = fig.subplots()
+    labels = [c.label for c in cells]
+    values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
+    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
+    ax.barh(range(len(cells)), values, color=colors)
+    ax.set_yticks(range(len(cells)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("final test accuracy (red: cell failed)")
+    ax.set_title(f"sweep {spec.name}", fontsize=10)
+    for i, v in enumerate(values):
+        ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
+    fig.savefig(out / "plots" / "final_accuracy.png", dpi=110, bbox_inches="tight")
+
+
+def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
+              verbose: bool = False) -> int:
+    """Run a sweep file; returns the process exit code (0 when every cell finished)."""
+    from .app_bundle import app_dir
+    from .preflight import absolutize, preflight
+    from .runner import execute
+    from .superlink import LocalSuperLink
+
+    spec = load_sweep(name, overrides)
+    cells = [Cell(i + 1, p, absolutize(validate({**spec.base, **p})))
+             for i, p in enumerate(spec.cells())]
+    print(f"sweep {spec.name}: {len(cells)} cells over {', '.join(spec.grid)}")
+    for c in cells:
+        print(f"  {c.index:>3}. {c.label}")
+    if dry_run:
+        return 0
+    results_dir = cells[0].config["results-dir"]
+    out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
+    (out / "plots").mkdir()
+    (out / "sweep.json").write_text(json.dumps(
+        {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid},
+        indent=2))
+    app = app_dir()
+    t0 = time.perf_counter()
+    try:
+        with LocalSuperLink() as link:
+            for c in cells:
+                print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
+                try:
+                    preflight(c.config)
+                except ConfigError as exc:
+                    c.status, c.error = "invalid", str(exc)
+                    print(f"  skipped: {exc}")
+                    continue
+                c.run_dir = out / "cells" / f"{c.index:02d}"
+                c.run_dir.mkdir(parents=True)
+                res = execute(link, app, c.config, c.run_dir, verbose=verbose)
+                c.status, c.error = res.status, res.error
+                c.result = {**run_outcome(read_metrics(c.run_dir)),
+                            "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s}
+                if not res.ok:
+                    print(f"  cell {c.index} {res.status}: {res.error}")
+                _write_table(out, spec, cells)
+    finally:
+        _write_table(out, spec, cells)
+        _plots(out, spec, cells)
+    failed = sum(c.status != "finished" for c in cells)
+    print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
+          f"{len(cells)} cells finished · {out / 'sweep.md'}")
+    return 0 if failed == 0 else 1

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test suite: set up ./.venv with the dev tools if needed, lint, then run every test,
+# including the end-to-end runs of the real Flower simulation runtime (marked slow).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

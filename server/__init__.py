@@ -1,0 +1,1 @@
+"""The ServerApp: strategy, rounds, central evaluation, and the per-round ledger of a run."""

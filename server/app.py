@@ -1,0 +1,217 @@
+"""The ServerApp: FedAvg (or another strategy) over the federation, with a per-round ledger.
+
+Per round: sample clients, send the global model, aggregate their updates, evaluate
+the new global model on the held-out test set, append one record to
+``metrics.jsonl`` (flushed, so a crash keeps finished rounds) and print a table row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from strategies import Observed, RoundLog, build_strategy
+from tasks.config import validate
+from tasks.models import build_model, count_parameters, resolve_model_name
+from tasks.splits import dataset_for, test_split
+from tasks.training import evaluate, resolve_device
+
+from .console import say, table_header, table_row
+from .discovery import ClientInfo, discover_clients
+from .plots import plot_label_distribution, plot_run
+from .results import RunFolder, read_metrics
+from .summary import outcome, write_summary
+
+app = ServerApp()
+PLOT_EVERY_S = 10.0  # redraw plots at most this often during a run (and always at the end)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("flwr", "torch", "ray", "opacus", "numpy")}
+
+
+def _now() -> str:
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _train_summary(log: RoundLog) -> dict[str, Any]:
+    examples = sum(int(c.get("num-examples", 0)) for c in log.clients)
+    out: dict[str, Any] = {"num-examples": examples, "clients": len(log.clients)}
+    if "train-loss" in log.aggregated:
+        out["loss"] = log.aggregated["train-loss"]
+    if "train-accuracy" in log.aggregated:
+        out["accuracy"] = log.aggregated["train-accuracy"]
+    return out
+
+
+class RunRecorder:
+    """Turns what the strategy observed plus central evaluation into ledger records."""
+
+    def __init__(self, run: RunFolder, strategy: Observed, info: dict[str, Any],
+                 title: str) -> None:
+        self.run = run
+        self.strategy = strategy
+        self.info = info
+        self.title = title
+        self.t_first_round: float | None = None
+        self.last_plot = 0.0
+
+    def record(self, rnd: int, test: dict[str, float], eval_s: float) -> None:
+        if rnd == 0:
+            self.info["initial"] = test
+            self.run.write_json("run.json", self.info)
+            say(table_header())
+            say(table_row(0, test, None, "-", None))
+            return
+        log = self.strategy.current
+        assert log is not None and log.round == rnd
+        now = time.perf_counter()
+        if self.t_first_round is None:
+            self.t_first_round = log.started
+        record: dict[str, Any] = {
+            "round": rnd,
+            "test": test,
+            "train": _train_summary(log),
+            "sampled": log.sampled,
+            "clients": log.clients,
+            "failures": log.failures,
+            "time": {
+                "round-s": now - log.started,
+                "train-s": (log.train_done or now) - log.started,
+                "central-eval-s": eval_s,
+                "elapsed-s": now - self.t_first_round,
+            },
+        }
+        if log.evaluated:
+            n = sum(int(c["num-examples"]) for c in log.evaluated)
+            record["client-eval"] = {
+                "loss": sum(c["eval-loss"] * c["num-examples"] for c in log.evaluated) / n,
+                "accuracy": sum(c["eval-accuracy"] * c["num-examples"] for c in log.evaluated) / n,
+                "clients": log.evaluated,
+            }
+        self.run.append_metrics(record)
+        self.info["rounds-completed"] = rnd
+        ok = f"{len(log.clients)}/{len(log.sampled)}"
+        say(table_row(rnd, test, record["train"], ok, record["time"]["round-s"]))
+        if log.failures:
+            say(f"  round {rnd}: {len(log.failures)} client error(s), e.g. client "
+                f"{log.failures[0]['partition-id']}: {log.failures[0]['error'][:300]}")
+        if now - self.last_plot >= PLOT_EVERY_S:
+            self.plot()
+
+    def plot(self) -> None:
+        plot_run(self.run.path / "plots", read_metrics(self.run.path), self.info.get("initial"),
+                 self.title)
+        self.last_plot = time.perf_counter()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[str, Any]:
+    """Everything between a validated config and a finished results folder."""
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {"status": "running", "started": _now(), "run-dir": str(run.path),
+                            "versions": _versions()}
+    run.write_json("run.json", info)
+    _seed_everything(int(cfg["seed"]))
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+
+    data = dataset_for(cfg)
+    test = test_split(cfg)
+    model_name = resolve_model_name(str(cfg["model"]), data.input_shape)
+    model = build_model(model_name, data.input_shape, data.num_classes, str(cfg["mlp-hidden"]))
+    device = resolve_device(str(cfg["device"]))
+    info.update({"dataset": data.summary(), "dataset-source": data.source, "model": model_name,
+                 "parameters": count_parameters(model)})
+    say(f"data: {data.summary()}")
+
+    clients: list[ClientInfo] = discover_clients(grid, float(cfg["round-timeout"]))
+    n_clients = len(clients)
+    if n_clients != int(cfg["num-clients"]):
+        say(f"note: the federation has {n_clients} clients (num-partitions of its nodes) but "
+            f"num-clients = {cfg['num-clients']}; using {n_clients}. With `flwr run`, pass "
+            f"--federation-config \"num-supernodes={cfg['num-clients']}\".")
+    info["num-clients"] = n_clients
+    partitions = [c.as_json() for c in clients]
+    run.write_json("partitions.json", {"partitioner": cfg["partitioner"],
+                                       "num-classes": data.num_classes, "clients": partitions})
+    title = (f"{cfg['dataset']} · {model_name} · {cfg['strategy']} · {n_clients} clients "
+             f"({cfg['partitioner']})")
+    plot_label_distribution(run.path / "plots" / "label_distribution.png", partitions,
+                            f"label distribution — {title}")
+    sizes = [c.num_examples for c in clients]
+    say(f"model: {model_name} ({info['parameters']:,} parameters) · strategy {cfg['strategy']}"
+        f" · {n_clients} clients ({cfg['partitioner']}, sizes {min(sizes)}–{max(sizes)}) · "
+        f"{cfg['num-server-rounds']} rounds")
+
+    strategy = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]),
+                        {c.node_id: c.partition_id for c in clients})
+    recorder = RunRecorder(run, strategy, info, title)
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        start = time.perf_counter()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, acc = evaluate(model, test.x, test.y, int(cfg["eval-batch-size"]), device)
+        recorder.record(server_round, {"loss": loss, "accuracy": acc},
+                        time.perf_counter() - start)
+        return MetricRecord({"loss": loss, "accuracy": acc})
+
+    info["setup-s"] = time.perf_counter() - t0
+    initial = ArrayRecord(model.state_dict())
+    result = strategy.start(grid=grid, initial_arrays=initial,
+                            num_rounds=int(cfg["num-server-rounds"]),
+                            timeout=float(cfg["round-timeout"]),
+                            train_config=ConfigRecord({"local-epochs": int(cfg["local-epochs"])}),
+                            evaluate_fn=central_evaluate)
+    if cfg["save-model"]:
+        model.load_state_dict(result.arrays.to_torch_state_dict())
+        torch.save({"model": model_name, "input-shape": list(data.input_shape),
+                    "num-classes": data.num_classes, "mlp-hidden": cfg["mlp-hidden"],
+                    "state-dict": model.state_dict()}, run.file("model.pt"))
+    recorder.plot()
+    records = read_metrics(run.path)
+    info.update({"status": "finished", "finished": _now(), "wall-s": time.perf_counter() - t0,
+                 **outcome(records)})
+    run.write_json("run.json", info)
+    write_summary(run, cfg, info, records)
+    return info
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Validate the run config, open the results folder, run the rounds, record everything."""
+    cfg = validate(context.run_config)
+    run = RunFolder.open(cfg)
+    run.write_config(cfg)
+    say(f"results: {run.path}")
+    try:
+        info = run_federation(grid, cfg, run)
+    except BaseException as exc:
+        info = {**_read_info(run), "status": "failed", "finished": _now(),
+                "error": f"{type(exc).__name__}: {exc}"}
+        run.write_json("run.json", info)
+        say(f"error: {type(exc).__name__}: {exc}")
+        raise
+    final = info.get("final", {})
+    say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
+        f"{info.get('rounds-completed', 0)} rounds in {info['wall-s']:.1f} s · {run.path}")
+
+
+def _read_info(run: RunFolder) -> dict[str, Any]:
+    from .results import read_run_info
+
+    return read_run_info(run.path)

@@ -1,0 +1,86 @@
+"""Ask every connected node which partition it holds (one QUERY message each).
+
+The answers map Flower's random node ids to stable partition ids, which makes
+sampling reproducible, and give each client's size and label histogram as the
+client itself sees them (true in simulation and on real SuperNodes alike).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from .console import say
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    node_id: int
+    partition_id: int
+    num_partitions: int
+    num_examples: int
+    label_counts: list[int]
+
+    def as_json(self) -> dict:
+        return {"partition-id": self.partition_id, "node-id": self.node_id,
+                "num-examples": self.num_examples, "label-counts": self.label_counts}
+
+
+class DiscoveryError(RuntimeError):
+    """Clients could not be reached or disagreed about the federation."""
+
+
+def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
+    messages = [Message(RecordDict({"config": ConfigRecord({})}),
+                        message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+    infos, errors = [], []
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        if reply.has_error():
+            errors.append(reply.error.reason)
+            continue
+        m = reply.content["metrics"]
+        infos.append(ClientInfo(reply.metadata.src_node_id, int(m["partition-id"]),
+                                int(m["num-partitions"]), int(m["num-examples"]),
+                                [int(c) for c in m["label-counts"]]))
+    if errors:
+        raise DiscoveryError(f"{len(errors)} client(s) failed to load their data. First "
+                             f"error: {errors[0]}")
+    if len(infos) < len(node_ids):
+        raise DiscoveryError(f"only {len(infos)} of {len(node_ids)} clients answered within "
+                             f"{timeout:.0f} s (round-timeout).")
+    return infos
+
+
+def discover_clients(grid: Grid, timeout: float) -> list[ClientInfo]:
+    """Query nodes until every partition of the federation has answered; sorted by partition."""
+    deadline = time.monotonic() + timeout
+    known: dict[int, ClientInfo] = {}
+    expected: int | None = None
+    last_note = 0.0
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in known]
+        if new:
+            for info in _query(grid, new, max(deadline - time.monotonic(), 1.0)):
+                known[info.node_id] = info
+            sizes = {i.num_partitions for i in known.values()}
+            if len(sizes) > 1:
+                raise DiscoveryError(f"clients disagree on num-partitions: {sorted(sizes)}. "
+                                     "Start every SuperNode with the same num-partitions.")
+            expected = sizes.pop()
+        if expected is not None and len(known) >= expected:
+            break
+        if time.monotonic() > deadline:
+            raise DiscoveryError(f"{len(known)} of {expected or '?'} clients connected after "
+                                 f"{timeout:.0f} s (round-timeout).")
+        if time.monotonic() - last_note > 10:
+            say(f"waiting for clients: {len(known)} of {expected or '?'} connected")
+            last_note = time.monotonic()
+        time.sleep(0.5)
+    infos = sorted(known.values(), key=lambda i: i.partition_id)
+    pids = [i.partition_id for i in infos]
+    if len(set(pids)) != len(pids):
+        raise DiscoveryError(f"two nodes claim the same partition id: {pids}.")
+    return infos

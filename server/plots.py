@@ -1,0 +1,90 @@
+"""Plots of one run, redrawn from the ledger (matplotlib's object API: no GUI, thread-safe)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+
+def _save(fig: Figure, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    tmp.replace(path)
+
+
+def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+              xlabel: str, ylabel: str, title: str, ylim: tuple[float, float] | None = None
+              ) -> None:
+    """One line per named series of (x, y) points."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    for label, (xs, ys) in series.items():
+        if len(xs):
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _series(records: Sequence[Mapping[str, Any]], *path: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        value: Any = r
+        for p in path:
+            value = value.get(p) if isinstance(value, Mapping) else None
+        if isinstance(value, (int, float)):
+            xs.append(r["round"])
+            ys.append(float(value))
+    return xs, ys
+
+
+def plot_run(out_dir: Path, records: Sequence[Mapping[str, Any]],
+             initial: Mapping[str, Any] | None, title: str) -> list[Path]:
+    """Accuracy and loss against round; returns the files written."""
+    rows = ([{"round": 0, "test": initial}] if initial else []) + list(records)
+    acc = out_dir / "accuracy.png"
+    line_plot(acc, {"test (server, held-out)": _series(rows, "test", "accuracy"),
+                    "train (clients, weighted)": _series(records, "train", "accuracy")},
+              "round", "accuracy", title, ylim=(0.0, 1.0))
+    loss = out_dir / "loss.png"
+    line_plot(loss, {"test (server, held-out)": _series(rows, "test", "loss"),
+                     "train (clients, weighted)": _series(records, "train", "loss")},
+              "round", "cross-entropy loss", title)
+    return [acc, loss]
+
+
+def plot_label_distribution(path: Path, partitions: Sequence[Mapping[str, Any]],
+                            title: str) -> None:
+    """Stacked bars: how many examples of each class every client holds."""
+    import numpy as np
+    from matplotlib import colormaps
+
+    counts = np.array([p["label-counts"] for p in partitions], dtype=float)
+    n_clients, n_classes = counts.shape
+    fig = Figure(figsize=(max(6.4, min(0.25 * n_clients + 2, 16)), 4.0))
+    ax = fig.subplots()
+    cmap = colormaps["tab20" if n_classes > 10 else "tab10"]
+    bottom = np.zeros(n_clients)
+    ids = [p["partition-id"] for p in partitions]
+    for c in range(n_classes):
+        ax.bar(range(n_clients), counts[:, c], bottom=bottom, width=0.85,
+               color=cmap(c % cmap.N), label=str(c) if n_classes <= 20 else None)
+        bottom += counts[:, c]
+    ax.set_xlabel("client (partition id)")
+    ax.set_ylabel("examples")
+    ax.set_title(title, fontsize=10)
+    step = max(1, n_clients // 20)
+    ax.set_xticks(range(0, n_clients, step), [str(i) for i in ids[::step]])
+    if n_classes <= 20:
+        ax.legend(title="class", fontsize=7, ncols=2 if n_classes > 10 else 1,
+                  bbox_to_anchor=(1.01, 1), loc="upper left")
+    _save(fig, path)

@@ -1,0 +1,101 @@
+"""A run's results folder: created once, never overwritten, written as the run goes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ConfigError, to_toml
+
+METRICS = "metrics.jsonl"
+RUN_INFO = "run.json"
+
+
+def new_run_dir(results_dir: str | Path, name: str) -> Path:
+    """Create and return a fresh folder ``<results_dir>/<timestamp>-<name>[-k]``."""
+    root = Path(results_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-") or "run"
+    for k in range(1, 1000):
+        path = root / (f"{stamp}-{safe}" if k == 1 else f"{stamp}-{safe}-{k}")
+        try:
+            path.mkdir()
+            return path.resolve()
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a new run folder under {root}")
+
+
+def default_run_name(cfg: Mapping[str, Any]) -> str:
+    return f"{cfg['dataset']}-{cfg['strategy']}-{cfg['partitioner']}"
+
+
+class RunFolder:
+    """The files of one run. Metrics are appended and flushed as each round ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        (path / "plots").mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def open(cls, cfg: Mapping[str, Any]) -> RunFolder:
+        """Use ``run-dir`` if given (it must not hold a finished run) or make a new folder."""
+        if cfg["run-dir"]:
+            path = Path(str(cfg["run-dir"])).expanduser().resolve()
+            if (path / METRICS).exists() or (path / RUN_INFO).exists():
+                raise ConfigError(
+                    f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites "
+                    "results. Leave run-dir empty to get a new folder."
+                )
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path = new_run_dir(str(cfg["results-dir"]), default_run_name(cfg))
+        return cls(path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_text(self, name: str, text: str) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.path / name)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_text(name, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+    def write_config(self, cfg: Mapping[str, Any]) -> None:
+        self.write_text("config.toml", "# Fully resolved run config of this run.\n"
+                        + to_toml(cfg))
+
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        """Append one round to metrics.jsonl and force it to disk."""
+        with open(self.path / METRICS, "a") as f:
+            f.write(json.dumps(record, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The ledger of a run, one dict per finished round."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_INFO
+    return json.loads(path.read_text()) if path.exists() else {}

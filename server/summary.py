@@ -1,0 +1,63 @@
+"""summary.md: the one page a person reads after a run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .results import RunFolder
+
+
+def outcome(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Final and best test accuracy of a ledger, plus steady-state round time."""
+    if not records:
+        return {}
+    best = max(records, key=lambda r: r["test"]["accuracy"])
+    times = [r["time"]["round-s"] for r in records]
+    steady = times[1:] if len(times) > 1 else times
+    return {
+        "final": {"round": records[-1]["round"], **records[-1]["test"]},
+        "best": {"round": best["round"], **best["test"]},
+        "mean-round-s": sum(times) / len(times),
+        "steady-round-s": sum(steady) / len(steady),
+    }
+
+
+def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any],
+                  records: Sequence[Mapping[str, Any]]) -> None:
+    res = outcome(records)
+    lines = [
+        f"# fedpriv run — {cfg['dataset']} · {info.get('model')} · {cfg['strategy']}",
+        "",
+        f"- status: **{info.get('status')}**, {info.get('rounds-completed', 0)} of "
+        f"{cfg['num-server-rounds']} rounds; started {info.get('started')}",
+        f"- data: {info.get('dataset')}",
+        f"- federation: {info.get('num-clients')} clients, partitioner `{cfg['partitioner']}`, "
+        f"fraction-train {cfg['fraction-train']}, {cfg['local-epochs']} local epoch(s), "
+        f"batch {cfg['batch-size']}, lr {cfg['lr']}, seed {cfg['seed']}",
+        f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
+    ]
+    if res:
+        initial = info.get("initial", {})
+        lines += [
+            f"- test accuracy: initial {initial.get('accuracy', float('nan')):.4f} → final "
+            f"**{res['final']['accuracy']:.4f}** (best {res['best']['accuracy']:.4f} at round "
+            f"{res['best']['round']})",
+            f"- time: {info.get('setup-s', 0):.1f} s server setup, {res['mean-round-s']:.2f} s a "
+            f"round on average ({res['steady-round-s']:.2f} s after round 1)",
+            "",
+            "| round | test acc | test loss | train loss | clients | round s |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in records:
+            train_loss = r["train"].get("loss")
+            lines.append(
+                f"| {r['round']} | {r['test']['accuracy']:.4f} | {r['test']['loss']:.4f} | "
+                f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
+                f"{len(r['clients'])}/{len(r['sampled'])} | {r['time']['round-s']:.2f} |")
+    lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", "",
+              "![label distribution](plots/label_distribution.png)", "",
+              "Files: `config.toml` (resolved config), `metrics.jsonl` (one record per round), "
+              "`partitions.json` (client sizes and label counts), `run.json` (status, timings, "
+              "versions), `model.pt` (final global model).", ""]
+    run.write_text("summary.md", "\n".join(lines))

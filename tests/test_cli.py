@@ -1,0 +1,86 @@
+"""The command line: --help documents every key; bad input fails fast, before any process starts."""
+
+import psutil
+import pytest
+
+from experiments.cli import keys_reference
+from tasks.config import SCHEMA
+
+from .conftest import run_cli
+
+
+def _flower_processes():
+    names = ("flower-superlink", "flwr-simulation", "raylet", "gcs_server")
+    found = set()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if any(n in cmd for n in names):
+            found.add(p.pid)
+    return found
+
+
+def test_run_help_documents_every_key_with_default_and_allowed_values():
+    res = run_cli("run", "--help")
+    assert res.returncode == 0
+    for key in SCHEMA:
+        assert f"  {key.name} = " in res.stdout, key.name
+    assert 'dataset = "mnist"    [mnist | fashion-mnist | cifar10 | cifar100 | breast-cancer]' \
+        in res.stdout
+    assert "fraction-train = 1.0    [(0, 1]]" in res.stdout
+
+
+def test_keys_command_matches_reference():
+    res = run_cli("keys")
+    assert res.returncode == 0 and res.stdout.strip() == keys_reference().strip()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "dataset=imagenet"], "dataset = 'imagenet' must be one of"),
+    (["--set", "model=vgg"], "model = 'vgg' must be one of"),
+    (["--set", "strategy=fedfoo"], "strategy = 'fedfoo' must be one of"),
+    (["--set", "partitioner=zipf"], "partitioner = 'zipf' must be one of"),
+    (["--set", "partitioner=dirichlet", "--set", "dirichlet-alpha=0"],
+     "dirichlet-alpha = 0 must be > 0"),
+    (["--set", "fraction-train=1.5"], "fraction-train = 1.5 must be <= 1"),
+    (["--set", "fraction-train=0"], "fraction-train = 0 must be > 0"),
+    (["--set", "num-server-rounds=0"], "num-server-rounds = 0 must be >= 1"),
+    (["--set", "num-clietns=3"], "unknown key 'num-clietns'. Did you mean num-clients"),
+    (["--set", "num-clients=5000"], "num-clients = 5000 is more than the 4,000 training"),
+    (["--set", "data-dir=/nonexistent/fedpriv-data"], "does not exist"),
+    (["--set", "dataset=cifar10"], "cifar-10-batches-py"),
+    (["--set", "dataset=breast-cancer", "--set", "model=cnn"], "needs image input"),
+    (["--config", "no-such-preset"], "preset 'no-such-preset' not found"),
+    (["--set", "lr"], "is not of the form key=value"),
+])
+def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
+    before = _flower_processes()
+    res = run_cli("run", "--set", f"results-dir={tmp_path / 'results'}", *args, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert fragment in res.stderr
+    assert res.stderr.startswith("fedpriv: error:")
+    assert "Traceback" not in res.stderr
+    assert "starting Flower SuperLink" not in res.stdout
+    assert _flower_processes() <= before
+    results = tmp_path / "results"
+    assert not results.exists() or not any(results.iterdir())  # no run folder was made
+
+
+def test_presets_all_validate():
+    res = run_cli("presets")
+    assert res.returncode == 0
+    for name in ("mnist", "fashion-mnist", "cifar10", "breast-cancer", "clients-partitioning"):
+        assert name in res.stdout
+
+
+def test_sweep_dry_run_lists_the_grid():
+    res = run_cli("sweep", "clients-partitioning", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "8 cells" in res.stdout
+    assert "num-clients=5, partitioner=shard, local-epochs=2" in res.stdout
+
+
+def test_sweep_with_an_invalid_cell_is_refused(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[grid]\nnum-clients = [5, 0]\n')
+    res = run_cli("sweep", str(bad), "--dry-run")
+    assert res.returncode == 2 and "num-clients = 0 must be >= 1" in res.stderr

@@ -1,0 +1,103 @@
+import tomllib
+
+import pytest
+
+from tasks.config import KEYS, SCHEMA, ConfigError, defaults, parse_assignment, to_toml, validate
+
+from .conftest import REPO
+
+
+def test_pyproject_run_config_matches_schema_defaults():
+    with open(REPO / "pyproject.toml", "rb") as f:
+        flwr_config = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    assert flwr_config == defaults()
+
+
+def test_defaults_validate_and_keep_types():
+    cfg = validate({})
+    assert cfg == defaults()
+    for key in SCHEMA:
+        assert type(cfg[key.name]) is key.type
+
+
+def test_override_is_typed():
+    cfg = validate({"num-clients": 20, "lr": 1, "download": "true", "dataset": "cifar10"})
+    assert cfg["num-clients"] == 20 and isinstance(cfg["lr"], float) and cfg["lr"] == 1.0
+    assert cfg["download"] is True and cfg["dataset"] == "cifar10"
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"dataset": "imagenet"}, "dataset = 'imagenet' must be one of mnist"),
+    ({"model": "vgg"}, "model = 'vgg' must be one of"),
+    ({"strategy": "fedfoo"}, "strategy = 'fedfoo' must be one of"),
+    ({"partitioner": "zipf"}, "partitioner = 'zipf' must be one of"),
+    ({"dirichlet-alpha": 0.0}, "dirichlet-alpha = 0.0 must be > 0"),
+    ({"dirichlet-alpha": -1}, "must be > 0"),
+    ({"fraction-train": 0.0}, "fraction-train = 0.0 must be > 0"),
+    ({"fraction-train": 1.5}, "fraction-train = 1.5 must be <= 1"),
+    ({"fraction-evaluate": -0.1}, "must be >= 0"),
+    ({"num-server-rounds": 0}, "num-server-rounds = 0 must be >= 1"),
+    ({"num-clients": 0}, "num-clients = 0 must be >= 1"),
+    ({"num-clients": "ten"}, "num-clients = 'ten' must be an integer"),
+    ({"lr": float("nan")}, "must be a finite number"),
+    ({"seed": 1.5}, "must be an integer"),
+    ({"save-model": 1}, "must be true or false"),
+    ({"data-dir": 3}, "must be text"),
+    ({"trim-beta": 0.5}, "must be < 0.5"),
+])
+def test_bad_values_are_explained(values, fragment):
+    with pytest.raises(ConfigError) as err:
+        validate(values)
+    assert fragment in str(err.value)
+    assert "allowed:" in str(err.value)
+
+
+def test_unknown_key_suggests_close_match():
+    with pytest.raises(ConfigError, match="unknown key 'num-client'.*Did you mean num-clients"):
+        validate({"num-client": 3})
+
+
+def test_all_errors_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        validate({"num-server-rounds": 0, "dataset": "x", "bogus": 1})
+    text = str(err.value)
+    assert "num-server-rounds" in text and "dataset" in text and "bogus" in text
+
+
+def test_cross_key_checks():
+    with pytest.raises(ConfigError, match="min-train-clients = 5 is larger than num-clients = 3"):
+        validate({"min-train-clients": 5, "num-clients": 3})
+    with pytest.raises(ConfigError, match="mlp-hidden"):
+        validate({"mlp-hidden": "200,x"})
+
+
+def test_partial_validation_only_checks_given_keys():
+    assert validate({"num-clients": 4}, partial=True) == {"num-clients": 4}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("num-clients=20", ("num-clients", 20)),
+    ("lr=0.1", ("lr", 0.1)),
+    ("download=true", ("download", True)),
+    ("dataset=cifar10", ("dataset", "cifar10")),
+    ("dataset='fashion-mnist'", ("dataset", "fashion-mnist")),
+    ('data-dir="/tmp/a b"', ("data-dir", "/tmp/a b")),
+])
+def test_parse_assignment(text, expected):
+    assert parse_assignment(text) == expected
+
+
+def test_parse_assignment_needs_equals():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_assignment("num-clients")
+
+
+def test_to_toml_round_trips():
+    cfg = validate({"data-dir": 'we"ird\\path', "lr": 0.125})
+    assert tomllib.loads(to_toml(cfg)) == cfg
+
+
+def test_every_key_has_help_and_group():
+    for key in SCHEMA:
+        assert key.help and key.group
+    assert len(KEYS) == len(SCHEMA)

@@ -1,0 +1,124 @@
+"""Real federated runs: Flower's simulation runtime, Ray actors, the real CLI. Marked slow."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from experiments.superlink import LocalSuperLink, flower_executable
+from server.results import read_metrics, read_run_info
+
+from .conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+SMALL = ["--set", "num-clients=3", "--set", "num-server-rounds=2"]
+
+
+def _only_run(results):
+    runs = [p for p in results.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_cli_run_end_to_end(tmp_path, results):
+    res = run_cli("run", *SMALL, "--set", f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = _only_run(results)
+    records = read_metrics(run)
+    assert [r["round"] for r in records] == [1, 2]
+    info = read_run_info(run)
+    assert info["status"] == "finished" and info["num-clients"] == 3
+    assert info["initial"]["accuracy"] < 0.2  # an untrained model is at chance (0.1)
+    assert records[-1]["test"]["accuracy"] > 0.5 > info["initial"]["accuracy"]
+    for r in records:
+        assert r["sampled"] == [0, 1, 2] and len(r["clients"]) == 3 and not r["failures"]
+        assert r["train"]["num-examples"] == 4000
+        assert r["time"]["round-s"] > 0
+    parts = json.loads((run / "partitions.json").read_text())["clients"]
+    assert [p["partition-id"] for p in parts] == [0, 1, 2]
+    assert sum(p["num-examples"] for p in parts) == 4000
+    assert all(sum(p["label-counts"]) == p["num-examples"] for p in parts)
+    for name in ("config.toml", "summary.md", "model.pt", "flwr.log", "plots/accuracy.png",
+                 "plots/loss.png", "plots/label_distribution.png"):
+        assert (run / name).is_file(), name
+    assert "num-clients = 3" in (run / "config.toml").read_text()
+    assert "round | test acc" in res.stdout and "    2 |" in res.stdout
+    assert "embedded MNIST subset" in res.stdout  # the run says which MNIST it used
+
+
+def test_sweep_reproducibility_and_failed_cell(tmp_path, results):
+    sweep = tmp_path / "repro.toml"
+    sweep.write_text(f"""
+name = "repro"
+[fixed]
+num-clients = 4
+fraction-train = 0.5
+num-server-rounds = 1
+classes-per-client = 11
+results-dir = "{results}"
+[grid]
+seed = [7, 7, 8]
+partitioner = ["iid", "pathological"]
+""")
+    # classes-per-client = 11 > 10 classes: the pathological cells fail their data check
+    res = run_cli("sweep", str(sweep), cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr  # some cells failed
+    out = _only_run(results / "sweeps")
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert [r["status"] for r in rows] == ["finished", "invalid"] * 3
+    assert "only 10 classes" in rows[1]["error"]
+    first = [read_metrics(out / r["run-dir"])[0] for r in rows if r["status"] == "finished"]
+    a, b, c = first
+    assert len(a["sampled"]) == 2
+    assert a["sampled"] == b["sampled"]
+    assert a["test"] == b["test"] and a["clients"][0]["train-loss"] == b["clients"][0]["train-loss"]
+    assert c["test"] != a["test"]
+    for name in ("sweep.md", "plots/accuracy_vs_round.png", "plots/final_accuracy.png"):
+        assert (out / name).is_file()
+
+
+def test_flwr_run_native_uses_the_same_apps(tmp_path):
+    results = tmp_path / "native"
+    with LocalSuperLink(cwd=tmp_path) as link:
+        proc = subprocess.run(
+            [flower_executable("flwr"), "run", str(REPO), LocalSuperLink.CONNECTION, "--stream",
+             "--run-config", f"num-server-rounds=1 results-dir='{results}'",
+             "--federation-config", "num-supernodes=3"],
+            env=link.env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    run = _only_run(results)
+    assert read_run_info(run)["status"] == "finished"
+    assert len(read_metrics(run)) == 1
+    assert "the federation has 3 clients" in out  # num-clients=10 default, 3 supernodes
+
+
+def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results):
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--set", "num-clients=3",
+           "--set", "num-server-rounds=500", "--set", f"results-dir={results}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=os.environ)
+    started = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if line.strip().startswith("2 |"):
+            break
+        assert time.monotonic() < deadline, "no round finished in time"
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert any("flower-superlink" in " ".join(p.cmdline()) for p in started)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, rest
+    gone, alive = psutil.wait_procs(started, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]
+    run = _only_run(results)
+    assert read_run_info(run)["status"] == "interrupted"
+    assert len(read_metrics(run)) >= 2

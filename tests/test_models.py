@@ -1,0 +1,41 @@
+import pytest
+import torch
+from opacus.validators import ModuleValidator
+
+from tasks.config import ConfigError
+from tasks.models import McMahanCNN, build_model, count_parameters, resolve_model_name
+
+
+def test_mcmahan_cnn_has_the_papers_parameter_count():
+    assert count_parameters(McMahanCNN((1, 28, 28), 10)) == 1_663_370
+
+
+def test_mlp_default_is_mcmahans_2nn():
+    # 784*200+200 + 200*200+200 + 200*10+10
+    assert count_parameters(build_model("mlp", (1, 28, 28), 10)) == 199_210
+
+
+@pytest.mark.parametrize("name, shape, classes", [
+    ("cnn", (1, 28, 28), 10), ("small-cnn", (1, 28, 28), 10), ("small-cnn", (3, 32, 32), 10),
+    ("resnet18", (3, 32, 32), 100), ("resnet18", (1, 28, 28), 10), ("mlp", (30,), 2),
+    ("cnn", (3, 32, 32), 10),
+])
+def test_models_forward_and_are_opacus_compatible(name, shape, classes):
+    torch.manual_seed(0)
+    model = build_model(name, shape, classes)
+    out = model(torch.randn(4, *shape))
+    assert out.shape == (4, classes)
+    assert ModuleValidator.validate(model, strict=False) == []
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def test_auto_model_choice():
+    assert resolve_model_name("auto", (1, 28, 28)) == "small-cnn"
+    assert resolve_model_name("auto", (3, 32, 32)) == "resnet18"
+    assert resolve_model_name("auto", (30,)) == "mlp"
+    assert resolve_model_name("cnn", (30,)) == "cnn"
+
+
+def test_image_model_on_tabular_data_is_explained():
+    with pytest.raises(ConfigError, match="needs image input.*Use model = 'mlp'"):
+        build_model("cnn", (30,), 2)
