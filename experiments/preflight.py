@@ -1,15 +1,20 @@
-"""Checks that need the data, run by the CLI before any SuperLink or Ray process starts."""
+"""Checks that need the data, run by the CLI before any SuperLink or Ray process starts.
+
+They run in a short-lived child process (:func:`preflight_isolated`): importing torch
+costs about 0.5 GB, which the CLI would otherwise hold for the whole run.
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError
-from tasks.models import build_model, count_parameters, resolve_model_name
-from tasks.splits import dataset_for, partitions_for
 
 
 @dataclass
@@ -18,6 +23,7 @@ class Preflight:
     model: str
     parameters: int
     sizes: list[int]
+    cuda: bool
 
 
 def absolutize(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -34,15 +40,51 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
 
     Raises :class:`ConfigError` for anything that would make the run fail: missing
     data, a model that does not fit the data, an infeasible partitioning, an
-    unwritable results folder.
+    unwritable results folder. The partitioning is cached on disk for the clients.
     """
+    import torch
+
+    from tasks.models import build_model, count_parameters, resolve_model_name
+    from tasks.splits import dataset_for, partitions_for
+    from tasks.training import resolve_device
+
     results = Path(str(cfg["results-dir"]))
     try:
         results.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"results-dir {str(results)!r} cannot be created: {exc}.") from exc
+    resolve_device(str(cfg["device"]))
     data = dataset_for(cfg)
     name = resolve_model_name(str(cfg["model"]), data.input_shape)
     model = build_model(name, data.input_shape, data.num_classes, str(cfg["mlp-hidden"]))
     parts = partitions_for(cfg, int(cfg["num-clients"]))
-    return Preflight(data.summary(), name, count_parameters(model), [len(p) for p in parts])
+    return Preflight(data.summary(), name, count_parameters(model), [len(p) for p in parts],
+                     torch.cuda.is_available())
+
+
+def preflight_isolated(cfg: Mapping[str, Any]) -> Preflight:
+    """:func:`preflight` in a child process; a ConfigError there is raised here."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.preflight"], text=True,
+                          input=json.dumps(dict(cfg)), capture_output=True)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    if proc.returncode != 0 or "result" not in answer:
+        raise RuntimeError(f"the pre-flight check crashed:\n{proc.stderr[-3000:]}")
+    return Preflight(**answer["result"])
+
+
+def _main() -> None:
+    cfg = json.loads(sys.stdin.read())
+    try:
+        print(json.dumps({"result": asdict(preflight(cfg))}))
+    except ConfigError as exc:
+        print(json.dumps({"error": str(exc)}))
+
+
+if __name__ == "__main__":
+    _main()

@@ -32,12 +32,9 @@ class RunOutcome:
         return self.status == "finished"
 
 
-def federation_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def federation_config(cfg: Mapping[str, Any], cuda: bool) -> dict[str, Any]:
     """The simulation federation for a run config: clients and their resources."""
-    import torch
-
-    gpus = (float(cfg["client-gpus"])
-            if cfg["device"] != "cpu" and torch.cuda.is_available() else 0.0)
+    gpus = float(cfg["client-gpus"]) if cfg["device"] != "cpu" and cuda else 0.0
     return {"num-supernodes": int(cfg["num-clients"]),
             "client-resources-num-cpus": int(cfg["client-cpus"]),
             "client-resources-num-gpus": gpus}
@@ -73,13 +70,14 @@ class LogFilter:
 
 
 def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Path, *,
-            verbose: bool = False, echo: Callable[[str], None] = print) -> RunOutcome:
+            cuda: bool = False, verbose: bool = False,
+            echo: Callable[[str], None] = print) -> RunOutcome:
     """Submit one run and wait for it; the ServerApp writes everything into ``run_dir``."""
     t0 = time.perf_counter()
     log = LogFilter(run_dir / "flwr.log", verbose, echo)
     status, error = "crashed", None
     try:
-        link.submit(app, {**cfg, "run-dir": str(run_dir)}, federation_config(cfg), log)
+        link.submit(app, {**cfg, "run-dir": str(run_dir)}, federation_config(cfg, cuda), log)
         info = read_run_info(run_dir)
         status = info.get("status", "crashed")
         if status == "running":

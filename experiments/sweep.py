@@ -85,14 +85,15 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     keys = list(spec.grid)
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "steady-round-s", "wall-s", "run-dir", "error"]
+            "target-round", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
     for c in cells:
         r = c.result
         rows.append([c.index, *[c.params[k] for k in keys], c.status,
                      _fmt(r.get("final", {}).get("accuracy")),
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
-                     r.get("rounds", ""), _fmt(r.get("steady-round-s"), 3),
+                     r.get("rounds", ""), r.get("target-reached-round", ""),
+                     _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
     with open(out / "sweep.csv", "w", newline="") as f:
@@ -147,7 +148,7 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
               verbose: bool = False) -> int:
     """Run a sweep file; returns the process exit code (0 when every cell finished)."""
     from .app_bundle import app_dir
-    from .preflight import absolutize, preflight
+    from .preflight import absolutize, preflight_isolated
     from .runner import execute
     from .superlink import LocalSuperLink
 
@@ -172,17 +173,18 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
             for c in cells:
                 print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
                 try:
-                    preflight(c.config)
+                    pre = preflight_isolated(c.config)
                 except ConfigError as exc:
                     c.status, c.error = "invalid", str(exc)
                     print(f"  skipped: {exc}")
                     continue
                 c.run_dir = out / "cells" / f"{c.index:02d}"
                 c.run_dir.mkdir(parents=True)
-                res = execute(link, app, c.config, c.run_dir, verbose=verbose)
+                res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose)
                 c.status, c.error = res.status, res.error
                 c.result = {**run_outcome(read_metrics(c.run_dir)),
-                            "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s}
+                            "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s,
+                            "target-reached-round": res.info.get("target-reached-round", "")}
                 if not res.ok:
                     print(f"  cell {c.index} {res.status}: {res.error}")
                 _write_table(out, spec, cells)

@@ -37,6 +37,8 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
         f"batch {cfg['batch-size']}, lr {cfg['lr']}, seed {cfg['seed']}",
         f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
     ]
+    if info.get("stopped-early"):
+        lines.append(f"- stopped early: {info['stopped-early']}")
     if res:
         initial = info.get("initial", {})
         lines += [

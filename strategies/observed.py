@@ -29,6 +29,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 
+def sampling_seed(seed: int, server_round: int, phase: int) -> int:
+    """The seed of Python's ``random`` when clients are sampled (phase 0 train, 1 evaluate)."""
+    return seed * 1_000_003 + server_round * 2 + phase
+
+
 class RoundFailed(RuntimeError):
     """Every client sampled in a round replied with an error."""
 
@@ -97,7 +102,7 @@ class Observed(Strategy):
         self.current: RoundLog | None = None
 
     def _seed_sampling(self, server_round: int, phase: int) -> None:
-        random.seed(self.seed * 1_000_003 + server_round * 2 + phase)
+        random.seed(sampling_seed(self.seed, server_round, phase))
 
     def _partition(self, node_id: int) -> int:
         return self.partition_of.get(node_id, -1)

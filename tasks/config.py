@@ -118,6 +118,8 @@ SCHEMA: tuple[Key, ...] = (
          "training).", "federation", 0),
     _num("trim-beta", 0.2, "FedTrimmedAvg: fraction trimmed from each end.", "federation",
          0, 0.5, hi_open=True),
+    _num("target-accuracy", 0.0, "Stop the run once the server's test accuracy reaches this "
+         "(for rounds-to-target experiments); 0 = run every round.", "federation", 0, 1),
     _num("round-timeout", 600.0, "Seconds to wait for client replies in a round.",
          "federation", 0, None, lo_open=True),
     # --- local training ---------------------------------------------------------

@@ -8,8 +8,11 @@ and the image bytes are never copied. Every split is seeded and reproducible.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import warnings
 from collections.abc import Mapping
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -119,14 +122,35 @@ def partition_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def cached_partitions(dataset_key: tuple, num_partitions: int, scheme: str, alpha: float,
                       min_size: int, shards_per_client: int, classes_per_client: int,
                       seed: int) -> tuple[np.ndarray, ...]:
-    """Partition the training labels of a (cached) dataset once per process."""
-    from .datasets import load_dataset
+    """Every client's indices for a dataset, computed once and kept in memory and on disk.
+
+    The disk copy (in fedpriv's cache folder, keyed by a hash of the labels, every
+    partitioner argument and the flwr-datasets version) lets simulated clients skip
+    importing Hugging Face ``datasets`` after the CLI's pre-flight check has partitioned.
+    """
+    from .datasets import cache_dir, load_dataset
 
     data = load_dataset(*dataset_key)
-    return tuple(partition_indices(
-        data.y_train, num_partitions, scheme, num_classes=data.num_classes, alpha=alpha,
-        min_size=min_size, shards_per_client=shards_per_client,
-        classes_per_client=classes_per_client, seed=seed))
+    args = dict(scheme=scheme, alpha=alpha, min_size=min_size,
+                shards_per_client=shards_per_client, classes_per_client=classes_per_client,
+                seed=seed)
+    digest = hashlib.sha256(np.ascontiguousarray(data.y_train).tobytes())
+    digest.update(repr((num_partitions, sorted(args.items()), version("flwr-datasets"),
+                        version("datasets"))).encode())
+    path = cache_dir() / "partitions" / f"{digest.hexdigest()[:32]}.npz"
+    if path.is_file():
+        with np.load(path) as f:
+            return tuple(f[f"p{i}"] for i in range(num_partitions))
+    parts = tuple(partition_indices(data.y_train, num_partitions, num_classes=data.num_classes,
+                                    **args))
+    try:  # only a speed-up: a read-only cache folder must not stop a run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        np.savez(tmp, **{f"p{i}": p for i, p in enumerate(parts)})
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return parts
 
 
 def label_histogram(labels: np.ndarray, num_classes: int) -> list[int]:

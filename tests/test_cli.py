@@ -6,7 +6,7 @@ import pytest
 from experiments.cli import keys_reference
 from tasks.config import SCHEMA
 
-from .conftest import run_cli
+from .conftest import REPO, run_cli
 
 
 def _flower_processes():
@@ -84,3 +84,10 @@ def test_sweep_with_an_invalid_cell_is_refused(tmp_path):
     bad.write_text('[grid]\nnum-clients = [5, 0]\n')
     res = run_cli("sweep", str(bad), "--dry-run")
     assert res.returncode == 2 and "num-clients = 0 must be >= 1" in res.stderr
+
+
+def test_docs_config_reference_is_current():
+    from experiments.cli import config_markdown
+
+    assert (REPO / "docs" / "CONFIG.md").read_text() == config_markdown(), \
+        "regenerate with: fedpriv keys --markdown > docs/CONFIG.md"

@@ -90,15 +90,20 @@ def test_flwr_run_native_uses_the_same_apps(tmp_path):
     with LocalSuperLink(cwd=tmp_path) as link:
         proc = subprocess.run(
             [flower_executable("flwr"), "run", str(REPO), LocalSuperLink.CONNECTION, "--stream",
-             "--run-config", f"num-server-rounds=1 results-dir='{results}'",
+             "--run-config", f"num-server-rounds=6 target-accuracy=0.3 results-dir='{results}'",
              "--federation-config", "num-supernodes=3"],
             env=link.env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     run = _only_run(results)
-    assert read_run_info(run)["status"] == "finished"
-    assert len(read_metrics(run)) == 1
+    info = read_run_info(run)
+    assert info["status"] == "finished"
     assert "the federation has 3 clients" in out  # num-clients=10 default, 3 supernodes
+    # target-accuracy stops the run at the first round that reaches it
+    accs = [r["test"]["accuracy"] for r in read_metrics(run)]
+    assert len(accs) == info["target-reached-round"] < 6
+    assert accs[-1] >= 0.3 and all(a < 0.3 for a in accs[:-1])
+    assert "reached target-accuracy" in info["stopped-early"]
 
 
 def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results):

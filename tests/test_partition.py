@@ -80,3 +80,24 @@ def test_client_split_matches_partition_and_histogram():
     assert len(split) == len(parts[2])
     assert split.label_counts() == label_histogram(data.y_train[parts[2]], 10)
     assert split.x.shape == (len(parts[2]), 1, 28, 28)
+
+
+def test_partitions_are_cached_on_disk_by_content(tmp_path, monkeypatch):
+    from tasks.partition import cached_partitions
+
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
+    cached_partitions.cache_clear()
+    key = ("mnist", "", False)
+    args = dict(scheme="iid", alpha=0.5, min_size=10, shards_per_client=2,
+                classes_per_client=2)
+    first = cached_partitions(key, 4, seed=1, **args)
+    files = list((tmp_path / "partitions").glob("*.npz"))
+    assert len(files) == 1
+    # The next process reads the file rather than recomputing: prove it by editing it.
+    np.savez(files[0], **{f"p{i}": p[:5] for i, p in enumerate(first)})
+    cached_partitions.cache_clear()
+    again = cached_partitions(key, 4, seed=1, **args)
+    assert [len(p) for p in again] == [5] * 4
+    cached_partitions(key, 4, seed=2, **args)  # another seed is another file
+    assert len(list((tmp_path / "partitions").glob("*.npz"))) == 2
+    cached_partitions.cache_clear()

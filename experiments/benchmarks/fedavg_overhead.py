@@ -1,0 +1,245 @@
+"""Benchmark: fedpriv (Flower + Ray) against a plain PyTorch loop doing identical FedAvg work.
+
+For one workload (default: 10 clients, 5 rounds, 1 local epoch, embedded MNIST) it runs
+
+1. ``fedpriv run`` as a user would (a subprocess: CLI, SuperLink, simulation, Ray),
+2. :mod:`experiments.benchmarks.plain_fedavg` (one process, same data, seeds and SGD),
+3. optionally a bare Flower app whose clients do nothing (Flower's own start-up floor),
+
+sampling the summed memory of each process tree, and prints total time, steady-state
+round time (rounds 2..R), fixed start-up (total minus rounds), peak memory and the
+ratios fedpriv / plain. Both runs must reach the same test accuracy: the plain loop
+replays fedpriv's arithmetic exactly, so equal numbers show the work was identical.
+
+    python -m experiments.benchmarks.fedavg_overhead                       # MNIST, small-cnn
+    python -m experiments.benchmarks.fedavg_overhead --set model=cnn       # McMahan CNN
+    python -m experiments.benchmarks.fedavg_overhead --config fashion-mnist \\
+        --set num-server-rounds=5 --set local-epochs=1 --skip-plain         # 100 clients
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from experiments.procs import tree
+from server.results import read_metrics, read_run_info
+
+DEFAULT_SET = ["num-clients=10", "num-server-rounds=5", "local-epochs=1"]
+
+
+def _mem(pids: list[int]) -> tuple[int, int]:
+    """Summed RSS and PSS (bytes) of the process trees rooted at ``pids``."""
+    rss = pss = 0
+    seen: set[int] = set()
+    for pid in pids:
+        for p in tree(pid):
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                info = p.memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except psutil.Error:
+                pass
+    return rss, pss
+
+
+def measured(cmd: list[str], cwd: Path | None = None) -> tuple[float, int, int, str]:
+    """Run ``cmd``; return wall seconds, peak summed RSS and PSS of its tree, and its stdout."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, text=True)
+        peak_rss = peak_pss = 0
+        while proc.poll() is None:
+            rss, pss = _mem([proc.pid])
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            time.sleep(0.25)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{text[-3000:]}")
+    return wall, peak_rss, peak_pss, text
+
+
+def bench_fedpriv(args: list[str], results: Path) -> dict:
+    wall, rss, pss, _ = measured([sys.executable, "-m", "experiments.cli", "run", *args,
+                                  "--set", f"results-dir={results}"])
+    run = max(results.iterdir(), key=lambda p: p.stat().st_mtime)
+    recs = read_metrics(run)
+    info = read_run_info(run)
+    rounds = [r["time"]["round-s"] for r in recs]
+    return {"total-s": wall, "rounds-s": rounds, "accuracy": [r["test"]["accuracy"] for r in recs],
+            "loss": [r["test"]["loss"] for r in recs],
+            "setup-s (server)": info.get("setup-s"), "peak-rss": rss, "peak-pss": pss,
+            "run-dir": str(run)}
+
+
+def bench_plain(args: list[str]) -> dict:
+    wall, rss, pss, out = measured([sys.executable, "-m", "experiments.benchmarks.plain_fedavg",
+                                    *args])
+    res = json.loads(out.strip().splitlines()[-1])
+    return {"total-s": wall, "rounds-s": [r["round-s"] for r in res["rounds"]],
+            "accuracy": [r["accuracy"] for r in res["rounds"]],
+            "loss": [r["loss"] for r in res["rounds"]], "peak-rss": rss, "peak-pss": pss}
+
+
+BARE_SERVER = '''
+import numpy as np
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+app = ServerApp()
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    FedAvg(fraction_evaluate=0.0, min_available_nodes=int(context.run_config["n"])).start(
+        grid=grid, initial_arrays=ArrayRecord([np.zeros(26010, np.float32)]),
+        num_rounds=int(context.run_config["rounds"]))
+'''
+BARE_CLIENT = '''
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+app = ClientApp()
+@app.train()
+def train(msg, context):
+    return Message(RecordDict({"arrays": msg.content["arrays"],
+                               "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+'''
+
+
+def bench_bare_flower(n: int, rounds: int) -> dict:
+    """Flower's floor: the same federation size, clients that return the model untouched."""
+    from experiments.superlink import LocalSuperLink
+
+    with tempfile.TemporaryDirectory() as tmp:
+        app = Path(tmp) / "bare"
+        (app / "bareapp").mkdir(parents=True)
+        (app / "bareapp" / "__init__.py").write_text("")
+        (app / "bareapp" / "server.py").write_text(BARE_SERVER)
+        (app / "bareapp" / "client.py").write_text(BARE_CLIENT)
+        (app / "pyproject.toml").write_text(textwrap.dedent(f"""
+            [project]
+            name = "bareapp"
+            version = "0.1.0"
+            [tool.flwr.app]
+            publisher = "bench"
+            [tool.flwr.app.components]
+            serverapp = "bareapp.server:app"
+            clientapp = "bareapp.client:app"
+            [tool.flwr.app.config]
+            n = {n}
+            rounds = {rounds}
+            """))
+        t0 = time.perf_counter()
+        with LocalSuperLink(cwd=app) as link:
+            started = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            link.submit(app, {"n": n, "rounds": rounds}, {"num-supernodes": n,
+                                                         "client-resources-num-cpus": 1},
+                        lambda line: None)
+            run_s = time.perf_counter() - t1
+        return {"total-s": time.perf_counter() - t0, "superlink-s": started, "flwr-run-s": run_s}
+
+
+def _gib(b: int) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def _merge(runs: list[dict]) -> dict:
+    """Medians over repeated runs (peaks: the maximum); rounds pooled."""
+    out = {"total-s": statistics.median(r["total-s"] for r in runs),
+           "steady-round-s": statistics.median(x for r in runs for x in r["rounds-s"][1:]
+                                               or r["rounds-s"]),
+           "first-round-s": statistics.median(r["rounds-s"][0] for r in runs),
+           "rounds-total-s": statistics.median(sum(r["rounds-s"]) for r in runs),
+           "peak-rss": max(r["peak-rss"] for r in runs),
+           "peak-pss": max(r["peak-pss"] for r in runs),
+           "accuracy": runs[-1]["accuracy"], "loss": runs[-1]["loss"], "runs": runs}
+    out["fixed-s"] = out["total-s"] - out["rounds-total-s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="fedpriv vs plain PyTorch FedAvg overhead.")
+    parser.add_argument("--config", help="preset for both runs")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"overrides for both runs (defaults: {' '.join(DEFAULT_SET)})")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="alternate fedpriv and plain runs this many times; report medians")
+    parser.add_argument("--skip-plain", action="store_true")
+    parser.add_argument("--bare-flower", action="store_true",
+                        help="also time a bare Flower app of the same size (start-up floor)")
+    parser.add_argument("--json", type=Path, help="write all figures to this file")
+    args = parser.parse_args()
+    sets = DEFAULT_SET + args.set
+    common = (["--config", args.config] if args.config else []) + \
+        [a for s in sets for a in ("--set", s)]
+    report: dict = {"args": common, "repeat": args.repeat}
+    fps, pls = [], []
+    for i in range(args.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            print(f"[{i + 1}/{args.repeat}] fedpriv run ...", flush=True)
+            fps.append(bench_fedpriv(common, Path(tmp)))
+        if not args.skip_plain:
+            print(f"[{i + 1}/{args.repeat}] plain PyTorch loop ...", flush=True)
+            pls.append(bench_plain(common))
+    report["fedpriv"] = fp = _merge(fps)
+    pl = report["plain"] = _merge(pls) if pls else None
+    if args.bare_flower:
+        from experiments.configs import resolve
+
+        cfg = resolve(args.config, sets)
+        print("bare Flower app ...", flush=True)
+        report["bare-flower"] = bench_bare_flower(int(cfg["num-clients"]),
+                                                  int(cfg["num-server-rounds"]))
+
+    def col(key: str, fmt: str) -> list[str]:
+        return [fmt.format(fp[key]), fmt.format(pl[key]) if pl else ""]
+
+    def ratio(key: str) -> str:
+        return f"{fp[key] / pl[key]:.2f}x" if pl else ""
+
+    rows = [("", "fedpriv", "plain", "ratio"),
+            ("total time (s)", *col("total-s", "{:.1f}"), ratio("total-s")),
+            ("steady round, median (s)", *col("steady-round-s", "{:.3f}"),
+             ratio("steady-round-s")),
+            ("first round (s)", *col("first-round-s", "{:.2f}"), ""),
+            ("fixed start-up + shutdown (s)", *col("fixed-s", "{:.1f}"), ""),
+            ("peak memory, RSS sum", _gib(fp["peak-rss"]), _gib(pl["peak-rss"]) if pl else "",
+             ratio("peak-rss")),
+            ("peak memory, PSS sum", _gib(fp["peak-pss"]), _gib(pl["peak-pss"]) if pl else "",
+             ratio("peak-pss"))]
+    if pl:
+        worst = max(abs(a - b) for a, b in zip(fp["loss"], pl["loss"], strict=True))
+        same = "bit-identical" if fp["loss"] == pl["loss"] else f"max |d loss| {worst:.1e}"
+        rows.append(("final test accuracy", f"{fp['accuracy'][-1]:.4f}",
+                     f"{pl['accuracy'][-1]:.4f}", same))
+        report["ratios"] = {"total": fp["total-s"] / pl["total-s"],
+                            "steady-round": fp["steady-round-s"] / pl["steady-round-s"]}
+    else:
+        rows.append(("final test accuracy", f"{fp['accuracy'][-1]:.4f}", "", ""))
+    if "bare-flower" in report:
+        bf = report["bare-flower"]
+        rows.append(("bare Flower app, total (s)", f"{bf['total-s']:.1f}", "",
+                     f"fedpriv fixed cost {fp['fixed-s'] - bf['total-s']:+.1f} s over it"))
+    width = [max(len(r[i]) for r in rows) for i in range(4)]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
