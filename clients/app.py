@@ -11,15 +11,35 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
 
 from tasks.config import validate
 from tasks.models import build_model
 from tasks.splits import Split, client_split, dataset_for
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
-app = ClientApp()
+from .local_dp import dp_round
+
+
+def central_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Clip this client's update before it leaves (dp = central, client-side clipping).
+
+    Flower's fixedclipping_mod / adaptiveclipping_mod do the clipping; they are applied only
+    to training messages of runs that asked for client-side clipping.
+    """
+    cfg = context.run_config
+    if msg.metadata.message_type == MessageType.TRAIN and cfg.get("dp") == "central":
+        if cfg.get("central-clipping") == "client-fixed":
+            return fixedclipping_mod(msg, context, call_next)
+        if cfg.get("central-clipping") == "client-adaptive":
+            return adaptiveclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[central_dp_mod])
 
 
 def derive_seed(*parts: int) -> int:
@@ -54,8 +74,13 @@ def describe(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Train the received global model for ``local-epochs`` on the local partition."""
-    cfg, pid, _, data = _setup(context)
+    """Train the received global model for ``local-epochs`` on the local partition.
+
+    With ``dp = "local"`` the training is DP-SGD and the reply carries the client's
+    cumulative epsilon; a client whose budget would be exceeded replies without an
+    update (``dp-skipped``).
+    """
+    cfg, pid, n_parts, data = _setup(context)
     round_config = msg.content["config"]
     server_round = int(round_config["server-round"])
     device = resolve_device(str(cfg["device"]))
@@ -63,21 +88,31 @@ def train(msg: Message, context: Context) -> Message:
     torch.manual_seed(seed)
 
     model = _model(cfg, msg.content["arrays"])
-    loader = make_loader(data.x, data.y, int(cfg["batch-size"]), seed)
-    optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]), float(cfg["weight-decay"]))
+    metrics: dict = {"num-examples": len(data), "partition-id": pid}
+    if cfg["dp"] == "central":
+        metrics["dp-weight"] = 1  # DP-FedAvg averages clipped updates with equal weights
     start = time.perf_counter()
-    result = train_epochs(model, loader, optimizer, int(cfg["local-epochs"]), device,
-                          proximal_mu=float(round_config.get("proximal-mu", 0.0)))
-    metrics = MetricRecord({
-        "num-examples": len(data),
-        "partition-id": pid,
+    if cfg["dp"] == "local":
+        outcome = dp_round(cfg, context, model, data.x, data.y, n_parts, seed, device)
+        metrics.update(outcome.metrics())
+        if outcome.result is None:  # budget exhausted: no update, no privacy spent
+            return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        result, model = outcome.result, outcome.model
+    else:
+        loader = make_loader(data.x, data.y, int(cfg["batch-size"]), seed)
+        optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]),
+                        float(cfg["weight-decay"]))
+        result = train_epochs(model, loader, optimizer, int(cfg["local-epochs"]), device,
+                              proximal_mu=float(round_config.get("proximal-mu", 0.0)))
+    metrics.update({
         "train-loss": result.loss,
         "train-accuracy": result.accuracy,
         "train-steps": result.steps,
         "train-time-s": time.perf_counter() - start,
     })
     arrays = ArrayRecord(model.cpu().state_dict())
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
+                   reply_to=msg)
 
 
 @app.evaluate()

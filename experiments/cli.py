@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     keys = sub.add_parser("keys", help="print every run-config key with default and allowed "
                                        "values")
     keys.add_argument("--markdown", action="store_true", help="as docs/CONFIG.md")
+    keys.add_argument("--toml", action="store_true",
+                      help="the defaults as TOML, for pyproject.toml's [tool.flwr.app.config]")
     sub.add_parser("presets", help="list the bundled presets and sweeps")
     return top
 
@@ -119,6 +121,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     pre = preflight_isolated(cfg)
     print(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
           f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
+    if pre.privacy:
+        print(f"privacy: {pre.privacy}")
     run_dir = new_run_dir(cfg["results-dir"], args.name or default_run_name(cfg))
     app = app_dir()
     print("starting Flower SuperLink (simulation runtime, Ray backend)...", flush=True)
@@ -166,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose)
         if args.command == "keys":
-            print(config_markdown() if args.markdown else keys_reference().lstrip("\n"),
-                  end="" if args.markdown else "\n")
+            if args.toml:
+                from tasks.config import defaults, to_toml
+
+                print(to_toml(defaults()), end="")
+            elif args.markdown:
+                print(config_markdown(), end="")
+            else:
+                print(keys_reference().lstrip("\n"))
             return 0
         if args.command == "presets":
             return _cmd_presets()

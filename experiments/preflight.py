@@ -24,6 +24,7 @@ class Preflight:
     parameters: int
     sizes: list[int]
     cuda: bool
+    privacy: str = ""
 
 
 def absolutize(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,8 +59,55 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
     name = resolve_model_name(str(cfg["model"]), data.input_shape)
     model = build_model(name, data.input_shape, data.num_classes, str(cfg["mlp-hidden"]))
     parts = partitions_for(cfg, int(cfg["num-clients"]))
-    return Preflight(data.summary(), name, count_parameters(model), [len(p) for p in parts],
-                     torch.cuda.is_available())
+    sizes = [len(p) for p in parts]
+    return Preflight(data.summary(), name, count_parameters(model), sizes,
+                     torch.cuda.is_available(), _privacy_check(cfg, model, sizes))
+
+
+def _privacy_check(cfg: Mapping[str, Any], model: Any, sizes: list[int]) -> str:
+    """Check the DP settings against the model and every client's data size; describe them."""
+    if cfg["dp"] == "local":
+        from clients.local_dp import LocalDPError, new_ledger
+        from privacy.dpsgd import check_model, resolve_mode
+
+        check_model(model)
+        sigmas = {}
+        for n in sorted(set(sizes)):
+            try:
+                sigmas[n] = new_ledger(cfg, n, len(sizes))
+            except LocalDPError as exc:
+                raise ConfigError(f"dp = 'local', client with {n} records: {exc}") from None
+        lo, hi = min(s.noise_multiplier for s in sigmas.values()), max(
+            s.noise_multiplier for s in sigmas.values())
+        budget = (f"target-epsilon {cfg['target-epsilon']} per client" if
+                  cfg["target-epsilon"] else "no budget")
+        return (f"local DP-SGD: noise multiplier {lo:.3f}" + (f"–{hi:.3f}" if hi > lo else "")
+                + f", clipping {cfg['max-grad-norm']}, {budget}, grad-sample mode "
+                f"{resolve_mode(str(cfg['grad-sample-mode']), model)}")
+    if cfg["dp"] == "central":
+        from strategies.central_dp import (
+            adaptive_count_stddev_ok,
+            central_delta,
+            sampled_per_round,
+        )
+
+        n = len(sizes)
+        delta = central_delta(cfg, n)
+        if delta >= 1.0 / n:
+            raise ConfigError(f"dp = 'central': delta = {delta:g} is not below 1/N = {1 / n:g} "
+                              f"for N = {n} clients. Use delta = 0 (automatic 1/(10 N)).")
+        m = sampled_per_round(cfg, n)
+        z = float(cfg["noise-multiplier"])
+        if str(cfg["central-clipping"]).endswith("adaptive") and not adaptive_count_stddev_ok(
+                z, m):
+            raise ConfigError(
+                f"adaptive clipping with noise-multiplier = {z} and {m} clients per round: "
+                f"Flower's clipped-count noise (std m/20 = {m / 20:g}) must exceed z/2. Use "
+                f"more clients per round (m > {10 * z:g}), a smaller noise-multiplier, or fixed "
+                "clipping.")
+        return (f"central DP-FedAvg: noise multiplier {cfg['noise-multiplier']}, "
+                f"{cfg['central-clipping']} clipping at {cfg['clipping-norm']}, delta {delta:.3g}")
+    return ""
 
 
 def preflight_isolated(cfg: Mapping[str, Any]) -> Preflight:

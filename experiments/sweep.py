@@ -178,9 +178,22 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                     c.status, c.error = "invalid", str(exc)
                     print(f"  skipped: {exc}")
                     continue
+                except Exception as exc:  # a broken cell must not end the sweep
+                    c.status, c.error = "crashed", f"pre-flight check: {exc}"
+                    print(f"  cell {c.index} crashed: {exc}")
+                    continue
                 c.run_dir = out / "cells" / f"{c.index:02d}"
                 c.run_dir.mkdir(parents=True)
-                res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose)
+                try:
+                    res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda,
+                                  verbose=verbose)
+                except KeyboardInterrupt:
+                    c.status, c.error = "interrupted", "interrupted by the user"
+                    raise
+                except Exception as exc:
+                    c.status, c.error = "crashed", f"{type(exc).__name__}: {exc}"
+                    print(f"  cell {c.index} crashed: {c.error}")
+                    continue
                 c.status, c.error = res.status, res.error
                 c.result = {**run_outcome(read_metrics(c.run_dir)),
                             "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s,

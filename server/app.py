@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from strategies import Observed, RoundLog, build_strategy
+from strategies.central_dp import PrivacyBudgetReached
 from tasks.config import validate
 from tasks.models import build_model, count_parameters, resolve_model_name
 from tasks.splits import dataset_for, test_split
@@ -27,6 +28,7 @@ from tasks.training import evaluate, resolve_device
 from .console import say, table_header, table_row
 from .discovery import ClientInfo, discover_clients
 from .plots import plot_label_distribution, plot_run
+from .privacy_log import PrivacyLog
 from .results import RunFolder, read_metrics
 from .summary import outcome, write_summary
 
@@ -62,9 +64,10 @@ class RunRecorder:
     """Turns what the strategy observed plus central evaluation into ledger records."""
 
     def __init__(self, run: RunFolder, strategy: Observed, info: dict[str, Any],
-                 title: str, target_accuracy: float = 0.0) -> None:
+                 title: str, privacy: PrivacyLog, target_accuracy: float = 0.0) -> None:
         self.run = run
         self.target_accuracy = target_accuracy
+        self.privacy = privacy
         self.strategy = strategy
         self.info = info
         self.title = title
@@ -75,8 +78,8 @@ class RunRecorder:
         if rnd == 0:
             self.info["initial"] = test
             self.run.write_json("run.json", self.info)
-            say(table_header())
-            say(table_row(0, test, None, "-", None))
+            say(table_header(self.privacy.enabled))
+            say(table_row(0, test, None, "-", None, 0.0 if self.privacy.enabled else None))
             return
         log = self.strategy.current
         assert log is not None and log.round == rnd
@@ -97,6 +100,11 @@ class RunRecorder:
                 "elapsed-s": now - self.t_first_round,
             },
         }
+        entry = self.privacy.update(rnd, log)
+        if entry is not None:
+            record["privacy"] = entry
+        if log.skipped:
+            record["skipped"] = log.skipped
         if log.evaluated:
             n = sum(int(c["num-examples"]) for c in log.evaluated)
             record["client-eval"] = {
@@ -107,12 +115,19 @@ class RunRecorder:
         self.run.append_metrics(record)
         self.info["rounds-completed"] = rnd
         ok = f"{len(log.clients)}/{len(log.sampled)}"
-        say(table_row(rnd, test, record["train"], ok, record["time"]["round-s"]))
+        say(table_row(rnd, test, record["train"], ok, record["time"]["round-s"],
+                      self.privacy.headline(entry)))
+        if log.skipped:
+            say(f"  round {rnd}: {len(log.skipped)} client(s) out of privacy budget, skipped: "
+                f"{[c['partition-id'] for c in log.skipped]}")
         if log.failures:
             say(f"  round {rnd}: {len(log.failures)} client error(s), e.g. client "
                 f"{log.failures[0]['partition-id']}: {log.failures[0]['error'][:300]}")
         if now - self.last_plot >= PLOT_EVERY_S:
             self.plot()
+        if self.privacy.all_exhausted():
+            raise StopRun(f"every client has spent its privacy budget (target-epsilon "
+                          f"{self.privacy.target}) by round {rnd}")
         if self.target_accuracy and test["accuracy"] >= self.target_accuracy:
             self.info["target-reached-round"] = rnd
             raise StopRun(f"test accuracy {test['accuracy']:.4f} reached target-accuracy "
@@ -169,7 +184,8 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[s
 
     strategy = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]),
                         {c.node_id: c.partition_id for c in clients})
-    recorder = RunRecorder(run, strategy, info, title, float(cfg["target-accuracy"]))
+    privacy = PrivacyLog(cfg, strategy, n_clients)
+    recorder = RunRecorder(run, strategy, info, title, privacy, float(cfg["target-accuracy"]))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
@@ -186,9 +202,10 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[s
                        timeout=float(cfg["round-timeout"]),
                        train_config=ConfigRecord({"local-epochs": int(cfg["local-epochs"])}),
                        evaluate_fn=central_evaluate)
-    except StopRun as stop:
+    except (StopRun, PrivacyBudgetReached) as stop:
         info["stopped-early"] = str(stop)
         say(f"stopping early: {stop}")
+    info["privacy"] = privacy.summary()
     # central_evaluate loaded every new global model, so `model` holds the final one
     if cfg["save-model"]:
         torch.save({"model": model_name, "input-shape": list(data.input_shape),

@@ -14,13 +14,19 @@ def say(text: str) -> None:
         print(PREFIX + line, flush=True)
 
 
-def table_header() -> str:
-    return (f"{'round':>5} | {'test acc':>8} | {'test loss':>9} | {'train loss':>10} | "
+def table_header(with_epsilon: bool = False) -> str:
+    head = (f"{'round':>5} | {'test acc':>8} | {'test loss':>9} | {'train loss':>10} | "
             f"{'clients':>7} | {'time':>7}")
+    return head + (f" | {'epsilon':>8}" if with_epsilon else "")
 
 
-def table_row(rnd: int, test: dict, train: dict | None, clients: str, seconds: float | None) -> str:
+def table_row(rnd: int, test: dict, train: dict | None, clients: str, seconds: float | None,
+              epsilon: float | None | bool = None) -> str:
+    """One progress line; ``epsilon`` (if not None/False) adds the privacy column."""
     train_loss = f"{train['loss']:.4f}" if train and "loss" in train else "-"
     secs = f"{seconds:.2f}s" if seconds is not None else "-"
-    return (f"{rnd:>5} | {test['accuracy']:>8.4f} | {test['loss']:>9.4f} | {train_loss:>10} | "
-            f"{clients:>7} | {secs:>7}")
+    row = (f"{rnd:>5} | {test['accuracy']:>8.4f} | {test['loss']:>9.4f} | {train_loss:>10} | "
+           f"{clients:>7} | {secs:>7}")
+    if epsilon is not None and epsilon is not False:
+        row += f" | {float(epsilon):>8.3f}"
+    return row

@@ -59,7 +59,18 @@ def plot_run(out_dir: Path, records: Sequence[Mapping[str, Any]],
     line_plot(loss, {"test (server, held-out)": _series(rows, "test", "loss"),
                      "train (clients, weighted)": _series(records, "train", "loss")},
               "round", "cross-entropy loss", title)
-    return [acc, loss]
+    files = [acc, loss]
+    privacy = [r for r in records if "privacy" in r]
+    if privacy:
+        eps = out_dir / "epsilon.png"
+        if privacy[0]["privacy"]["mode"] == "central":
+            series = {"client-level epsilon (central DP)": _series(privacy, "privacy", "epsilon")}
+        else:
+            series = {"max over clients": _series(privacy, "privacy", "epsilon-max"),
+                      "mean over clients": _series(privacy, "privacy", "epsilon-mean")}
+        line_plot(eps, series, "round", "cumulative epsilon", title)
+        files.append(eps)
+    return files
 
 
 def plot_label_distribution(path: Path, partitions: Sequence[Mapping[str, Any]],

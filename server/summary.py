@@ -37,6 +37,24 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
         f"batch {cfg['batch-size']}, lr {cfg['lr']}, seed {cfg['seed']}",
         f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
     ]
+    privacy = info.get("privacy", {})
+    if privacy.get("mode") == "local":
+        lines.append(
+            f"- privacy: local DP-SGD (record-level, per client): epsilon max "
+            f"**{privacy['epsilon-max']:.3f}**, mean {privacy['epsilon-mean']:.3f} over all "
+            f"clients at delta <= {privacy['delta-max']:.2g}; target-epsilon "
+            f"{privacy['target-epsilon'] or 'none'}; {privacy['clients-out-of-budget']} "
+            "client(s) ran out of budget"
+            + (f" (first in round {privacy['first-out-of-budget-round']})"
+               if privacy.get("first-out-of-budget-round") else ""))
+    elif privacy.get("mode") == "central":
+        lines.append(
+            f"- privacy: central DP-FedAvg (client-level): epsilon **{privacy['epsilon']:.3f}** "
+            f"at delta {privacy['delta']:.2g} after {privacy['releases']} releases; noise "
+            f"multiplier {privacy['noise-multiplier']}, {privacy['clipping']} clipping "
+            f"(norm {privacy['clipping-norm']:.3g}), {privacy['sampled']} of "
+            f"{privacy['population']} clients per round; {privacy['accounting']}. The server "
+            "still sees raw updates.")
     if info.get("stopped-early"):
         lines.append(f"- stopped early: {info['stopped-early']}")
     if res:
@@ -57,7 +75,10 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
                 f"| {r['round']} | {r['test']['accuracy']:.4f} | {r['test']['loss']:.4f} | "
                 f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
                 f"{len(r['clients'])}/{len(r['sampled'])} | {r['time']['round-s']:.2f} |")
-    lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", "",
+    lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
+    if privacy.get("mode") in ("local", "central"):
+        lines += ["![epsilon](plots/epsilon.png)", ""]
+    lines += [
               "![label distribution](plots/label_distribution.png)", "",
               "Files: `config.toml` (resolved config), `metrics.jsonl` (one record per round), "
               "`partitions.json` (client sizes and label counts), `run.json` (status, timings, "

@@ -13,7 +13,9 @@ including the DP wrappers) and adds three things:
   replies were errors, and phase timings, for the server's ledger.
 
 A round in which every sampled client failed raises :class:`RoundFailed` with the
-clients' error messages instead of silently keeping the old model.
+clients' error messages instead of silently keeping the old model. Clients that decline
+to train (``dp-skipped``: their privacy budget is spent) are recorded and left out of
+the aggregate.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class RoundLog:
     sampled: list[int] = field(default_factory=list)
     clients: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # e.g. DP budget exhausted
     evaluated: list[dict[str, Any]] = field(default_factory=list)
     aggregated: dict[str, float] = field(default_factory=dict)
 
@@ -116,23 +119,28 @@ class Observed(Strategy):
         self.current.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in messages)
         return messages
 
-    def _split_replies(self, replies: Iterable[Message]) -> tuple[list[Message], list[dict]]:
-        ok, failures = [], []
+    def _split_replies(self, replies: Iterable[Message]
+                       ) -> tuple[list[Message], list[dict], list[dict]]:
+        """(updates to aggregate, clients that declined to train, error replies)."""
+        ok, skipped, failures = [], [], []
         for msg in replies:
+            pid = self._partition(msg.metadata.src_node_id)
             if msg.has_error():
-                failures.append({"partition-id": self._partition(msg.metadata.src_node_id),
-                                 "node-id": msg.metadata.src_node_id,
+                failures.append({"partition-id": pid, "node-id": msg.metadata.src_node_id,
                                  "error": msg.error.reason})
+            elif _metrics_of(msg).get("dp-skipped"):
+                skipped.append({"partition-id": pid, **_metrics_of(msg)})
             else:
                 ok.append(msg)
         ok.sort(key=lambda m: (self._partition(m.metadata.src_node_id), m.metadata.src_node_id))
-        return ok, failures
+        skipped.sort(key=lambda c: c["partition-id"])
+        return ok, skipped, failures
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         log = self.current if self.current is not None else RoundLog(server_round)
-        ok, failures = self._split_replies(replies)
-        log.failures = failures
+        ok, skipped, failures = self._split_replies(replies)
+        log.failures, log.skipped = failures, skipped
         log.clients = [{"partition-id": self._partition(m.metadata.src_node_id),
                         **_metrics_of(m)} for m in ok]
         if not ok and failures:
@@ -152,7 +160,7 @@ class Observed(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        ok, failures = self._split_replies(replies)
+        ok, _, failures = self._split_replies(replies)
         if self.current is not None:
             self.current.evaluated = [{"partition-id": self._partition(m.metadata.src_node_id),
                                        **_metrics_of(m)} for m in ok]

@@ -37,8 +37,18 @@ def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord
 
 
 def build_strategy(cfg: Mapping[str, Any], num_clients: int) -> Strategy:
-    """Instantiate the strategy named by ``cfg['strategy']`` for ``num_clients`` clients."""
+    """Instantiate the strategy named by ``cfg['strategy']`` for ``num_clients`` clients.
+
+    With ``dp = "central"`` the strategy is an equal-weight FedAvg inside Flower's DP-FedAvg
+    wrapper, with a client-level accountant (:class:`strategies.central_dp.CentralDP`).
+    """
     name = cfg["strategy"]
+    if cfg["dp"] == "central":
+        from .central_dp import DP_WEIGHT_KEY, CentralDP
+
+        equal = build_strategy({**cfg, "dp": "none"}, num_clients)
+        equal.weighted_by_key = DP_WEIGHT_KEY
+        return CentralDP(equal, cfg, num_clients)
     fraction_evaluate = float(cfg["fraction-evaluate"])
     common: dict[str, Any] = {
         "fraction_train": float(cfg["fraction-train"]),

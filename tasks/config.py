@@ -20,6 +20,10 @@ DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "breast-cancer")
 MODELS = ("auto", "cnn", "small-cnn", "resnet18", "mlp")
 PARTITIONERS = ("iid", "dirichlet", "shard", "pathological")
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedmedian", "fedtrimmedavg")
+DP_MODES = ("none", "local", "central")
+ACCOUNTANTS = ("rdp", "prv")
+GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost")
+CENTRAL_CLIPPING = ("server-fixed", "client-fixed", "server-adaptive", "client-adaptive")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -122,6 +126,48 @@ SCHEMA: tuple[Key, ...] = (
          "(for rounds-to-target experiments); 0 = run every round.", "federation", 0, 1),
     _num("round-timeout", 600.0, "Seconds to wait for client replies in a round.",
          "federation", 0, None, lo_open=True),
+    # --- differential privacy ---------------------------------------------------------
+    Key("dp", "none", "Differential privacy: local = DP-SGD on every client (Opacus, "
+        "record-level, protects each client's records from the server and everyone "
+        "else); central = DP-FedAvg on the server (client-level, protects clients from "
+        "the users of the released model, not from the server).", "privacy", DP_MODES),
+    _num("target-epsilon", 0.0, "dp = local: the epsilon budget of each client for the "
+         "whole run; the noise multiplier is derived from the planned rounds, local "
+         "epochs, batch size and the client's data size, and a client whose next round "
+         "would exceed it stops training. 0 = use noise-multiplier, no budget.", "privacy",
+         0),
+    _num("noise-multiplier", 1.0, "dp = local: DP-SGD noise multiplier sigma (when "
+         "target-epsilon = 0). dp = central: DP-FedAvg noise multiplier z (noise std = "
+         "z * clipping-norm / clients per round).", "privacy", 0),
+    _num("max-grad-norm", 1.0, "dp = local: per-sample gradient clipping norm C.", "privacy",
+         0, None, lo_open=True),
+    _num("delta", 0.0, "Target delta. 0 = automatic: 1/(10 n) for a client with n records "
+         "(local), 1/(10 N) for N clients (central). Must be below 1/n (1/N).", "privacy",
+         0, 1, hi_open=True),
+    Key("accountant", "rdp", "Privacy accountant: rdp (Renyi DP, Mironov 2017) or prv "
+        "(privacy random variables, Gopi et al. 2021; tighter, slower).", "privacy",
+        ACCOUNTANTS),
+    Key("grad-sample-mode", "auto", "How Opacus computes per-sample gradient norms: hooks "
+        "or ghost (ghost clipping). auto = the faster for the model (measured).", "privacy",
+        GRAD_SAMPLE_MODES),
+    Key("central-clipping", "server-fixed", "dp = central: where and how client updates "
+        "are clipped (Flower's DP wrappers). Client-side clipping is needed with "
+        "secure aggregation.", "privacy", CENTRAL_CLIPPING),
+    _num("clipping-norm", 1.0, "dp = central: L2 norm S each client update is clipped to "
+         "(the initial norm for adaptive clipping).", "privacy", 0, None, lo_open=True),
+    _num("max-epsilon", 0.0, "dp = central: stop the run before a round would exceed this "
+         "client-level epsilon. 0 = no limit.", "privacy", 0),
+    Key("secure-aggregation", False, "Run Flower's SecAgg+ so the server only learns the "
+        "sum of the clients' updates (Bell et al. 2020).", "privacy"),
+    _num("secagg-num-shares", 3, "SecAgg+: shares each client's secrets are split into "
+         "(its neighbourhood size).", "privacy", 2),
+    _num("secagg-reconstruction-threshold", 2, "SecAgg+: shares needed to reconstruct a "
+         "secret (tolerates num-shares - threshold dropouts per neighbourhood).", "privacy",
+         2),
+    _num("secagg-clipping-range", 8.0, "SecAgg+: parameters are clipped to [-r, r] before "
+         "quantization.", "privacy", 0, None, lo_open=True),
+    _num("secagg-quantization-range", 4194304, "SecAgg+: quantization levels over the "
+         "clipping range (rounding error = range / levels).", "privacy", 2),
     # --- local training ---------------------------------------------------------
     Key("model", "auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
         "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp. auto: small-cnn for "
@@ -196,10 +242,46 @@ def _cross_checks(cfg: Mapping[str, Scalar]) -> list[str]:
             f"{cfg['num-clients']}: the server would wait forever for clients that do not "
             "exist. Lower min-train-clients or raise num-clients."
         )
+    errors.extend(_privacy_checks(cfg))
     try:
         parse_hidden(str(cfg["mlp-hidden"]))
     except ValueError as exc:
         errors.append(f"mlp-hidden = {cfg['mlp-hidden']!r}: {exc}")
+    return errors
+
+
+def _privacy_checks(cfg: Mapping[str, Scalar]) -> list[str]:
+    errors = []
+    dp, strategy = cfg["dp"], cfg["strategy"]
+    if dp == "local":
+        if cfg["target-epsilon"] == 0 and cfg["noise-multiplier"] == 0:
+            errors.append("dp = 'local' with noise-multiplier = 0 and no target-epsilon gives "
+                          "no privacy (epsilon is infinite). Set target-epsilon (e.g. 5) or a "
+                          "positive noise-multiplier, or use dp = 'none'.")
+        if strategy == "fedprox":
+            errors.append("strategy = 'fedprox' with dp = 'local' is not supported: Opacus "
+                          "replaces each gradient by the clipped, noised per-sample sum, so "
+                          "the proximal term would be silently dropped. Use fedavg.")
+    if dp == "central":
+        if strategy != "fedavg":
+            errors.append(f"dp = 'central' needs strategy = 'fedavg' (got {strategy!r}): the "
+                          "noise is calibrated to an unweighted mean of clipped updates.")
+        if cfg["noise-multiplier"] == 0:
+            errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
+                          "infinite). Use a positive noise-multiplier, e.g. 1.0.")
+    if cfg["secure-aggregation"]:
+        if strategy != "fedavg":
+            errors.append(f"secure-aggregation needs strategy = 'fedavg' (got {strategy!r}): "
+                          "SecAgg+ reveals only the weighted sum of the updates.")
+        if dp == "central" and str(cfg["central-clipping"]).startswith("server"):
+            errors.append("secure-aggregation with dp = 'central' needs client-side clipping "
+                          "(central-clipping = 'client-fixed'): the server cannot clip "
+                          "updates it cannot see.")
+        if dp == "central" and cfg["central-clipping"] == "client-adaptive":
+            errors.append("secure-aggregation supports central-clipping = 'client-fixed' only "
+                          "(adaptive clipping needs each client's clipping bit in the clear).")
+        if cfg["secagg-reconstruction-threshold"] > cfg["secagg-num-shares"]:
+            errors.append("secagg-reconstruction-threshold must not exceed secagg-num-shares.")
     return errors
 
 

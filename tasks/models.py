@@ -66,13 +66,24 @@ def mlp(in_features: int, hidden: tuple[int, ...], num_classes: int) -> nn.Seque
 
 
 def resnet18(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """torchvision's ResNet-18 with GroupNorm (DP-friendly) and a CIFAR stem (3x3, no max-pool)."""
-    from torchvision.models import resnet18 as tv_resnet18
+    """torchvision's ResNet-18 with GroupNorm (DP-friendly) and a CIFAR stem (3x3, no max-pool).
 
-    model = tv_resnet18(num_classes=num_classes,
-                        norm_layer=lambda ch: nn.GroupNorm(min(32, ch), ch))
+    The residual blocks add without in-place ops: Opacus' backward hooks cannot follow
+    torchvision's ``out += identity`` and in-place ReLU.
+    """
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    class Block(BasicBlock):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            identity = x if self.downsample is None else self.downsample(x)
+            out = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(out)) + identity)
+
+    model = ResNet(Block, [2, 2, 2, 2], num_classes=num_classes,
+                   norm_layer=lambda ch: nn.GroupNorm(min(32, ch), ch))
     model.conv1 = nn.Conv2d(in_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
+    model.relu = nn.ReLU(inplace=False)
     return model
 
 

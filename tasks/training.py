@@ -41,20 +41,21 @@ class TrainResult:
 
 
 def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
-                 epochs: int, device: torch.device, proximal_mu: float = 0.0) -> TrainResult:
+                 epochs: int, device: torch.device, proximal_mu: float = 0.0,
+                 criterion: nn.Module | None = None) -> TrainResult:
     """Run ``epochs`` of mini-batch training; with ``proximal_mu`` > 0 add FedProx's term.
 
     FedProx (Li et al. 2020) minimises ``loss + mu/2 * ||w - w_global||^2`` locally,
-    where ``w_global`` is the model as received at the start of the round.
+    where ``w_global`` is the model as received at the start of the round. Empty batches
+    (Poisson sampling in DP-SGD draws them) still take their optimizer step: for DP-SGD
+    that step is the noise-only release the privacy analysis counts.
     """
     model.to(device).train()
-    criterion = nn.CrossEntropyLoss()
+    criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
     anchor = ([p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None)
     total_loss, correct, seen, steps = 0.0, 0, 0, 0
     for _ in range(epochs):
         for xb, yb in loader:
-            if len(yb) == 0:  # Poisson sampling (DP-SGD) can draw an empty batch
-                continue
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             logits = model(xb)
@@ -66,10 +67,11 @@ def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
                 objective = loss + 0.5 * proximal_mu * prox
             objective.backward()
             optimizer.step()
-            total_loss += loss.item() * len(yb)
-            correct += (logits.argmax(1) == yb).sum().item()
-            seen += len(yb)
             steps += 1
+            if len(yb):
+                total_loss += float(loss.item()) * len(yb)
+                correct += (logits.argmax(1) == yb).sum().item()
+                seen += len(yb)
     return TrainResult(total_loss / max(seen, 1), correct / max(seen, 1), seen, steps)
 
 

@@ -10,7 +10,8 @@ from .conftest import REPO
 def test_pyproject_run_config_matches_schema_defaults():
     with open(REPO / "pyproject.toml", "rb") as f:
         flwr_config = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-    assert flwr_config == defaults()
+    assert flwr_config == defaults(), \
+        "paste `fedpriv keys --toml` into pyproject.toml's [tool.flwr.app.config]"
 
 
 def test_defaults_validate_and_keep_types():

@@ -174,7 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="fedpriv vs plain PyTorch FedAvg overhead.")
     parser.add_argument("--config", help="preset for both runs")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"overrides for both runs (defaults: {' '.join(DEFAULT_SET)})")
+                        help="overrides for both runs (without --config, first: "
+                             f"{' '.join(DEFAULT_SET)})")
     parser.add_argument("--repeat", type=int, default=1,
                         help="alternate fedpriv and plain runs this many times; report medians")
     parser.add_argument("--skip-plain", action="store_true")
@@ -182,7 +183,7 @@ def main() -> None:
                         help="also time a bare Flower app of the same size (start-up floor)")
     parser.add_argument("--json", type=Path, help="write all figures to this file")
     args = parser.parse_args()
-    sets = DEFAULT_SET + args.set
+    sets = args.set if args.config else DEFAULT_SET + args.set  # a preset brings its own
     common = (["--config", args.config] if args.config else []) + \
         [a for s in sets for a in ("--set", s)]
     report: dict = {"args": common, "repeat": args.repeat}

@@ -1,0 +1,122 @@
+"""One client's DP-SGD round: budget check, private training, cumulative accounting.
+
+The client's privacy ledger (noise multiplier, sample rate, delta, and the history of
+steps it has taken) lives in ``Context.state`` under ``"dp-sgd"``, so it survives
+across rounds in simulation and on real SuperNodes, and rounds in which the client is
+not sampled cost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context
+
+from privacy.accounting import (
+    BudgetTooSmall,
+    ClientLedger,
+    auto_delta,
+    calibrate_noise,
+    planned_rounds,
+)
+from privacy.dpsgd import make_private
+from tasks.training import TrainResult, make_loader, sgd, train_epochs
+
+STATE_KEY = "dp-sgd"
+
+
+class LocalDPError(ValueError):
+    """This client's DP-SGD settings cannot work (delta too large, budget too small)."""
+
+
+def steps_per_epoch(num_records: int, batch_size: int) -> int:
+    """Poisson-sampled batches per epoch, as Opacus counts them: ceil(n / B), so q = 1 / that."""
+    return math.ceil(num_records / batch_size)
+
+
+def new_ledger(cfg: Mapping[str, Any], num_records: int, num_clients: int) -> ClientLedger:
+    """Fix this client's (sigma, q, delta) for the whole run, before its first round."""
+    per_epoch = steps_per_epoch(num_records, int(cfg["batch-size"]))
+    q = 1.0 / per_epoch
+    delta = float(cfg["delta"]) or auto_delta(num_records)
+    if delta >= 1.0 / num_records:
+        raise LocalDPError(
+            f"delta = {delta:g} is not below 1/n = {1 / num_records:g} for a client with "
+            f"{num_records} records: such a delta allows leaking a whole record. Use delta = 0 "
+            "(automatic 1/(10 n)) or a smaller value.")
+    budget = float(cfg["target-epsilon"])
+    if budget > 0:
+        rounds = planned_rounds(int(cfg["num-server-rounds"]), float(cfg["fraction-train"]),
+                                int(cfg["min-train-clients"]), num_clients)
+        steps = rounds * int(cfg["local-epochs"]) * per_epoch
+        try:
+            sigma = calibrate_noise(budget, delta, q, steps, str(cfg["accountant"]))
+        except BudgetTooSmall as exc:
+            raise LocalDPError(str(exc)) from exc
+    else:
+        sigma = float(cfg["noise-multiplier"])
+    return ClientLedger(sigma, q, delta, str(cfg["accountant"]), budget)
+
+
+def load_ledger(context: Context) -> ClientLedger | None:
+    if STATE_KEY not in context.state.config_records:
+        return None
+    return ClientLedger.from_dict(dict(context.state.config_records[STATE_KEY]))
+
+
+def save_ledger(context: Context, ledger: ClientLedger) -> None:
+    context.state.config_records[STATE_KEY] = ConfigRecord(ledger.to_dict())
+
+
+@dataclass
+class DPRound:
+    """The outcome of one DP-SGD round (``result`` is None when the budget stopped it)."""
+
+    ledger: ClientLedger
+    result: TrainResult | None
+    model: torch.nn.Module | None
+    mode: str = ""
+
+    def metrics(self) -> dict[str, Any]:
+        out = {"epsilon": self.ledger.epsilon(), "delta": self.ledger.delta,
+               "noise-multiplier": self.ledger.noise_multiplier,
+               "sample-rate": self.ledger.sample_rate, "dp-steps": self.ledger.steps}
+        if self.result is None:
+            out["dp-skipped"] = 1
+        return out
+
+
+def dp_round(cfg: Mapping[str, Any], context: Context, model: torch.nn.Module,
+             x: torch.Tensor, y: torch.Tensor, num_clients: int, seed: int,
+             device: torch.device) -> DPRound:
+    """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget."""
+    ledger = load_ledger(context) or new_ledger(cfg, len(y), num_clients)
+    per_epoch = steps_per_epoch(len(y), int(cfg["batch-size"]))
+    planned = int(cfg["local-epochs"]) * per_epoch
+    if ledger.would_exceed(planned):
+        save_ledger(context, ledger)
+        return DPRound(ledger, None, None)
+    optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]), float(cfg["weight-decay"]))
+    private = make_private(model, optimizer, make_loader(x, y, int(cfg["batch-size"]), seed),
+                           noise_multiplier=ledger.noise_multiplier,
+                           max_grad_norm=float(cfg["max-grad-norm"]),
+                           grad_sample_mode=str(cfg["grad-sample-mode"]), seed=seed,
+                           accountant=ledger.accountant)
+    drift = abs(private.sample_rate - ledger.sample_rate)
+    if private.steps_per_epoch != per_epoch or drift > 1e-12:
+        raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "
+                           f"{private.sample_rate}, expected {per_epoch} at {ledger.sample_rate}")
+    result = train_epochs(private.model, private.loader, private.optimizer,
+                          int(cfg["local-epochs"]), device, criterion=private.criterion)
+    taken = private.history()
+    if [(s, q) for s, q, _ in taken] != [(ledger.noise_multiplier, ledger.sample_rate)] or \
+            sum(n for _, _, n in taken) != planned:
+        raise RuntimeError(f"Opacus accounted {taken}, expected {planned} steps at "
+                           f"({ledger.noise_multiplier}, {ledger.sample_rate})")
+    ledger.record(planned)
+    save_ledger(context, ledger)
+    return DPRound(ledger, result, private.module(), private.mode)

@@ -1,0 +1,147 @@
+"""Record-level DP-SGD accounting for one client, composed over every round it trains in.
+
+DP-SGD (Abadi et al. 2016) with Poisson sampling at rate q = B / n and noise
+multiplier sigma is a sequence of sampled Gaussian mechanisms. A client's guarantee
+is over its own n records and composes over all its steps in all rounds it takes part
+in; rounds in which it is not sampled cost nothing. The history of
+(sigma, q, steps) entries is replayed into a fresh Opacus accountant (RDP: Mironov
+2017, Mironov et al. 2019; PRV: Gopi et al. 2021) to get the cumulative epsilon.
+
+Flower's own Opacus example creates a new PrivacyEngine every round and reports a
+one-round epsilon; :class:`ClientLedger` keeps the history across rounds instead (its
+state is a plain dict the ClientApp stores in ``Context.state``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCOUNTANTS = ("rdp", "prv")
+Entry = tuple[float, float, int]  # (noise multiplier, sample rate, steps)
+
+
+class BudgetTooSmall(ValueError):
+    """No noise multiplier reaches the target epsilon for the planned steps."""
+
+
+def make_accountant(name: str):
+    """A fresh Opacus accountant by name."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    if name == "rdp":
+        return RDPAccountant()
+    if name == "prv":
+        return PRVAccountant()
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
+
+
+def merge(history: Iterable[Entry]) -> tuple[Entry, ...]:
+    """Sum the steps of consecutive entries with the same (sigma, q), as Opacus does."""
+    out: list[list[Any]] = []
+    for sigma, q, steps in history:
+        if out and out[-1][0] == sigma and out[-1][1] == q:
+            out[-1][2] += int(steps)
+        else:
+            out.append([float(sigma), float(q), int(steps)])
+    return tuple((s, q, n) for s, q, n in out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(history: tuple[Entry, ...], delta: float, accountant: str) -> float:
+    if not history:
+        return 0.0
+    acc = make_accountant(accountant)
+    acc.history = [tuple(e) for e in history]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
+        return float(acc.get_epsilon(delta))
+
+
+def epsilon(history: Iterable[Entry], delta: float, accountant: str = "rdp") -> float:
+    """Cumulative epsilon of a DP-SGD history at ``delta`` (0 for an empty history).
+
+    Cached per process: simulated clients with the same data size share the result.
+    """
+    return _epsilon(merge(history), float(delta), accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                    accountant: str = "rdp") -> float:
+    """The smallest noise multiplier that keeps ``steps`` DP-SGD steps within the target."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
+            return float(get_noise_multiplier(target_epsilon=target_epsilon,
+                                              target_delta=delta, sample_rate=sample_rate,
+                                              steps=steps, accountant=accountant))
+    except ValueError as exc:
+        raise BudgetTooSmall(
+            f"target-epsilon = {target_epsilon} cannot be met for {steps} steps at sample "
+            f"rate {sample_rate:.4g} and delta {delta:.3g}: {exc}") from exc
+
+
+def auto_delta(num_records: int) -> float:
+    """The default delta for a client with n records: 1 / (10 n), well below 1 / n."""
+    return 1.0 / (10 * num_records)
+
+
+def planned_rounds(num_rounds: int, fraction: float, min_clients: int,
+                   num_clients: int) -> int:
+    """Rounds a client expects to train in, given how many clients Flower samples per round."""
+    per_round = min(max(int(num_clients * fraction), min_clients), num_clients)
+    return max(1, math.ceil(num_rounds * per_round / num_clients))
+
+
+@dataclass
+class ClientLedger:
+    """One client's DP-SGD parameters and the steps it has taken, across rounds."""
+
+    noise_multiplier: float
+    sample_rate: float
+    delta: float
+    accountant: str = "rdp"
+    budget: float = 0.0  # total epsilon allowed; 0 = no limit
+    history: list[Entry] = field(default_factory=list)
+
+    def epsilon(self, extra_steps: int = 0) -> float:
+        """Epsilon spent so far, or after ``extra_steps`` more steps."""
+        entries = list(self.history)
+        if extra_steps:
+            entries.append((self.noise_multiplier, self.sample_rate, extra_steps))
+        return epsilon(entries, self.delta, self.accountant)
+
+    def would_exceed(self, steps: int) -> bool:
+        return self.budget > 0 and self.epsilon(steps) > self.budget * (1 + 1e-9)
+
+    def record(self, steps: int) -> None:
+        if steps > 0:
+            self.history = list(merge([*self.history,
+                                       (self.noise_multiplier, self.sample_rate, steps)]))
+
+    @property
+    def steps(self) -> int:
+        return sum(e[2] for e in self.history)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists and scalars, storable in a Flower ConfigRecord."""
+        return {"noise-multiplier": self.noise_multiplier, "sample-rate": self.sample_rate,
+                "delta": self.delta, "accountant": self.accountant, "budget": self.budget,
+                "history-sigma": [float(e[0]) for e in self.history],
+                "history-q": [float(e[1]) for e in self.history],
+                "history-steps": [int(e[2]) for e in self.history]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClientLedger:
+        history = list(zip(d.get("history-sigma", []), d.get("history-q", []),
+                           d.get("history-steps", []), strict=True))
+        return cls(float(d["noise-multiplier"]), float(d["sample-rate"]), float(d["delta"]),
+                   str(d["accountant"]), float(d["budget"]),
+                   [(float(s), float(q), int(n)) for s, q, n in history])

@@ -1,0 +1,132 @@
+"""DP-SGD through Opacus' PrivacyEngine (Abadi et al. 2016; Yousefpour et al. 2021).
+
+One call, :func:`make_private`, turns a model, optimizer and data loader into their
+private counterparts with Poisson sampling, per-sample clipping and Gaussian noise.
+The grad-sample mode decides how per-sample gradient norms are computed:
+
+- ``hooks``: Opacus' default, materializes per-sample gradients with backward hooks;
+- ``ghost``: ghost clipping (Li et al. 2022; Bu et al. 2023), computes per-sample norms
+  without materializing per-sample gradients and does a second backward pass.
+
+Both process the empty batches Poisson sampling produces as a noise-only step, as the
+analysis requires. Opacus' ``ew`` and ``functorch`` modes fail on an empty batch
+(measured: "Batch size must be positive, got 0"), so they are not offered. ``auto``
+picks the faster correct mode for the model (measured in docs/BENCHMARKS.md): ghost
+clipping except for models with normalization layers in residual blocks (ResNet),
+where hooks are faster.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tasks.config import ConfigError
+
+GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost")
+
+
+def import_opacus() -> None:
+    """Import Opacus without the root logging handler it installs (which doubles Flower's logs)."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    import opacus  # noqa: F401
+    import opacus.utils.module_utils  # noqa: F401  (the module that calls basicConfig)
+
+    for handler in root.handlers[:]:
+        if handler not in before:
+            root.removeHandler(handler)
+
+
+def check_model(model: nn.Module) -> None:
+    """Raise :class:`ConfigError` naming every layer Opacus cannot train privately."""
+    import_opacus()
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        listed = "; ".join(str(e) for e in errors[:5])
+        raise ConfigError(
+            f"the model has layers DP-SGD cannot train: {listed}. Replace BatchNorm with "
+            "GroupNorm (opacus.validators.ModuleValidator.fix(model) does it) or choose "
+            "another model (cnn, small-cnn, resnet18 and mlp are all compatible).")
+
+
+def resolve_mode(mode: str, model: nn.Module) -> str:
+    """'auto' -> the faster correct grad-sample mode for this model."""
+    if mode != "auto":
+        if mode not in GRAD_SAMPLE_MODES:
+            raise ConfigError(f"grad-sample-mode must be one of {GRAD_SAMPLE_MODES}, got "
+                              f"{mode!r}")
+        return mode
+    has_norm = any(isinstance(m, nn.GroupNorm | nn.LayerNorm) for m in model.modules())
+    return "hooks" if has_norm else "ghost"
+
+
+@dataclass
+class PrivateTraining:
+    """What :func:`make_private` returns: train with these instead of the originals."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    criterion: Any
+    engine: Any
+    mode: str
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.loader)
+
+    @property
+    def sample_rate(self) -> float:
+        return float(self.loader.sample_rate)
+
+    def history(self) -> list[tuple[float, float, int]]:
+        """The (noise multiplier, sample rate, steps) entries this training has taken."""
+        return [tuple(e) for e in self.engine.accountant.history]
+
+    def module(self) -> nn.Module:
+        """The plain model underneath (its state dict has the original keys)."""
+        return unwrap(self.model)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Strip Opacus' GradSampleModule wrapper."""
+    return getattr(model, "_module", model)
+
+
+def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
+                 noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "auto",
+                 seed: int | None = None, accountant: str = "rdp") -> PrivateTraining:
+    """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling at rate B / n.
+
+    ``seed`` makes the Poisson sampling reproducible (the noise is drawn from torch's
+    global generator, seeded by the caller).
+    """
+    check_model(model)
+    from opacus import PrivacyEngine
+
+    mode = resolve_mode(grad_sample_mode, model)
+    engine = PrivacyEngine(accountant=accountant)
+    if seed is not None and loader.generator is not None:
+        loader.generator.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Secure RNG turned off", UserWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module="opacus")
+        out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                  noise_multiplier=noise_multiplier,
+                                  max_grad_norm=max_grad_norm, poisson_sampling=True,
+                                  grad_sample_mode=mode,
+                                  criterion=nn.CrossEntropyLoss())
+    if mode == "ghost":
+        dp_model, dp_opt, criterion, dp_loader = out
+    else:
+        (dp_model, dp_opt, dp_loader), criterion = out, nn.CrossEntropyLoss()
+    return PrivateTraining(dp_model, dp_opt, dp_loader, criterion, engine, mode)

@@ -1,0 +1,83 @@
+"""The privacy part of the ledger: what each client has spent, round by round.
+
+Local DP-SGD: every client reports its own cumulative epsilon when it trains (or
+declines to, its budget spent); the server keeps the latest value per client and
+records the maximum and the mean over the whole population (clients never sampled
+have spent nothing). This is deliberately not Flower's example-weighted average,
+which would hide the clients that spent the most.
+
+Central DP-FedAvg: the client-level epsilon of the released model, from the
+strategy's accountant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from strategies import Observed, RoundLog
+from strategies.central_dp import CentralDP
+
+
+class PrivacyLog:
+    """Turns each round's client replies into the ``privacy`` record of the ledger."""
+
+    def __init__(self, cfg: Mapping[str, Any], strategy: Observed, num_clients: int) -> None:
+        self.mode = str(cfg["dp"])
+        self.target = float(cfg["target-epsilon"])
+        self.num_clients = num_clients
+        self.central = strategy.inner if isinstance(strategy.inner, CentralDP) else None
+        self.epsilon: dict[int, float] = {}
+        self.delta: dict[int, float] = {}
+        self.exhausted: dict[int, int] = {}  # partition id -> round it first declined
+        self.secure = bool(cfg["secure-aggregation"])
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def update(self, rnd: int, log: RoundLog) -> dict[str, Any] | None:
+        """Fold one round in; return its ledger entry (None without DP)."""
+        if self.central is not None:
+            return self.central.describe()
+        if self.mode != "local":
+            return None
+        for c in [*log.clients, *log.skipped]:
+            if "epsilon" in c:
+                self.epsilon[c["partition-id"]] = float(c["epsilon"])
+                self.delta[c["partition-id"]] = float(c["delta"])
+        for c in log.skipped:
+            self.exhausted.setdefault(c["partition-id"], rnd)
+        spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
+        return {
+            "mode": "local",
+            "epsilon-max": max(spent),
+            "epsilon-mean": sum(spent) / len(spent),
+            "delta-max": max(self.delta.values(), default=0.0),
+            "target-epsilon": self.target,
+            "epsilon": {str(p): e for p, e in sorted(self.epsilon.items())},
+            "skipped": [c["partition-id"] for c in log.skipped],
+            "exhausted": sorted(self.exhausted),
+        }
+
+    def headline(self, entry: Mapping[str, Any] | None) -> float | None:
+        """The one epsilon the progress table shows."""
+        if not entry:
+            return None
+        return entry["epsilon"] if entry["mode"] == "central" else entry["epsilon-max"]
+
+    def all_exhausted(self) -> bool:
+        return self.mode == "local" and len(self.exhausted) >= self.num_clients
+
+    def summary(self) -> dict[str, Any]:
+        """For run.json and summary.md."""
+        if self.central is not None:
+            return self.central.describe()
+        if self.mode != "local":
+            return {"mode": "none"}
+        spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
+        first = min(self.exhausted.values(), default=None)
+        return {"mode": "local", "epsilon-max": max(spent), "epsilon-mean": sum(spent) / len(spent),
+                "delta-max": max(self.delta.values(), default=0.0),
+                "target-epsilon": self.target, "clients-out-of-budget": len(self.exhausted),
+                "first-out-of-budget-round": first}
