@@ -49,6 +49,9 @@ def flower_executable(name: str) -> str:
 
 def flower_env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower starts flower-superexec / flwr-simulation by name: make this environment's
+    # scripts findable even when it was not activated (e.g. .venv/bin/fedpriv).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update({
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
