@@ -3,18 +3,26 @@
 The same app runs in Flower's simulation runtime (one Ray actor serves many clients
 in turn) and on a real SuperNode started with
 ``--node-config "partition-id=I num-partitions=N"``.
+
+Training messages come in two layouts: Flower's Message API (``arrays`` + ``config``),
+used by every strategy, and the legacy ``fitins.*`` layout that Flower's SecAgg+
+workflow sends. Both go through :func:`local_update`; only the unpacking differs.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
+from flwr.clientapp.mod import adaptiveclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
 from tasks.config import validate
 from tasks.models import build_model
@@ -24,22 +32,26 @@ from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epo
 from .local_dp import dp_round
 
 
-def central_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Clip this client's update before it leaves (dp = central, client-side clipping).
+def privacy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Route training messages through Flower's SecAgg+ and adaptive-clipping mods when needed.
 
-    Flower's fixedclipping_mod / adaptiveclipping_mod do the clipping; they are applied only
-    to training messages of runs that asked for client-side clipping.
+    ``secaggplus_mod`` handles only messages of a SecAgg+ round (they carry its configs
+    record); ``adaptiveclipping_mod`` only runs with ``dp = central`` and client-side
+    adaptive clipping. Everything else goes straight to the handlers.
     """
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        from flwr.client.mod import secaggplus_mod
+
+        return secaggplus_mod(msg, context, call_next)
     cfg = context.run_config
-    if msg.metadata.message_type == MessageType.TRAIN and cfg.get("dp") == "central":
-        if cfg.get("central-clipping") == "client-fixed":
-            return fixedclipping_mod(msg, context, call_next)
-        if cfg.get("central-clipping") == "client-adaptive":
-            return adaptiveclipping_mod(msg, context, call_next)
+    if cfg.get("dp") == "central" and cfg.get("central-clipping") == "client-adaptive":
+        return adaptiveclipping_mod(msg, context, call_next)
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[central_dp_mod])
+app = ClientApp(mods=[privacy_mod])
 
 
 def derive_seed(*parts: int) -> int:
@@ -55,12 +67,20 @@ def _setup(context: Context) -> tuple[dict, int, int, Split]:
     return cfg, pid, n, client_split(cfg, pid, n)
 
 
-def _model(cfg: dict, arrays: ArrayRecord) -> torch.nn.Module:
+def _model(cfg: dict, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
     data = dataset_for(cfg)
     model = build_model(str(cfg["model"]), data.input_shape, data.num_classes,
                         str(cfg["mlp-hidden"]))
-    model.load_state_dict(arrays.to_torch_state_dict())
+    model.load_state_dict(state)
     return model
+
+
+def _clip_update(new: list[np.ndarray], old: list[np.ndarray], norm: float) -> float:
+    """Clip ``new - old`` to L2 ``norm`` in place (Flower's routine); return the norm before."""
+    before = float(np.sqrt(sum(float(np.sum((n - o) ** 2)) for n, o in
+                               zip(new, old, strict=True))))
+    compute_clip_model_update(param1=new, param2=old, clipping_norm=norm)
+    return before
 
 
 @app.query()
@@ -72,23 +92,24 @@ def describe(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train the received global model for ``local-epochs`` on the local partition.
+def local_update(context: Context, state: Mapping[str, torch.Tensor],
+                 round_config: Mapping[str, Any]
+                 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    """Train the global model received (``state``) on this client's data.
 
-    With ``dp = "local"`` the training is DP-SGD and the reply carries the client's
-    cumulative epsilon; a client whose budget would be exceeded replies without an
-    update (``dp-skipped``).
+    Returns the new state dict (None when the client declines: its DP budget is spent)
+    and the metrics to report. With ``dp = "local"`` training is DP-SGD and the metrics
+    carry the client's cumulative epsilon; with ``dp = "central"`` and client-side fixed
+    clipping the update is clipped to the norm the server sent.
     """
     cfg, pid, n_parts, data = _setup(context)
-    round_config = msg.content["config"]
     server_round = int(round_config["server-round"])
     device = resolve_device(str(cfg["device"]))
     seed = derive_seed(int(cfg["seed"]), server_round, pid)
     torch.manual_seed(seed)
 
-    model = _model(cfg, msg.content["arrays"])
-    metrics: dict = {"num-examples": len(data), "partition-id": pid}
+    model = _model(cfg, state)
+    metrics: dict[str, Any] = {"num-examples": len(data), "partition-id": pid}
     if cfg["dp"] == "central":
         metrics["dp-weight"] = 1  # DP-FedAvg averages clipped updates with equal weights
     start = time.perf_counter()
@@ -96,7 +117,7 @@ def train(msg: Message, context: Context) -> Message:
         outcome = dp_round(cfg, context, model, data.x, data.y, n_parts, seed, device)
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
-            return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+            return None, metrics
         result, model = outcome.result, outcome.model
     else:
         loader = make_loader(data.x, data.y, int(cfg["batch-size"]), seed)
@@ -104,22 +125,69 @@ def train(msg: Message, context: Context) -> Message:
                         float(cfg["weight-decay"]))
         result = train_epochs(model, loader, optimizer, int(cfg["local-epochs"]), device,
                               proximal_mu=float(round_config.get("proximal-mu", 0.0)))
-    metrics.update({
-        "train-loss": result.loss,
-        "train-accuracy": result.accuracy,
-        "train-steps": result.steps,
-        "train-time-s": time.perf_counter() - start,
-    })
-    arrays = ArrayRecord(model.cpu().state_dict())
-    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
-                   reply_to=msg)
+    metrics.update({"train-loss": result.loss, "train-accuracy": result.accuracy,
+                    "train-steps": result.steps,
+                    "train-time-s": time.perf_counter() - start})
+    new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if (cfg["dp"] == "central" and cfg["central-clipping"] == "client-fixed"
+            and KEY_CLIPPING_NORM in round_config):
+        names = list(new_state)
+        new = [new_state[k].numpy().copy() for k in names]
+        metrics["update-norm"] = _clip_update(new, [state[k].cpu().numpy() for k in names],
+                                              float(round_config[KEY_CLIPPING_NORM]))
+        new_state = {k: torch.from_numpy(v) for k, v in zip(names, new, strict=True)}
+    return new_state, metrics
+
+
+def _is_legacy(msg: Message) -> bool:
+    return "fitins.parameters" in msg.content.array_records
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Unpack a training message, run :func:`local_update`, pack the reply the same way."""
+    if _is_legacy(msg):
+        return _train_legacy(msg, context)
+    state = msg.content["arrays"].to_torch_state_dict()
+    new_state, metrics = local_update(context, state, msg.content["config"])
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    if new_state is not None:
+        content["arrays"] = ArrayRecord(new_state)
+    return Message(content, reply_to=msg)
+
+
+def _train_legacy(msg: Message, context: Context) -> Message:
+    """The legacy FitIns/FitRes layout of Flower's SecAgg+ workflow."""
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+    cfg = validate(context.run_config)
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    names = list(_blank_state(cfg))
+    arrays = parameters_to_ndarrays(fitins.parameters)
+    state = {k: torch.from_numpy(np.array(a)) for k, a in zip(names, arrays, strict=True)}
+    new_state, metrics = local_update(context, state, fitins.config)
+    if new_state is None:
+        raise RuntimeError(f"client {metrics['partition-id']} has spent its privacy budget "
+                           f"(epsilon {metrics['epsilon']:.3f}) and drops out of this round")
+    weight = 1 if cfg["dp"] == "central" else int(metrics["num-examples"])
+    fitres = FitRes(Status(Code.OK, ""),
+                    ndarrays_to_parameters([new_state[k].numpy() for k in names]), weight,
+                    {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+    return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
+
+
+def _blank_state(cfg: dict) -> dict[str, torch.Tensor]:
+    data = dataset_for(cfg)
+    return build_model(str(cfg["model"]), data.input_shape, data.num_classes,
+                       str(cfg["mlp-hidden"])).state_dict()
 
 
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's own data (a personalization view)."""
     cfg, pid, _, data = _setup(context)
-    model = _model(cfg, msg.content["arrays"])
+    model = _model(cfg, msg.content["arrays"].to_torch_state_dict())
     loss, acc = evaluate(model, data.x, data.y, int(cfg["eval-batch-size"]),
                          resolve_device(str(cfg["device"])))
     metrics = MetricRecord({"num-examples": len(data), "partition-id": pid,

@@ -161,6 +161,7 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fedpriv` console script."""
     args = _parser().parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
     try:
         if args.command == "run":
@@ -188,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\nfedpriv: interrupted; every process fedpriv started has been stopped.",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `fedpriv keys | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
 
 

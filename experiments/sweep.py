@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from server.privacy_log import headline_epsilon
 from server.results import new_run_dir, read_metrics
 from server.summary import outcome as run_outcome
 from tasks.config import ConfigError, parse_assignment, validate
 
 from .configs import SWEEPS, find_file, read_preset, read_toml
+from .sweep_plots import sweep_plots
 
 
 @dataclass
@@ -29,11 +31,22 @@ class SweepSpec:
     path: Path
     base: dict[str, Any]
     grid: dict[str, list[Any]]
+    extra: list[dict[str, Any]] = field(default_factory=list)
 
     def cells(self) -> list[dict[str, Any]]:
+        """Every combination of the grid, then the explicitly listed [[cells]]."""
         keys = list(self.grid)
-        combos = itertools.product(*self.grid.values())
-        return [dict(zip(keys, combo, strict=True)) for combo in combos]
+        combos = itertools.product(*self.grid.values()) if keys else iter(())
+        return [dict(zip(keys, combo, strict=True)) for combo in combos] + [
+            dict(c) for c in self.extra]
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys that vary between cells, for table columns."""
+        out = list(self.grid)
+        for cell in self.extra:
+            out += [k for k in cell if k not in out]
+        return out
 
 
 @dataclass
@@ -55,14 +68,19 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
     """Read and check a sweep file (schema errors in any cell stop the sweep before it starts)."""
     path = find_file(name, SWEEPS, "sweep")
     raw = read_toml(path)
-    unknown = set(raw) - {"name", "preset", "fixed", "grid"}
+    unknown = set(raw) - {"name", "preset", "fixed", "grid", "cells"}
     if unknown:
         raise ConfigError(f"sweep {path}: unknown top-level entries {sorted(unknown)}; allowed: "
-                          "name, preset, [fixed], [grid].")
+                          "name, preset, [fixed], [grid], [[cells]].")
     grid = raw.get("grid", {})
-    if not grid or not all(isinstance(v, list) and v for v in grid.values()):
+    extra = raw.get("cells", [])
+    if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"sweep {path}: [grid] must map keys to non-empty lists, e.g. "
                           "num-clients = [5, 10].")
+    if not isinstance(extra, list) or not all(isinstance(c, dict) and c for c in extra):
+        raise ConfigError(f"sweep {path}: [[cells]] entries must be tables of keys.")
+    if not grid and not extra:
+        raise ConfigError(f"sweep {path}: give a [grid] of lists and/or [[cells]] tables.")
     base: dict[str, Any] = {}
     if "preset" in raw:
         base.update(read_preset(str(raw["preset"])))
@@ -70,7 +88,7 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
     for text in overrides:
         key, value = parse_assignment(text)
         base[key] = value
-    spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid)
+    spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid, extra)
     errors = []
     for params in spec.cells():
         try:
@@ -83,16 +101,20 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
 
 
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
-    keys = list(spec.grid)
+    keys = spec.keys
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "target-round", "steady-round-s", "wall-s", "run-dir", "error"]
+            "target-round", "epsilon", "delta", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
     for c in cells:
         r = c.result
-        rows.append([c.index, *[c.params[k] for k in keys], c.status,
+        privacy = r.get("privacy", {})
+        eps = headline_epsilon(privacy)
+        delta = privacy.get("delta", privacy.get("delta-max"))
+        rows.append([c.index, *[c.params.get(k, "") for k in keys], c.status,
                      _fmt(r.get("final", {}).get("accuracy")),
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
                      r.get("rounds", ""), r.get("target-reached-round", ""),
+                     _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
                      _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
@@ -109,39 +131,14 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                                          for c in failed]
     md += ["", "![accuracy vs round](plots/accuracy_vs_round.png)", "",
            "![final accuracy](plots/final_accuracy.png)", ""]
+    if any(headline_epsilon(c.result.get("privacy")) is not None for c in cells):
+        md += ["![privacy-accuracy trade-off](plots/privacy_accuracy.png)", "",
+               "![epsilon vs round](plots/epsilon_vs_round.png)", ""]
     (out / "sweep.md").write_text("\n".join(md))
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
     return "" if x is None else f"{x:.{digits}f}"
-
-
-def _plots(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
-    from matplotlib.figure import Figure
-
-    from server.plots import line_plot
-
-    done = [c for c in cells if c.run_dir and read_metrics(c.run_dir)]
-    series = {}
-    for c in done:
-        recs = read_metrics(c.run_dir)  # type: ignore[arg-type]
-        series[c.label] = ([r["round"] for r in recs], [r["test"]["accuracy"] for r in recs])
-    line_plot(out / "plots" / "accuracy_vs_round.png", series, "round", "test accuracy",
-              f"sweep {spec.name}", ylim=(0.0, 1.0))
-    fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
-    ax = fig.subplots()
-    labels = [c.label for c in cells]
-    values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
-    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
-    ax.barh(range(len(cells)), values, color=colors)
-    ax.set_yticks(range(len(cells)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("final test accuracy (red: cell failed)")
-    ax.set_title(f"sweep {spec.name}", fontsize=10)
-    for i, v in enumerate(values):
-        ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
-    fig.savefig(out / "plots" / "final_accuracy.png", dpi=110, bbox_inches="tight")
 
 
 def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
@@ -197,13 +194,14 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                 c.status, c.error = res.status, res.error
                 c.result = {**run_outcome(read_metrics(c.run_dir)),
                             "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s,
-                            "target-reached-round": res.info.get("target-reached-round", "")}
+                            "target-reached-round": res.info.get("target-reached-round", ""),
+                            "privacy": res.info.get("privacy", {})}
                 if not res.ok:
                     print(f"  cell {c.index} {res.status}: {res.error}")
                 _write_table(out, spec, cells)
     finally:
         _write_table(out, spec, cells)
-        _plots(out, spec, cells)
+        sweep_plots(out / "plots", spec.name, cells)
     failed = sum(c.status != "finished" for c in cells)
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} cells finished · {out / 'sweep.md'}")

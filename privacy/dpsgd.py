@@ -31,6 +31,11 @@ from tasks.config import ConfigError
 
 GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost")
 
+# Opacus' notices that do not apply here: the non-cryptographic RNG is a documented choice
+# (research, not production), and ghost clipping's second backward pass fires full hooks.
+warnings.filterwarnings("ignore", "Secure RNG turned off", UserWarning)
+warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+
 
 def import_opacus() -> None:
     """Import Opacus without the root logging handler it installs (which doubles Flower's logs)."""
@@ -118,7 +123,6 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     if seed is not None and loader.generator is not None:
         loader.generator.manual_seed(seed)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Secure RNG turned off", UserWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module="opacus")
         out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
                                   noise_multiplier=noise_multiplier,

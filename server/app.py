@@ -19,7 +19,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from strategies import Observed, RoundLog, build_strategy
-from strategies.central_dp import PrivacyBudgetReached
+from strategies.central_dp import CentralAccountant, PrivacyBudgetReached
+from strategies.secure import SecureRounds
 from tasks.config import validate
 from tasks.models import build_model, count_parameters, resolve_model_name
 from tasks.splits import dataset_for, test_split
@@ -28,7 +29,7 @@ from tasks.training import evaluate, resolve_device
 from .console import say, table_header, table_row
 from .discovery import ClientInfo, discover_clients
 from .plots import plot_label_distribution, plot_run
-from .privacy_log import PrivacyLog
+from .privacy_log import PrivacyLog, headline_epsilon
 from .results import RunFolder, read_metrics
 from .summary import outcome, write_summary
 
@@ -47,12 +48,14 @@ def _now() -> str:
 
 
 def _train_summary(log: RoundLog) -> dict[str, Any]:
+    """Example-weighted train loss/accuracy over the clients that trained this round."""
     examples = sum(int(c.get("num-examples", 0)) for c in log.clients)
     out: dict[str, Any] = {"num-examples": examples, "clients": len(log.clients)}
-    if "train-loss" in log.aggregated:
-        out["loss"] = log.aggregated["train-loss"]
-    if "train-accuracy" in log.aggregated:
-        out["accuracy"] = log.aggregated["train-accuracy"]
+    for key in ("loss", "accuracy"):
+        pairs = [(int(c["num-examples"]), float(c[f"train-{key}"])) for c in log.clients
+                 if f"train-{key}" in c]
+        if pairs and sum(w for w, _ in pairs):
+            out[key] = sum(w * v for w, v in pairs) / sum(w for w, _ in pairs)
     return out
 
 
@@ -63,7 +66,7 @@ class StopRun(Exception):
 class RunRecorder:
     """Turns what the strategy observed plus central evaluation into ledger records."""
 
-    def __init__(self, run: RunFolder, strategy: Observed, info: dict[str, Any],
+    def __init__(self, run: RunFolder, strategy: Any, info: dict[str, Any],
                  title: str, privacy: PrivacyLog, target_accuracy: float = 0.0) -> None:
         self.run = run
         self.target_accuracy = target_accuracy
@@ -116,7 +119,7 @@ class RunRecorder:
         self.info["rounds-completed"] = rnd
         ok = f"{len(log.clients)}/{len(log.sampled)}"
         say(table_row(rnd, test, record["train"], ok, record["time"]["round-s"],
-                      self.privacy.headline(entry)))
+                      headline_epsilon(entry)))
         if log.skipped:
             say(f"  round {rnd}: {len(log.skipped)} client(s) out of privacy budget, skipped: "
                 f"{[c['partition-id'] for c in log.skipped]}")
@@ -145,7 +148,8 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[str, Any]:
+def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
+                   run: RunFolder) -> dict[str, Any]:
     """Everything between a validated config and a finished results folder."""
     t0 = time.perf_counter()
     info: dict[str, Any] = {"status": "running", "started": _now(), "run-dir": str(run.path),
@@ -182,10 +186,22 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[s
         f" · {n_clients} clients ({cfg['partitioner']}, sizes {min(sizes)}–{max(sizes)}) · "
         f"{cfg['num-server-rounds']} rounds")
 
-    strategy = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]),
-                        {c.node_id: c.partition_id for c in clients})
-    privacy = PrivacyLog(cfg, strategy, n_clients)
-    recorder = RunRecorder(run, strategy, info, title, privacy, float(cfg["target-accuracy"]))
+    partition_of = {c.node_id: c.partition_id for c in clients}
+    if cfg["secure-aggregation"]:
+        central = CentralAccountant(cfg, n_clients) if cfg["dp"] == "central" else None
+        max_weight = 1.0 if cfg["dp"] == "central" else float(max(sizes))
+        rounds: Any = SecureRounds(cfg, grid, context, partition_of, max_weight, central)
+        info["aggregation"] = {
+            "protocol": "SecAgg+", "individual-updates-visible": False,
+            "num-shares": cfg["secagg-num-shares"],
+            "reconstruction-threshold": cfg["secagg-reconstruction-threshold"],
+            "clipping-range": cfg["secagg-clipping-range"],
+            "quantization-range": cfg["secagg-quantization-range"]}
+    else:
+        rounds = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]), partition_of)
+        info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True}
+    privacy = PrivacyLog(cfg, rounds, n_clients)
+    recorder = RunRecorder(run, rounds, info, title, privacy, float(cfg["target-accuracy"]))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
@@ -197,11 +213,19 @@ def run_federation(grid: Grid, cfg: Mapping[str, Any], run: RunFolder) -> dict[s
 
     info["setup-s"] = time.perf_counter() - t0
     initial = ArrayRecord(model.state_dict())
+    num_rounds = int(cfg["num-server-rounds"])
     try:
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=int(cfg["num-server-rounds"]),
-                       timeout=float(cfg["round-timeout"]),
-                       train_config=ConfigRecord({"local-epochs": int(cfg["local-epochs"])}),
-                       evaluate_fn=central_evaluate)
+        if isinstance(rounds, SecureRounds):
+            arrays = initial
+            central_evaluate(0, arrays)
+            for rnd in range(1, num_rounds + 1):
+                arrays = rounds.run_round(rnd, arrays) or arrays
+                central_evaluate(rnd, arrays)
+        else:
+            rounds.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
+                         timeout=float(cfg["round-timeout"]),
+                         train_config=ConfigRecord({"local-epochs": int(cfg["local-epochs"])}),
+                         evaluate_fn=central_evaluate)
     except (StopRun, PrivacyBudgetReached) as stop:
         info["stopped-early"] = str(stop)
         say(f"stopping early: {stop}")
@@ -232,7 +256,7 @@ def main(grid: Grid, context: Context) -> None:
     run.write_config(cfg)
     say(f"results: {run.path}")
     try:
-        info = run_federation(grid, cfg, run)
+        info = run_federation(grid, context, cfg, run)
     except BaseException as exc:
         info = {**_read_info(run), "status": "failed", "finished": _now(),
                 "error": f"{type(exc).__name__}: {exc}"}

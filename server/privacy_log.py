@@ -15,18 +15,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strategies import Observed, RoundLog
+from strategies import RoundLog
 from strategies.central_dp import CentralDP
+
+
+def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
+    """The one epsilon that sums up a ledger privacy entry or a run's privacy summary:
+    local DP-SGD -> the largest over clients; central DP -> the client-level epsilon."""
+    if not entry:
+        return None
+    if entry.get("mode") == "central":
+        return entry.get("epsilon")
+    if entry.get("mode") == "local":
+        return entry.get("epsilon-max")
+    return None
 
 
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 
-    def __init__(self, cfg: Mapping[str, Any], strategy: Observed, num_clients: int) -> None:
+    def __init__(self, cfg: Mapping[str, Any], strategy: Any, num_clients: int) -> None:
         self.mode = str(cfg["dp"])
         self.target = float(cfg["target-epsilon"])
         self.num_clients = num_clients
-        self.central = strategy.inner if isinstance(strategy.inner, CentralDP) else None
+        inner = getattr(strategy, "inner", None)
+        self.central = (inner.privacy if isinstance(inner, CentralDP)
+                        else getattr(strategy, "central", None))
         self.epsilon: dict[int, float] = {}
         self.delta: dict[int, float] = {}
         self.exhausted: dict[int, int] = {}  # partition id -> round it first declined
@@ -59,12 +73,6 @@ class PrivacyLog:
             "skipped": [c["partition-id"] for c in log.skipped],
             "exhausted": sorted(self.exhausted),
         }
-
-    def headline(self, entry: Mapping[str, Any] | None) -> float | None:
-        """The one epsilon the progress table shows."""
-        if not entry:
-            return None
-        return entry["epsilon"] if entry["mode"] == "central" else entry["epsilon-max"]
 
     def all_exhausted(self) -> bool:
         return self.mode == "local" and len(self.exhausted) >= self.num_clients

@@ -62,10 +62,10 @@ def adaptive_count_stddev_ok(noise_multiplier: float, sampled: int) -> bool:
     return noise_multiplier < 2 * (sampled / 20)
 
 
-class CentralDP(Strategy):
-    """Wrap an equal-weight FedAvg in Flower's DP wrapper; account every released round."""
+class CentralAccountant:
+    """Client-level accounting of DP-FedAvg releases (Flower's RdpAccountant)."""
 
-    def __init__(self, inner: Strategy, cfg: Mapping[str, Any], num_clients: int) -> None:
+    def __init__(self, cfg: Mapping[str, Any], num_clients: int) -> None:
         from flwr.serverapp import (
             NeighboringRelation,
             PrivacyConfig,
@@ -74,11 +74,55 @@ class CentralDP(Strategy):
         )
 
         self.noise_multiplier = float(cfg["noise-multiplier"])
+        self.clipping = str(cfg["central-clipping"])
         self.sampled = sampled_per_round(cfg, num_clients)
         self.population = num_clients
         self.delta = central_delta(cfg, num_clients)
-        self.clipping = str(cfg["central-clipping"])
-        z, s, m = self.noise_multiplier, float(cfg["clipping-norm"]), self.sampled
+        self.max_epsilon = float(cfg["max-epsilon"]) or None
+        self.accountant = RdpAccountant(PrivacyConfig(
+            target_delta=self.delta, population_size=num_clients,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=self.max_epsilon))
+        self.clipping_norm = float(cfg["clipping-norm"])
+        self.last_round_released = False
+
+    def event(self) -> Any:
+        from flwr.serverapp import GaussianPrivacyEvent
+
+        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier,
+                                    sample_size=self.sampled, population_size=self.population)
+
+    def check(self, server_round: int) -> None:
+        """Raise :class:`PrivacyBudgetReached` if releasing this round would exceed max-epsilon."""
+        if self.max_epsilon is not None and self.accountant.would_exceed(self.event()):
+            raise PrivacyBudgetReached(
+                f"round {server_round} would take client-level epsilon from "
+                f"{self.epsilon:.3f} past max-epsilon = {self.max_epsilon}")
+
+    def release(self) -> None:
+        self.accountant.compose(self.event())
+        self.last_round_released = True
+
+    @property
+    def epsilon(self) -> float:
+        return self.accountant.get_epsilon(self.delta) if self.accountant.num_releases else 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """The privacy part of a ledger record."""
+        return {"mode": "central", "epsilon": self.epsilon, "delta": self.delta,
+                "noise-multiplier": self.noise_multiplier, "clipping": self.clipping,
+                "clipping-norm": self.clipping_norm, "sampled": self.sampled,
+                "population": self.population, "releases": self.accountant.num_releases,
+                "released-this-round": self.last_round_released,
+                "accounting": "RDP, add-or-remove-one client, no subsampling amplification"}
+
+
+class CentralDP(Strategy):
+    """Wrap an equal-weight FedAvg in Flower's DP wrapper; account every released round."""
+
+    def __init__(self, inner: Strategy, cfg: Mapping[str, Any], num_clients: int) -> None:
+        self.privacy = CentralAccountant(cfg, num_clients)
+        z, s, m = self.privacy.noise_multiplier, self.privacy.clipping_norm, self.privacy.sampled
         wrappers = {
             "server-fixed": lambda: DifferentialPrivacyServerSideFixedClipping(inner, z, s, m),
             "client-fixed": lambda: DifferentialPrivacyClientSideFixedClipping(inner, z, s, m),
@@ -87,51 +131,23 @@ class CentralDP(Strategy):
             "client-adaptive": lambda: DifferentialPrivacyClientSideAdaptiveClipping(
                 inner, z, m, initial_clipping_norm=s),
         }
-        self.dp = wrappers[self.clipping]()
-        max_eps = float(cfg["max-epsilon"]) or None
-        self.accountant = RdpAccountant(PrivacyConfig(
-            target_delta=self.delta, population_size=num_clients,
-            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-            sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=max_eps))
-        self.max_epsilon = max_eps
-        self._pending: Any = None
-        self.last_round_released = False
-
-    def _event(self, sample_size: int) -> Any:
-        from flwr.serverapp import GaussianPrivacyEvent
-
-        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier,
-                                    sample_size=sample_size, population_size=self.population)
-
-    @property
-    def epsilon(self) -> float:
-        return self.accountant.get_epsilon(self.delta) if self.accountant.num_releases else 0.0
-
-    @property
-    def clipping_norm(self) -> float:
-        return float(self.dp.clipping_norm)
+        self.dp = wrappers[self.privacy.clipping]()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        messages = list(self.dp.configure_train(server_round, arrays, config, grid))
-        event = self._event(max(len(messages), 1))
-        if self.max_epsilon is not None and self.accountant.would_exceed(event):
-            raise PrivacyBudgetReached(
-                f"round {server_round} would take client-level epsilon from "
-                f"{self.epsilon:.3f} past max-epsilon = {self.max_epsilon}")
-        self._pending = event
-        return messages
+        self.privacy.check(server_round)
+        return list(self.dp.configure_train(server_round, arrays, config, grid))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = [r for r in replies if not r.has_error()]
-        self.last_round_released = False
-        if len(replies) != self.sampled:
+        self.privacy.last_round_released = False
+        if len(replies) != self.privacy.sampled:
             return None, None  # see the module docstring: no under-noised release
         arrays, metrics = self.dp.aggregate_train(server_round, replies)
         if arrays is not None:
-            self.accountant.compose(self._pending)
-            self.last_round_released = True
+            self.privacy.clipping_norm = float(self.dp.clipping_norm)  # adaptive moves it
+            self.privacy.release()
         return arrays, metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -144,12 +160,3 @@ class CentralDP(Strategy):
 
     def summary(self) -> None:
         self.dp.summary()
-
-    def describe(self) -> dict[str, Any]:
-        """The privacy part of a ledger record."""
-        return {"mode": "central", "epsilon": self.epsilon, "delta": self.delta,
-                "noise-multiplier": self.noise_multiplier, "clipping": self.clipping,
-                "clipping-norm": self.clipping_norm, "sampled": self.sampled,
-                "population": self.population, "releases": self.accountant.num_releases,
-                "released-this-round": self.last_round_released,
-                "accounting": "RDP, add-or-remove-one client, no subsampling amplification"}

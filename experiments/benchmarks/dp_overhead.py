@@ -1,0 +1,102 @@
+"""Benchmark: DP-SGD round time against plain SGD, for each Opacus grad-sample mode.
+
+Two views of the same workload (default: 10 clients x 400 embedded-MNIST images,
+5 rounds, 1 local epoch, batch 32):
+
+1. per client, in one process: one local epoch of plain SGD vs DP-SGD with ``hooks``
+   and ``ghost`` per-sample gradients (1 torch thread, as a simulated client runs);
+2. per round, through fedpriv (Flower + Ray): steady-state round time with
+   ``dp = none`` and ``dp = local`` for each mode (fixed noise multiplier, so no
+   calibration cost is included).
+
+    python -m experiments.benchmarks.dp_overhead                   # small-cnn
+    python -m experiments.benchmarks.dp_overhead --set model=cnn   # McMahan CNN
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv
+from experiments.configs import resolve
+from privacy.dpsgd import make_private
+from tasks.models import build_model
+from tasks.splits import client_split, dataset_for
+from tasks.training import make_loader, sgd, train_epochs
+
+MODES = ("hooks", "ghost")
+
+
+def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
+    """Median seconds for one local epoch of client 0, plain and per DP mode."""
+    torch.set_num_threads(1)
+    data = dataset_for(cfg)
+    split = client_split(cfg, 0, int(cfg["num-clients"]))
+    out: dict[str, float] = {}
+    for mode in ("none", *MODES):
+        times = []
+        for r in range(repeats + 1):  # the first run warms up
+            torch.manual_seed(r)
+            model = build_model(str(cfg["model"]), data.input_shape, data.num_classes)
+            opt = sgd(model, float(cfg["lr"]), float(cfg["momentum"]))
+            loader = make_loader(split.x, split.y, int(cfg["batch-size"]), r)
+            criterion = None
+            if mode != "none":
+                p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
+                                 grad_sample_mode=mode, seed=r)
+                model, opt, loader, criterion = p.model, p.optimizer, p.loader, p.criterion
+            t0 = time.perf_counter()
+            train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion)
+            if r:
+                times.append(time.perf_counter() - t0)
+        out[mode] = statistics.median(times)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--skip-federated", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sets = DEFAULT_SET + args.set
+    cfg = resolve(None, sets)
+    report: dict = {"args": sets, "epoch-s": epoch_times(cfg)}
+    rows = [("", "seconds", "ratio to SGD")]
+    base = report["epoch-s"]["none"]
+    for mode, t in report["epoch-s"].items():
+        rows.append((f"one client epoch, {mode if mode != 'none' else 'plain SGD'}",
+                     f"{t:.3f}", f"{t / base:.2f}x"))
+    if not args.skip_federated:
+        report["round-s"] = {}
+        variants = {"none": ["--set", "dp=none"]}
+        for mode in MODES:
+            variants[mode] = ["--set", "dp=local", "--set", "noise-multiplier=1.0",
+                              "--set", f"grad-sample-mode={mode}"]
+        common = [a for s in sets for a in ("--set", s)]
+        for name, extra in variants.items():
+            print(f"fedpriv run, dp {name} ...", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                res = bench_fedpriv(common + extra, Path(tmp))
+            report["round-s"][name] = statistics.median(res["rounds-s"][1:])
+        base = report["round-s"]["none"]
+        for name, t in report["round-s"].items():
+            rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",
+                         f"{t:.3f}", f"{t / base:.2f}x"))
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

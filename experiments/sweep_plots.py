@@ -1,0 +1,70 @@
+"""Comparison plots across the cells of a sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from server.plots import line_plot
+from server.privacy_log import headline_epsilon
+from server.results import read_metrics
+
+
+def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
+    """accuracy_vs_round, final_accuracy and, when cells used DP, privacy_accuracy and
+    epsilon_vs_round."""
+    out.mkdir(parents=True, exist_ok=True)
+    ledgers = {c.label: read_metrics(c.run_dir) for c in cells
+               if c.run_dir and read_metrics(c.run_dir)}
+    line_plot(out / "accuracy_vs_round.png",
+              {k: ([r["round"] for r in v], [r["test"]["accuracy"] for r in v])
+               for k, v in ledgers.items()},
+              "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
+    fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
+    ax = fig.subplots()
+    values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
+    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
+    ax.barh(range(len(cells)), values, color=colors)
+    ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("final test accuracy (red: cell did not finish)")
+    ax.set_title(f"sweep {name}", fontsize=10)
+    for i, v in enumerate(values):
+        ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
+    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
+
+    private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
+    points = [(eps, c.result["final"]["accuracy"], c.label) for c, eps in private
+              if eps is not None and c.result.get("final")]
+    if not points:
+        return
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:blue",
+            label="with DP (epsilon spent)")
+    for eps, acc, label in points:
+        ax.annotate(label, (eps, acc), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for c, eps in private:
+        if eps is None and c.result.get("final"):
+            ax.axhline(c.result["final"]["accuracy"], ls="--", color="gray",
+                       label=f"no DP ({c.label})")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon spent (local: max over clients; central: client-level)")
+    ax.set_ylabel("final test accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax.set_title(f"privacy-accuracy trade-off — sweep {name}", fontsize=10)
+    fig.savefig(out / "privacy_accuracy.png", dpi=110, bbox_inches="tight")
+    curves = {}
+    for label, records in ledgers.items():
+        pts = [(r["round"], headline_epsilon(r.get("privacy"))) for r in records]
+        pts = [(x, y) for x, y in pts if y is not None]
+        if pts:
+            curves[label] = ([x for x, _ in pts], [y for _, y in pts])
+    line_plot(out / "epsilon_vs_round.png", curves, "round", "cumulative epsilon",
+              f"sweep {name}")

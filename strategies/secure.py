@@ -1,0 +1,172 @@
+"""Rounds aggregated with Flower's SecAgg+ (Bell et al. 2020): the server learns only the sum.
+
+SecAgg+ lives in Flower's legacy workflow API (``SecAggPlusWorkflow`` on the server,
+``secaggplus_mod`` on the client). :class:`SecureRounds` runs one such workflow per
+round and hands it a small legacy strategy that
+
+* samples the same clients, in the same way, as :class:`strategies.Observed` does for
+  plain rounds (partition order, Python's ``random`` seeded per round),
+* receives from the workflow only the unmasked **weighted average** (every client's
+  parameters are quantized, masked with pairwise and private masks and summed; no
+  individual update is ever visible to the server), plus each client's metrics,
+* for central DP (client-side clipping) adds N(0, (z S / m)^2) noise to that average
+  and accounts the release, as DP-FedAvg does without secure aggregation.
+
+It produces the same :class:`strategies.observed.RoundLog` as ``Observed`` so the
+server's ledger is written by one piece of code.
+
+Quantization: SecAgg+ clips each *parameter* to [-clipping-range, clipping-range] and
+quantizes it to ``quantization-range`` levels; the aggregate differs from the plain
+average by at most about clipping-range / quantization-range per parameter.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+from .central_dp import CentralAccountant
+from .observed import RoundLog, sampling_seed
+
+
+class SecureRounds:
+    """One SecAgg+ round at a time, over the nodes found by client discovery."""
+
+    def __init__(self, cfg: Mapping[str, Any], grid: Grid, context: Context,
+                 partition_of: Mapping[int, int], max_weight: float,
+                 central: CentralAccountant | None = None) -> None:
+        from flwr.server import LegacyContext, ServerConfig
+        from flwr.server.workflow import SecAggPlusWorkflow
+
+        self.cfg = cfg
+        self.grid = grid
+        self.seed = int(cfg["seed"])
+        self.partition_of = dict(partition_of)
+        self.central = central
+        n = len(self.partition_of)
+        self.per_round = min(max(int(n * float(cfg["fraction-train"])),
+                                 int(cfg["min-train-clients"])), n)
+        self.workflow = SecAggPlusWorkflow(
+            num_shares=int(cfg["secagg-num-shares"]),
+            reconstruction_threshold=int(cfg["secagg-reconstruction-threshold"]),
+            max_weight=max_weight, clipping_range=float(cfg["secagg-clipping-range"]),
+            quantization_range=int(cfg["secagg-quantization-range"]),
+            timeout=float(cfg["round-timeout"]))
+        self.legacy = LegacyContext(context, config=ServerConfig(
+            num_rounds=int(cfg["num-server-rounds"])), strategy=_SecureFedAvg(self))
+        self.current: RoundLog | None = None
+        self._result: list[np.ndarray] | None = None
+
+    def sample(self, server_round: int) -> list[int]:
+        """Node ids of this round's clients: Observed's rule, so both paths pick the same."""
+        ordered = sorted(self.partition_of, key=lambda nid: self.partition_of[nid])
+        return random.Random(sampling_seed(self.seed, server_round, 0)).sample(
+            ordered, self.per_round)
+
+    def run_round(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord | None:
+        """Train, securely aggregate and (for central DP) noise one round; None if it halted."""
+        import flwr.compat.common.recorddict_compat as compat
+        from flwr.common import ndarrays_to_parameters
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+        if self.central is not None:
+            self.central.check(server_round)
+            self.central.last_round_released = False
+        self.current = RoundLog(server_round)
+        self._result = None
+        keys = list(arrays.keys())
+        self.legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+            ndarrays_to_parameters(arrays.to_numpy_ndarrays()), keep_input=True)
+        self.legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
+            {Key.CURRENT_ROUND: server_round, Key.START_TIME: time.time()})
+        self.workflow(self.grid, self.legacy)
+        self.current.train_done = time.perf_counter()
+        if self._result is None:
+            return None
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in
+                            zip(keys, self._result, strict=True)})
+
+    def fit_config(self, server_round: int) -> dict[str, Any]:
+        config: dict[str, Any] = {"server-round": server_round,
+                                  "local-epochs": int(self.cfg["local-epochs"])}
+        if self.central is not None:
+            config[KEY_CLIPPING_NORM] = self.central.clipping_norm
+        return config
+
+    def aggregated(self, server_round: int, average: list[np.ndarray],
+                   clients: list[dict[str, Any]], failures: list[str]) -> None:
+        """Called by the legacy strategy with the unmasked average and per-client metrics."""
+        log = self.current
+        assert log is not None
+        log.clients = sorted(clients, key=lambda c: c.get("partition-id", -1))
+        log.failures = [{"partition-id": -1, "error": f} for f in failures]
+        if self.central is not None:
+            if len(clients) != self.central.sampled:
+                return  # no under-noised release (see strategies.central_dp)
+            from flwr.supercore.differential_privacy import (
+                add_gaussian_noise_inplace,
+                compute_stdv,
+            )
+
+            add_gaussian_noise_inplace(average, compute_stdv(
+                self.central.noise_multiplier, self.central.clipping_norm, self.central.sampled))
+            self.central.release()
+        self._result = average
+
+
+def _secure_fedavg_class():
+    """The legacy strategy class (built lazily: flwr.server is only needed with SecAgg+)."""
+    from flwr.server.strategy import Strategy as LegacyStrategy
+
+    class SecureFedAvg(LegacyStrategy):
+        def __init__(self, rounds: SecureRounds) -> None:
+            self.rounds = rounds
+
+        def initialize_parameters(self, client_manager: Any) -> Any:
+            return None
+
+        def configure_fit(self, server_round: int, parameters: Any, client_manager: Any):
+            from flwr.common import FitIns
+            from flwr.server.compat.grid_client_proxy import GridClientProxy
+
+            rounds = self.rounds
+            node_ids = rounds.sample(server_round)
+            assert rounds.current is not None
+            rounds.current.sampled = sorted(rounds.partition_of[n] for n in node_ids)
+            fit_ins = FitIns(parameters, rounds.fit_config(server_round))
+            run_id = rounds.grid.run.run_id
+            return [(GridClientProxy(nid, rounds.grid, run_id), fit_ins) for nid in node_ids]
+
+        def aggregate_fit(self, server_round: int, results: list, failures: list):
+            from flwr.common import parameters_to_ndarrays
+
+            if not results:
+                return None, {}
+            # SecAgg+ has put the same unmasked weighted average into every result.
+            average = parameters_to_ndarrays(results[0][1].parameters)
+            clients = [dict(res.metrics) for _, res in results]
+            self.rounds.aggregated(server_round, average, clients,
+                                   [str(f) for f in failures])
+            return None, {}
+
+        def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any):
+            return []
+
+        def aggregate_evaluate(self, server_round: int, results: list, failures: list):
+            return None, {}
+
+        def evaluate(self, server_round: int, parameters: Any):
+            return None
+
+    return SecureFedAvg
+
+
+def _SecureFedAvg(rounds: SecureRounds) -> Any:  # noqa: N802 - a class factory
+    return _secure_fedavg_class()(rounds)

@@ -1,0 +1,135 @@
+"""Privacy in real federated runs (Flower simulation runtime, Ray, Opacus). Marked slow."""
+
+from __future__ import annotations
+
+import csv
+import random
+from collections import Counter
+
+import pytest
+import torch
+from flwr.serverapp import (
+    GaussianPrivacyEvent,
+    NeighboringRelation,
+    PrivacyConfig,
+    RdpAccountant,
+    SamplingMethod,
+)
+from opacus.accountants import RDPAccountant
+
+from server.results import read_metrics, read_run_info
+from strategies.observed import sampling_seed
+
+from .conftest import run_cli
+from .test_end_to_end import _only_run
+
+pytestmark = pytest.mark.slow
+
+
+def _seed_with_oversampling(rounds, clients, planned):
+    """A seed under which some client is sampled more often than it planned for."""
+    for seed in range(200):
+        picks = [random.Random(sampling_seed(seed, r, 0)).sample(range(clients), 1)[0]
+                 for r in range(1, rounds + 1)]
+        if max(Counter(picks).values()) > planned:
+            return seed
+    raise AssertionError("no such seed")
+
+
+def test_local_dp_accounting_budget_and_exhaustion(tmp_path, results):
+    seed = _seed_with_oversampling(rounds=5, clients=3, planned=2)
+    res = run_cli("run", "--set", "num-clients=3", "--set", "fraction-train=0.34",
+                  "--set", "num-server-rounds=5", "--set", "dp=local",
+                  "--set", "target-epsilon=2", "--set", "batch-size=64",
+                  "--set", f"seed={seed}", "--set", f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "privacy: local DP-SGD" in res.stdout and "epsilon" in res.stdout
+    run = _only_run(results)
+    records = read_metrics(run)
+    assert len(records) == 5 and read_run_info(run)["status"] == "finished"
+    trained: Counter = Counter()
+    last = {}
+    for r in records:
+        (pid,) = r["sampled"]
+        spent = {int(k): v for k, v in r["privacy"]["epsilon"].items()}
+        for other, eps in last.items():
+            if other != pid:  # a client that was not sampled spent nothing this round
+                assert spent[other] == eps
+        if r["clients"]:
+            (c,) = r["clients"]
+            trained[pid] += 1
+            acc = RDPAccountant()
+            steps = 21 * trained[pid]  # ceil(1333 / 64) Poisson batches per epoch
+            acc.history = [(c["noise-multiplier"], c["sample-rate"], steps)]
+            assert c["sample-rate"] == pytest.approx(1 / 21)
+            assert c["dp-steps"] == steps
+            assert c["epsilon"] == pytest.approx(acc.get_epsilon(c["delta"]), rel=1e-6)
+            assert c["epsilon"] <= 2.0
+        else:  # the client had planned for 2 rounds: a 3rd would exceed its budget
+            assert r["skipped"][0]["partition-id"] == pid and trained[pid] == 2
+            assert pid in r["privacy"]["exhausted"]
+        last = spent
+    assert max(r["privacy"]["epsilon-max"] for r in records) <= 2.0
+    summary = (run / "summary.md").read_text()
+    assert "ran out of budget" in summary and (run / "plots" / "epsilon.png").is_file()
+    assert read_run_info(run)["privacy"]["clients-out-of-budget"] >= 1
+
+
+def test_central_dp_accounting_and_max_epsilon_stop(tmp_path, results):
+    ref = RdpAccountant(PrivacyConfig(target_delta=1 / 40, population_size=4,
+                                      neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                      sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    eps = []
+    for _ in range(3):
+        ref.compose(GaussianPrivacyEvent(noise_multiplier=1.0, sample_size=2,
+                                         population_size=4))
+        eps.append(ref.get_epsilon(1 / 40))
+    res = run_cli("run", "--set", "num-clients=4", "--set", "fraction-train=0.5",
+                  "--set", "num-server-rounds=3", "--set", "dp=central",
+                  "--set", "noise-multiplier=1.0", "--set", "clipping-norm=0.5",
+                  "--set", f"max-epsilon={(eps[1] + eps[2]) / 2}",
+                  "--set", f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = _only_run(results)
+    records = read_metrics(run)
+    assert [r["privacy"]["epsilon"] for r in records] == pytest.approx(eps[:2])
+    assert all(r["privacy"]["sampled"] == 2 for r in records)
+    info = read_run_info(run)
+    assert info["status"] == "finished" and "max-epsilon" in info["stopped-early"]
+    assert "server still sees raw updates" in (run / "summary.md").read_text()
+
+
+def test_secure_aggregation_matches_plain_and_combines_with_dp(tmp_path, results):
+    sweep = tmp_path / "secure.toml"
+    sweep.write_text(f"""
+name = "secure"
+[fixed]
+num-clients = 3
+num-server-rounds = 1
+central-clipping = "client-fixed"
+target-epsilon = 5.0
+seed = 5
+results-dir = "{results}"
+[grid]
+dp = ["none", "local", "central"]
+secure-aggregation = [false, true]
+""")
+    res = run_cli("sweep", str(sweep), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = _only_run(results / "sweeps")
+    rows = {(r["dp"], r["secure-aggregation"]): r for r in csv.DictReader(open(out / "sweep.csv"))}
+    assert all(r["status"] == "finished" for r in rows.values())
+    step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels
+    for dp in ("none", "local"):  # same clients, same seeds: only quantization differs
+        plain = torch.load(out / rows[(dp, "False")]["run-dir"] / "model.pt")["state-dict"]
+        secure = torch.load(out / rows[(dp, "True")]["run-dir"] / "model.pt")["state-dict"]
+        worst = max((plain[k] - secure[k]).abs().max().item() for k in plain)
+        assert worst <= 2 * step, (dp, worst)
+    for (_dp, sec), row in rows.items():
+        info = read_run_info(out / row["run-dir"])
+        assert info["aggregation"]["individual-updates-visible"] is (sec == "False")
+        if sec == "True":
+            assert info["aggregation"]["protocol"] == "SecAgg+"
+    central = read_metrics(out / rows[("central", "True")]["run-dir"])[0]
+    assert central["privacy"]["releases"] == 1 and central["privacy"]["epsilon"] > 0
+    assert all(c["update-norm"] > 0 for c in central["clients"])  # clipped on the client

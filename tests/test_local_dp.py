@@ -1,0 +1,171 @@
+"""Local DP-SGD: accounting against a fresh Opacus accountant, calibration, Opacus wiring."""
+
+import math
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from clients.local_dp import LocalDPError, new_ledger, steps_per_epoch
+from privacy.accounting import (
+    BudgetTooSmall,
+    ClientLedger,
+    calibrate_noise,
+    epsilon,
+    merge,
+    planned_rounds,
+)
+from privacy.dpsgd import check_model, make_private, resolve_mode
+from tasks.config import ConfigError, validate
+from tasks.models import build_model
+from tasks.training import make_loader, sgd, train_epochs
+
+
+def fresh_epsilon(history, delta, kind="rdp"):
+    acc = RDPAccountant() if kind == "rdp" else PRVAccountant()
+    acc.history = list(history)
+    return acc.get_epsilon(delta)
+
+
+def test_ledger_epsilon_equals_a_fresh_accountant_over_the_whole_history():
+    ledger = ClientLedger(noise_multiplier=1.1, sample_rate=1 / 13, delta=1e-4)
+    assert ledger.epsilon() == 0.0
+    for _ in range(3):  # three rounds of 13 steps
+        ledger.record(13)
+    assert ledger.history == [(1.1, 1 / 13, 39)]  # consecutive identical entries merge
+    expected = fresh_epsilon([(1.1, 1 / 13, 13)] * 3, 1e-4)
+    assert ledger.epsilon() == pytest.approx(expected, rel=1e-9)
+    # a one-round accountant (Flower's Opacus example) reports far less
+    assert fresh_epsilon([(1.1, 1 / 13, 13)], 1e-4) < 0.7 * expected
+
+
+def test_prv_accountant_is_supported_and_tighter():
+    hist = [(1.0, 0.05, 200)]
+    assert epsilon(hist, 1e-5, "prv") == pytest.approx(fresh_epsilon(hist, 1e-5, "prv"),
+                                                       rel=1e-6)
+    assert epsilon(hist, 1e-5, "prv") < epsilon(hist, 1e-5, "rdp")
+
+
+def test_ledger_round_trips_through_a_flower_record():
+    from flwr.app import ConfigRecord
+
+    ledger = ClientLedger(0.9, 0.1, 1e-5, "rdp", 3.0)
+    ledger.record(10)
+    ledger.noise_multiplier = 1.2
+    ledger.record(5)
+    record = ConfigRecord(ledger.to_dict())
+    again = ClientLedger.from_dict(dict(record))
+    assert again == ledger and merge(again.history) == ((0.9, 0.1, 10), (1.2, 0.1, 5))
+    empty = ClientLedger(1.0, 0.1, 1e-5)
+    assert ClientLedger.from_dict(dict(ConfigRecord(empty.to_dict()))) == empty
+
+
+def test_budget_check_looks_ahead_one_round():
+    sigma = calibrate_noise(2.0, 1e-4, 0.1, 100)
+    ledger = ClientLedger(sigma, 0.1, 1e-4, budget=2.0)
+    ledger.record(50)
+    assert not ledger.would_exceed(50)  # exactly the planned 100 steps fit
+    ledger.record(50)
+    assert ledger.epsilon() <= 2.0
+    assert ledger.would_exceed(10)
+
+
+@pytest.mark.parametrize("kind", ["rdp", "prv"])
+def test_calibration_meets_the_target_without_wasting_it(kind):
+    sigma = calibrate_noise(3.0, 1e-5, 0.02, 500, kind)
+    eps = fresh_epsilon([(sigma, 0.02, 500)], 1e-5, kind)
+    assert 2.9 <= eps <= 3.0
+
+
+def test_too_small_a_budget_is_reported():
+    with pytest.raises(BudgetTooSmall, match="cannot be met"):
+        calibrate_noise(1e-4, 1e-5, 0.5, 10_000)
+
+
+def test_planned_rounds_follow_flowers_sampling():
+    assert planned_rounds(10, 1.0, 1, 10) == 10
+    assert planned_rounds(10, 0.1, 1, 100) == 1
+    assert planned_rounds(5, 0.34, 1, 3) == 2  # one client a round, 5 rounds over 3 clients
+    assert planned_rounds(5, 0.1, 2, 10) == 1
+
+
+def _cfg(**kw):
+    return validate({"dp": "local", **kw})
+
+
+def test_new_ledger_derives_sigma_from_the_whole_run():
+    cfg = _cfg(**{"target-epsilon": 2.0, "num-server-rounds": 4, "batch-size": 32})
+    ledger = new_ledger(cfg, 400, 10)
+    per_epoch = steps_per_epoch(400, 32)
+    assert per_epoch == 13 and ledger.sample_rate == pytest.approx(1 / 13)
+    assert ledger.delta == pytest.approx(1 / 4000)
+    eps_full = fresh_epsilon([(ledger.noise_multiplier, 1 / 13, 4 * per_epoch)], 1 / 4000)
+    assert 1.95 <= eps_full <= 2.0
+    fixed = new_ledger(_cfg(**{"noise-multiplier": 0.7}), 400, 10)
+    assert fixed.noise_multiplier == 0.7 and fixed.budget == 0
+
+
+def test_bad_local_dp_settings_are_explained():
+    with pytest.raises(LocalDPError, match="delta = 0.01 is not below 1/n"):
+        new_ledger(_cfg(delta=0.01), 400, 10)
+    with pytest.raises(LocalDPError, match="cannot be met"):
+        new_ledger(_cfg(**{"target-epsilon": 1e-4}), 400, 10)
+    with pytest.raises(ConfigError, match="gives no privacy"):
+        validate({"dp": "local", "noise-multiplier": 0})
+    with pytest.raises(ConfigError, match="proximal term would be silently dropped"):
+        validate({"dp": "local", "strategy": "fedprox"})
+    with pytest.raises(ConfigError, match="noise-multiplier = -1 must be >= 0"):
+        validate({"noise-multiplier": -1})
+    with pytest.raises(ConfigError, match="max-grad-norm = 0 must be > 0"):
+        validate({"max-grad-norm": 0})
+    with pytest.raises(ConfigError, match="delta = 1.5 must be < 1"):
+        validate({"delta": 1.5})
+    with pytest.raises(ConfigError, match="target-epsilon = -1 must be >= 0"):
+        validate({"target-epsilon": -1})
+
+
+def test_unsupported_layer_is_named():
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 26 * 26, 10))
+    with pytest.raises(ConfigError, match="BatchNorm.*GroupNorm"):
+        check_model(model)
+
+
+def _private_step(mode, noise, seed=0):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    model = build_model("small-cnn", (1, 28, 28), 10)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    private = make_private(model, sgd(model, 1.0), make_loader(x, y, 8, seed),
+                           noise_multiplier=noise, max_grad_norm=0.5, grad_sample_mode=mode,
+                           seed=seed)
+    torch.manual_seed(1)
+    train_epochs(private.model, private.loader, private.optimizer, 1, torch.device("cpu"),
+                 criterion=private.criterion)
+    end = private.module().state_dict()
+    return private, {k: end[k] - start[k] for k in start}
+
+
+def test_hooks_and_ghost_clipping_compute_the_same_update():
+    hooks, d_hooks = _private_step("hooks", 0.0)
+    ghost, d_ghost = _private_step("ghost", 0.0)
+    for k in d_hooks:
+        assert torch.allclose(d_hooks[k], d_ghost[k], atol=1e-5), k
+    assert hooks.history() == ghost.history() == [(0.0, 0.125, 8)]
+    assert list(hooks.module().state_dict())[0] == "features.0.weight"  # unwrapped keys
+
+
+def test_noise_is_added_and_comes_from_torchs_generator():
+    _, a = _private_step("ghost", 1.0)
+    _, b = _private_step("ghost", 1.0)
+    _, clean = _private_step("ghost", 0.0)
+    key = "classifier.2.weight"
+    assert torch.equal(a[key], b[key])  # reproducible under the same seeds
+    assert not torch.allclose(a[key], clean[key])
+
+
+def test_auto_mode_choice():
+    assert resolve_mode("auto", build_model("cnn", (1, 28, 28), 10)) == "ghost"
+    assert resolve_mode("auto", build_model("resnet18", (3, 32, 32), 10)) == "hooks"
+    assert resolve_mode("hooks", build_model("cnn", (1, 28, 28), 10)) == "hooks"
+    assert math.isclose(1 / steps_per_epoch(60, 8), 0.125)
