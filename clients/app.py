@@ -25,10 +25,11 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
 from tasks.config import validate
-from tasks.models import build_model
-from tasks.splits import Split, client_split, dataset_for
+from tasks.models import model_for
+from tasks.splits import Split, client_split
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
+from .anonymized import released_data
 from .local_dp import dp_round
 
 
@@ -68,9 +69,7 @@ def _setup(context: Context) -> tuple[dict, int, int, Split]:
 
 
 def _model(cfg: dict, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    data = dataset_for(cfg)
-    model = build_model(str(cfg["model"]), data.input_shape, data.num_classes,
-                        str(cfg["mlp-hidden"]))
+    model, _ = model_for(cfg)
     model.load_state_dict(state)
     return model
 
@@ -109,18 +108,24 @@ def local_update(context: Context, state: Mapping[str, torch.Tensor],
     torch.manual_seed(seed)
 
     model = _model(cfg, state)
-    metrics: dict[str, Any] = {"num-examples": len(data), "partition-id": pid}
+    x, y = data.x, data.y
+    metrics: dict[str, Any] = {"partition-id": pid}
+    if cfg["anonymizer"] != "none":  # train on what this client releases, and score it
+        released = released_data(cfg, data, derive_seed(int(cfg["seed"]), pid))
+        x, y = released.x, released.y
+        metrics.update(released.metrics())
+    metrics["num-examples"] = len(y)
     if cfg["dp"] == "central":
         metrics["dp-weight"] = 1  # DP-FedAvg averages clipped updates with equal weights
     start = time.perf_counter()
     if cfg["dp"] == "local":
-        outcome = dp_round(cfg, context, model, data.x, data.y, n_parts, seed, device)
+        outcome = dp_round(cfg, context, model, x, y, n_parts, seed, device)
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics
         result, model = outcome.result, outcome.model
     else:
-        loader = make_loader(data.x, data.y, int(cfg["batch-size"]), seed)
+        loader = make_loader(x, y, int(cfg["batch-size"]), seed)
         optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]),
                         float(cfg["weight-decay"]))
         result = train_epochs(model, loader, optimizer, int(cfg["local-epochs"]), device,
@@ -178,9 +183,7 @@ def _train_legacy(msg: Message, context: Context) -> Message:
 
 
 def _blank_state(cfg: dict) -> dict[str, torch.Tensor]:
-    data = dataset_for(cfg)
-    return build_model(str(cfg["model"]), data.input_shape, data.num_classes,
-                       str(cfg["mlp-hidden"])).state_dict()
+    return model_for(cfg)[0].state_dict()
 
 
 @app.evaluate()

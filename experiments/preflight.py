@@ -45,8 +45,8 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
     """
     import torch
 
-    from tasks.models import build_model, count_parameters, resolve_model_name
-    from tasks.splits import dataset_for, partitions_for
+    from tasks.models import count_parameters, model_for
+    from tasks.splits import client_split, dataset_for, partitions_for, test_split
     from tasks.training import resolve_device
 
     results = Path(str(cfg["results-dir"]))
@@ -56,10 +56,13 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
         raise ConfigError(f"results-dir {str(results)!r} cannot be created: {exc}.") from exc
     resolve_device(str(cfg["device"]))
     data = dataset_for(cfg)
-    name = resolve_model_name(str(cfg["model"]), data.input_shape)
-    model = build_model(name, data.input_shape, data.num_classes, str(cfg["mlp-hidden"]))
+    model, name = model_for(cfg)
     parts = partitions_for(cfg, int(cfg["num-clients"]))
     sizes = [len(p) for p in parts]
+    if cfg["features"] == "embeddings":  # train/load the backbone, embed every partition once
+        for pid in range(len(parts)):
+            client_split(cfg, pid, len(parts))
+        test_split(cfg)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
                      torch.cuda.is_available(), _privacy_check(cfg, model, sizes))
 
@@ -112,8 +115,9 @@ def _privacy_check(cfg: Mapping[str, Any], model: Any, sizes: list[int]) -> str:
 
 def preflight_isolated(cfg: Mapping[str, Any]) -> Preflight:
     """:func:`preflight` in a child process; a ConfigError there is raised here."""
+    # stderr goes straight to the terminal: progress such as backbone training shows live
     proc = subprocess.run([sys.executable, "-m", "experiments.preflight"], text=True,
-                          input=json.dumps(dict(cfg)), capture_output=True)
+                          input=json.dumps(dict(cfg)), stdout=subprocess.PIPE)
     lines = proc.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else {}
@@ -122,7 +126,8 @@ def preflight_isolated(cfg: Mapping[str, Any]) -> Preflight:
     if "error" in answer:
         raise ConfigError(answer["error"])
     if proc.returncode != 0 or "result" not in answer:
-        raise RuntimeError(f"the pre-flight check crashed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the pre-flight check crashed (exit code {proc.returncode}); its "
+                           "error is printed above")
     return Preflight(**answer["result"])
 
 

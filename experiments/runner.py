@@ -86,6 +86,9 @@ def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Pa
         if status == "crashed":
             error = ("the ServerApp stopped without recording an outcome; see "
                      f"{run_dir / 'flwr.log'}")
+            if "Invalid run configuration" in (run_dir / "flwr.log").read_text():
+                error = ("Flower refused the run config: a key is missing from pyproject.toml's "
+                         "[tool.flwr.app.config] (regenerate it with `fedpriv keys --toml`)")
     except KeyboardInterrupt:
         status, error = "interrupted", "interrupted by the user (Ctrl-C)"
         raise

@@ -18,18 +18,19 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from privacy.anonymizers import public_transform
 from strategies import Observed, RoundLog, build_strategy
 from strategies.central_dp import CentralAccountant, PrivacyBudgetReached
 from strategies.secure import SecureRounds
 from tasks.config import validate
-from tasks.models import build_model, count_parameters, resolve_model_name
-from tasks.splits import dataset_for, test_split
+from tasks.models import count_parameters, model_for
+from tasks.splits import Split, dataset_for, feature_shape, test_split
 from tasks.training import evaluate, resolve_device
 
 from .console import say, table_header, table_row
 from .discovery import ClientInfo, discover_clients
 from .plots import plot_label_distribution, plot_run
-from .privacy_log import PrivacyLog, headline_epsilon
+from .privacy_log import PrivacyLog, anonymization_entry, headline_epsilon
 from .results import RunFolder, read_metrics
 from .summary import outcome, write_summary
 
@@ -67,8 +68,10 @@ class RunRecorder:
     """Turns what the strategy observed plus central evaluation into ledger records."""
 
     def __init__(self, run: RunFolder, strategy: Any, info: dict[str, Any],
-                 title: str, privacy: PrivacyLog, target_accuracy: float = 0.0) -> None:
+                 title: str, privacy: PrivacyLog, target_accuracy: float = 0.0,
+                 anonymizer: str = "none") -> None:
         self.run = run
+        self.anonymizer = anonymizer
         self.target_accuracy = target_accuracy
         self.privacy = privacy
         self.strategy = strategy
@@ -106,6 +109,11 @@ class RunRecorder:
         entry = self.privacy.update(rnd, log)
         if entry is not None:
             record["privacy"] = entry
+        anon = anonymization_entry(self.anonymizer, log.clients)
+        if anon is not None:
+            record["anonymization"] = anon
+            self.info["anonymization"] = {"anonymizer": self.anonymizer, "mean": anon["mean"],
+                                          "max": anon["max"]}
         if log.skipped:
             record["skipped"] = log.skipped
         if log.evaluated:
@@ -160,11 +168,20 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
 
     data = dataset_for(cfg)
     test = test_split(cfg)
-    model_name = resolve_model_name(str(cfg["model"]), data.input_shape)
-    model = build_model(model_name, data.input_shape, data.num_classes, str(cfg["mlp-hidden"]))
+    transform = public_transform(str(cfg["anonymizer"]), cfg, int(test.x.shape[1])) \
+        if cfg["features"] == "embeddings" else None
+    if transform is not None:  # e.g. hashing: the head reads hashed embeddings
+        test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
+    model, model_name = model_for(cfg)
     device = resolve_device(str(cfg["device"]))
     info.update({"dataset": data.summary(), "dataset-source": data.source, "model": model_name,
                  "parameters": count_parameters(model)})
+    if cfg["features"] == "embeddings":
+        from tasks.embeddings import backbone_spec, load_backbone
+
+        info["backbone"] = load_backbone(backbone_spec(cfg))[1]
+        say(f"features: {info['backbone'].get('embedding-dim')}-d embeddings from a frozen "
+            f"{info['backbone'].get('backbone')} trained on {info['backbone'].get('trained-on')}")
     say(f"data: {data.summary()}")
 
     clients: list[ClientInfo] = discover_clients(grid, float(cfg["round-timeout"]))
@@ -201,7 +218,8 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
         rounds = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]), partition_of)
         info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True}
     privacy = PrivacyLog(cfg, rounds, n_clients)
-    recorder = RunRecorder(run, rounds, info, title, privacy, float(cfg["target-accuracy"]))
+    recorder = RunRecorder(run, rounds, info, title, privacy, float(cfg["target-accuracy"]),
+                           str(cfg["anonymizer"]))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()
@@ -232,7 +250,7 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
     info["privacy"] = privacy.summary()
     # central_evaluate loaded every new global model, so `model` holds the final one
     if cfg["save-model"]:
-        torch.save({"model": model_name, "input-shape": list(data.input_shape),
+        torch.save({"model": model_name, "input-shape": list(feature_shape(cfg)),
                     "num-classes": data.num_classes, "mlp-hidden": cfg["mlp-hidden"],
                     "state-dict": model.state_dict()}, run.file("model.pt"))
     recorder.plot()

@@ -31,6 +31,19 @@ def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
     return None
 
 
+def anonymization_entry(name: str, clients: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per-round summary of the clients' release scores (``anon-*`` metrics)."""
+    scored = [c for c in clients if any(k.startswith("anon-") for k in c)]
+    if not scored:
+        return None
+    keys = sorted({k for c in scored for k in c if k.startswith("anon-")})
+    per = {str(c["partition-id"]): {k[5:]: c[k] for k in keys if k in c} for c in scored}
+    mean = {k[5:]: sum(c[k] for c in scored if k in c) / sum(1 for c in scored if k in c)
+            for k in keys}
+    worst = {k[5:]: max(c[k] for c in scored if k in c) for k in keys}
+    return {"anonymizer": name, "mean": mean, "max": worst, "clients": per}
+
+
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 

@@ -55,6 +55,24 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
             f"(norm {privacy['clipping-norm']:.3g}), {privacy['sampled']} of "
             f"{privacy['population']} clients per round; {privacy['accounting']}. The server "
             "still sees raw updates.")
+    anon = info.get("anonymization")
+    if anon:
+        m = anon["mean"]
+
+        def f(key: str) -> str:
+            v = m.get(key)
+            return "n/a" if v is None else f"{v:.3f}"
+
+        lines.append(
+            f"- anonymization: `{anon['anonymizer']}`; mean over clients: re-identification "
+            f"top-1 **{f('reid-top1')}** (chance {f('reid-chance')}), top-5 {f('reid-top5')}; "
+            f"membership-inference AUC **{f('mia-auc')}** (TPR at 1% FPR "
+            f"{f('mia-tpr-at-1%fpr')}); DCR share {f('dcr-share')} (baseline "
+            f"{f('dcr-baseline')}); k-level {f('k-level')}; overlap {f('overlap')}")
+    if info.get("backbone"):
+        b = info["backbone"]
+        lines.append(f"- features: {b.get('embedding-dim')}-d embeddings of a frozen "
+                     f"{b.get('backbone')} trained on {b.get('trained-on')}")
     if info.get("stopped-early"):
         lines.append(f"- stopped early: {info['stopped-early']}")
     if res:

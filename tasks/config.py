@@ -17,7 +17,12 @@ from typing import Any
 Scalar = bool | int | float | str
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "breast-cancer")
-MODELS = ("auto", "cnn", "small-cnn", "resnet18", "mlp")
+MODELS = ("auto", "cnn", "small-cnn", "resnet18", "mlp", "linear")
+FEATURES = ("raw", "embeddings")
+BACKBONES = ("auto", "cnn", "small-cnn", "resnet18")
+BACKBONE_DATA = ("public-split", "mnist", "fashion-mnist", "cifar10", "cifar100")
+ANONYMIZERS = ("none", "identity", "ksame", "density", "cvae", "cvae-federated", "gaussian",
+               "laplace", "random", "mask", "pca", "permutation", "hashing")
 PARTITIONERS = ("iid", "dirichlet", "shard", "pathological")
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedavgm", "fedmedian", "fedtrimmedavg")
 DP_MODES = ("none", "local", "central")
@@ -168,6 +173,72 @@ SCHEMA: tuple[Key, ...] = (
          "quantization.", "privacy", 0, None, lo_open=True),
     _num("secagg-quantization-range", 4194304, "SecAgg+: quantization levels over the "
          "clipping range (rounding error = range / levels).", "privacy", 2),
+    # --- embeddings -------------------------------------------------------------------------
+    Key("features", "raw", "What clients train on: raw inputs, or embeddings from a frozen "
+        "backbone (then the model is a head: mlp or linear).", "embeddings", FEATURES),
+    Key("backbone", "auto", "Frozen feature extractor for features = embeddings: a CNN "
+        "fedpriv trains on public data (cnn, small-cnn, resnet18), or torchvision's ResNet-18 "
+        "with backbone-weights. auto: resnet18 for CIFAR or a weights file, else cnn.",
+        "embeddings", BACKBONES),
+    Key("backbone-weights", "", "A torchvision ResNet-18 state-dict file (e.g. ImageNet "
+        "weights) to embed with. Empty: train a backbone on backbone-data.", "embeddings"),
+    Key("backbone-data", "public-split", "What the backbone is trained on: public-split (a "
+        "share of the training set that no client gets) or another dataset of the same "
+        "input shape.", "embeddings", BACKBONE_DATA),
+    _num("public-fraction", 0.2, "With backbone-data = public-split: the share of the "
+         "training set reserved for the backbone.", "embeddings", 0, 1, lo_open=True,
+         hi_open=True),
+    _num("embedding-dim", 64, "Width of a trained backbone's embeddings.", "embeddings", 2),
+    _num("backbone-epochs", 3, "Epochs to train the backbone (once; it is cached).",
+         "embeddings", 0),
+    # --- anonymization -----------------------------------------------------------------------
+    Key("anonymizer", "none", "How each client anonymizes its embeddings before training on "
+        "them: ksame, density, cvae, cvae-federated, gaussian, laplace, random, mask, pca, "
+        "permutation, hashing, or identity (release as is, but measure it).", "anonymization",
+        ANONYMIZERS),
+    _num("k", 5, "ksame: group size.", "anonymization", 1),
+    Key("ksame-classwise", False, "ksame: group within each class (k-Same-Select).",
+        "anonymization"),
+    _num("dbscan-eps", 1.0, "density: DBSCAN neighbourhood radius on standardized "
+         "embeddings.", "anonymization", 0, None, lo_open=True),
+    _num("dbscan-min-samples", 5, "density: DBSCAN core-point neighbours.", "anonymization", 1),
+    Key("density-outliers", "merge", "density: DBSCAN outliers are dropped or merged into the "
+        "nearest cluster.", "anonymization", ("drop", "merge")),
+    Key("density-classwise", False, "density: cluster within each class.", "anonymization"),
+    _num("density-noise", 0.0, "density: std of Gaussian noise added to released centroids.",
+         "anonymization", 0),
+    _num("noise-epsilon", 1.0, "gaussian / laplace: per-record epsilon.", "anonymization", 0,
+         None, lo_open=True),
+    _num("noise-delta", 0.0, "gaussian: per-record delta (0 = 1/(10 n)).", "anonymization", 0,
+         1, hi_open=True),
+    _num("noise-clip", 10.0, "gaussian / laplace: each vector is clipped to this L2 (L1) "
+         "norm, so the sensitivity is twice it.", "anonymization", 0, None, lo_open=True),
+    _num("noise-scale", 0.5, "random: uniform noise of +-scale x feature std.",
+         "anonymization", 0),
+    _num("mask-fraction", 0.5, "mask: fraction of each vector's features set to zero.",
+         "anonymization", 0, 1, hi_open=True),
+    _num("pca-components", 8, "pca: principal components kept.", "anonymization", 1),
+    Key("hash-salt", "fedpriv", "hashing: the federation-wide salt of the feature hash.",
+        "anonymization"),
+    _num("cvae-latent", 50, "cvae: latent dimension.", "anonymization", 1),
+    _num("cvae-hidden", 256, "cvae: hidden width of encoder and decoder.", "anonymization", 1),
+    _num("cvae-beta", 0.1, "cvae: weight of the KL term.", "anonymization", 0),
+    _num("cvae-epochs", 200, "cvae: maximum epochs (early stopping on a 10% validation "
+         "split; fixed epochs with cvae-epsilon).", "anonymization", 1),
+    _num("cvae-patience", 10, "cvae: epochs without validation improvement before stopping.",
+         "anonymization", 1),
+    _num("cvae-lr", 0.001, "cvae: Adam learning rate.", "anonymization", 0, None,
+         lo_open=True),
+    _num("cvae-batch-size", 512, "cvae: batch size.", "anonymization", 1),
+    _num("cvae-epsilon", 0.0, "cvae: train the CVAE with DP-SGD to this epsilon (Opacus, "
+         "accounted); 0 = no DP.", "anonymization", 0),
+    _num("cvae-rounds", 20, "cvae-federated: rounds in which clients train the CVAE together "
+         "(decoders averaged with FedAvg) before the head is trained.", "anonymization", 1),
+    _num("cvae-local-epochs", 5, "cvae-federated: local CVAE epochs per round.",
+         "anonymization", 1),
+    _num("privacy-holdout", 0.1, "Share of each client's data kept out of its release and "
+         "training, to score distance-to-closest-record and membership inference.",
+         "anonymization", 0, 1, hi_open=True),
     # --- local training ---------------------------------------------------------
     Key("model", "auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
         "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp. auto: small-cnn for "
@@ -243,6 +314,7 @@ def _cross_checks(cfg: Mapping[str, Scalar]) -> list[str]:
             "exist. Lower min-train-clients or raise num-clients."
         )
     errors.extend(_privacy_checks(cfg))
+    errors.extend(_embedding_checks(cfg))
     try:
         parse_hidden(str(cfg["mlp-hidden"]))
     except ValueError as exc:
@@ -282,6 +354,19 @@ def _privacy_checks(cfg: Mapping[str, Scalar]) -> list[str]:
                           "(adaptive clipping needs each client's clipping bit in the clear).")
         if cfg["secagg-reconstruction-threshold"] > cfg["secagg-num-shares"]:
             errors.append("secagg-reconstruction-threshold must not exceed secagg-num-shares.")
+    return errors
+
+
+def _embedding_checks(cfg: Mapping[str, Scalar]) -> list[str]:
+    errors = []
+    if cfg["anonymizer"] != "none" and cfg["features"] != "embeddings":
+        errors.append(f"anonymizer = {cfg['anonymizer']!r} anonymizes embeddings: set "
+                      "features = 'embeddings' (or anonymizer = 'none').")
+    if cfg["features"] == "embeddings" and cfg["model"] not in ("auto", "mlp", "linear"):
+        errors.append(f"with features = 'embeddings' the model is a head on the embeddings: "
+                      f"use model = 'mlp', 'linear' or 'auto' (got {cfg['model']!r}).")
+    if cfg["anonymizer"] == "cvae-federated" and cfg["secure-aggregation"]:
+        errors.append("anonymizer = 'cvae-federated' with secure-aggregation is not supported.")
     return errors
 
 

@@ -289,6 +289,31 @@ def _load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
         num_classes=2, kind="tabular")
 
 
+def public_mask(labels: np.ndarray, fraction: float) -> np.ndarray:
+    """A fixed, stratified share of a training set (e.g. a backbone's public data)."""
+    rng = np.random.default_rng(0)
+    mask = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        rows = np.flatnonzero(labels == c)
+        mask[rng.choice(rows, int(round(fraction * len(rows))), replace=False)] = True
+    return mask
+
+
+@functools.lru_cache(maxsize=4)
+def client_dataset(name: str, data_dir: str = "", download: bool = False,
+                   public_fraction: float = 0.0) -> DatasetBundle:
+    """The dataset whose training set the clients split: all of it, or all but a public
+    ``public_fraction`` that is reserved (for a backbone) and never given to a client."""
+    raw = load_dataset(name, data_dir, download)
+    if public_fraction <= 0:
+        return raw
+    keep = ~public_mask(raw.y_train, public_fraction)
+    return DatasetBundle(raw.name, raw.source + f"; {public_fraction:.0%} of its training set "
+                         "is the backbone's public split, held back from the clients",
+                         raw.x_train[keep], raw.y_train[keep], raw.x_test, raw.y_test,
+                         raw.num_classes, raw.kind, raw.mean, raw.std)
+
+
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str = "", download: bool = False) -> DatasetBundle:
     """Load a dataset by name (cached per process, so a Ray actor reads it once)."""

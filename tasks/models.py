@@ -5,6 +5,10 @@ All are Opacus-compatible: no BatchNorm, only layers Opacus computes per-sample 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -100,6 +104,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 mlp_hidden: str = "200,200") -> nn.Module:
     """Build a model by name for inputs of ``input_shape`` (without the batch dimension)."""
     name = resolve_model_name(name, input_shape)
+    if name == "linear":  # a linear probe
+        return mlp(int(np.prod(input_shape)), (), num_classes)
     if name == "mlp":
         in_features = 1
         for d in input_shape:
@@ -119,6 +125,15 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
     if name == "resnet18":
         return resnet18(input_shape, num_classes)  # type: ignore[arg-type]
     raise ConfigError(f"unknown model {name!r}; choose cnn, small-cnn, resnet18 or mlp.")
+
+
+def model_for(cfg: Mapping[str, Any]) -> tuple[nn.Module, str]:
+    """The model a run config asks for, sized for what the clients train on."""
+    from .splits import dataset_for, feature_shape
+
+    shape = feature_shape(cfg)
+    name = resolve_model_name(str(cfg["model"]), shape)
+    return build_model(name, shape, dataset_for(cfg).num_classes, str(cfg["mlp-hidden"])), name
 
 
 def count_parameters(model: nn.Module) -> int:

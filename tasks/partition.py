@@ -128,9 +128,9 @@ def cached_partitions(dataset_key: tuple, num_partitions: int, scheme: str, alph
     partitioner argument and the flwr-datasets version) lets simulated clients skip
     importing Hugging Face ``datasets`` after the CLI's pre-flight check has partitioned.
     """
-    from .datasets import cache_dir, load_dataset
+    from .datasets import cache_dir, client_dataset
 
-    data = load_dataset(*dataset_key)
+    data = client_dataset(*dataset_key)
     args = dict(scheme=scheme, alpha=alpha, min_size=min_size,
                 shards_per_client=shards_per_client, classes_per_client=classes_per_client,
                 seed=seed)

@@ -3,12 +3,12 @@
 A Ray actor serves many simulated clients in turn: it reads the dataset and computes
 the partitioning once per process (both cached); turning one client's uint8 rows into
 normalized tensors is cheap (milliseconds) and is redone per message, so memory does
-not grow with the number of clients.
+not grow with the number of clients. With ``features = "embeddings"`` the rows are the
+frozen backbone's embeddings instead, cached on disk per partition.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .datasets import DatasetBundle, load_dataset
+from .datasets import DatasetBundle, client_dataset
 from .partition import cached_partitions, label_histogram, partition_args
 
 
@@ -35,12 +35,34 @@ class Split:
         return label_histogram(self.y.numpy(), self.num_classes)
 
 
-def dataset_key(cfg: Mapping[str, Any]) -> tuple[str, str, bool]:
-    return (str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]))
+def _embeddings(cfg: Mapping[str, Any]) -> bool:
+    return cfg["features"] == "embeddings"
+
+
+def public_fraction(cfg: Mapping[str, Any]) -> float:
+    """The share of the training set held back as public data (0 unless a backbone uses it)."""
+    if _embeddings(cfg) and not cfg["backbone-weights"] and cfg["backbone-data"] == "public-split":
+        return float(cfg["public-fraction"])
+    return 0.0
+
+
+def dataset_key(cfg: Mapping[str, Any]) -> tuple[str, str, bool, float]:
+    return (str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]),
+            public_fraction(cfg))
 
 
 def dataset_for(cfg: Mapping[str, Any]) -> DatasetBundle:
-    return load_dataset(*dataset_key(cfg))
+    """The (raw) dataset the clients split, without any public split."""
+    return client_dataset(*dataset_key(cfg))
+
+
+def feature_shape(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    """What the model reads: image shape, tabular width, or the embedding width."""
+    if _embeddings(cfg):
+        from .embeddings import backbone_spec
+
+        return (backbone_spec(cfg).dim,)
+    return dataset_for(cfg).input_shape
 
 
 def partitions_for(cfg: Mapping[str, Any], num_partitions: int) -> tuple[np.ndarray, ...]:
@@ -49,24 +71,27 @@ def partitions_for(cfg: Mapping[str, Any], num_partitions: int) -> tuple[np.ndar
 
 
 def client_split(cfg: Mapping[str, Any], partition_id: int, num_partitions: int) -> Split:
-    """The training examples held by one client."""
-    args = partition_args(cfg)
-    return _client_split(dataset_key(cfg), num_partitions, tuple(args.items()), partition_id)
+    """The training examples held by one client (pixels, or their embeddings)."""
+    data = dataset_for(cfg)
+    idx = partitions_for(cfg, num_partitions)[partition_id]
+    if _embeddings(cfg):
+        from .embeddings import backbone_spec, cached_embeddings
 
-
-def _client_split(key: tuple, num_partitions: int, args: tuple, partition_id: int) -> Split:
-    data = load_dataset(*key)
-    idx = cached_partitions(key, num_partitions, **dict(args))[partition_id]
-    return Split(data.to_tensor(data.x_train[idx]), torch.from_numpy(data.y_train[idx]),
-                 data.num_classes)
-
-
-@functools.lru_cache(maxsize=2)
-def _test_split(key: tuple) -> Split:
-    data = load_dataset(*key)
-    return Split(data.to_tensor(data.x_test), torch.from_numpy(data.y_test), data.num_classes)
+        emb = cached_embeddings(backbone_spec(cfg), data, data.x_train[idx],
+                                f"p{partition_id}of{num_partitions}")
+        x = torch.from_numpy(emb)
+    else:
+        x = data.to_tensor(data.x_train[idx])
+    return Split(x, torch.from_numpy(data.y_train[idx]), data.num_classes)
 
 
 def test_split(cfg: Mapping[str, Any]) -> Split:
     """The held-out test set (server side only; never sent to clients)."""
-    return _test_split(dataset_key(cfg))
+    data = dataset_for(cfg)
+    if _embeddings(cfg):
+        from .embeddings import backbone_spec, cached_embeddings
+
+        x = torch.from_numpy(cached_embeddings(backbone_spec(cfg), data, data.x_test, "test"))
+    else:
+        x = data.to_tensor(data.x_test)
+    return Split(x, torch.from_numpy(data.y_test), data.num_classes)

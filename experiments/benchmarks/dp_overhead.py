@@ -27,8 +27,8 @@ import torch
 from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv
 from experiments.configs import resolve
 from privacy.dpsgd import make_private
-from tasks.models import build_model
-from tasks.splits import client_split, dataset_for
+from tasks.models import model_for
+from tasks.splits import client_split
 from tasks.training import make_loader, sgd, train_epochs
 
 MODES = ("hooks", "ghost")
@@ -37,14 +37,13 @@ MODES = ("hooks", "ghost")
 def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
     """Median seconds for one local epoch of client 0, plain and per DP mode."""
     torch.set_num_threads(1)
-    data = dataset_for(cfg)
     split = client_split(cfg, 0, int(cfg["num-clients"]))
     out: dict[str, float] = {}
     for mode in ("none", *MODES):
         times = []
         for r in range(repeats + 1):  # the first run warms up
             torch.manual_seed(r)
-            model = build_model(str(cfg["model"]), data.input_shape, data.num_classes)
+            model, _ = model_for(cfg)
             opt = sgd(model, float(cfg["lr"]), float(cfg["momentum"]))
             loader = make_loader(split.x, split.y, int(cfg["batch-size"]), r)
             criterion = None

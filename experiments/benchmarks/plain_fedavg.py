@@ -20,8 +20,8 @@ import torch
 from clients.app import derive_seed
 from experiments.configs import resolve
 from strategies.observed import sampling_seed
-from tasks.models import build_model
-from tasks.splits import client_split, dataset_for, test_split
+from tasks.models import model_for
+from tasks.splits import client_split, test_split
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
 
@@ -34,11 +34,9 @@ def plain_fedavg(cfg: dict, threads: int | None = None) -> dict:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    data = dataset_for(cfg)
     test = test_split(cfg)
     device = resolve_device(str(cfg["device"]))
-    model = build_model(str(cfg["model"]), data.input_shape, data.num_classes,
-                        str(cfg["mlp-hidden"]))
+    model, _ = model_for(cfg)
     n = int(cfg["num-clients"])
     per_round = max(int(n * float(cfg["fraction-train"])), int(cfg["min-train-clients"]))
     setup_s = time.perf_counter() - t0

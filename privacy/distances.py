@@ -1,0 +1,30 @@
+"""Euclidean distances in chunks: memory O(chunk x M), never an N x N matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+CHUNK = 512
+
+
+def chunks(n: int, size: int = CHUNK) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def sq_dists(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Squared distances between the rows of a and b, as a (len(a), len(b)) matrix."""
+    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
+    return np.maximum(d, 0.0)
+
+
+def min_dist(query: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Distance from each query row to its nearest reference row."""
+    q = np.asarray(query, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    out = np.empty(len(q))
+    for sl in chunks(len(q)):
+        out[sl] = np.sqrt(sq_dists(q[sl], r).min(axis=1))
+    return out

@@ -1,0 +1,246 @@
+"""Frozen feature extractors and cached embeddings.
+
+With ``features = "embeddings"`` clients never train on pixels: a frozen backbone
+turns each image into a vector, clients anonymize those vectors, and the federation
+trains a small head on what they release. The backbone is either
+
+- a torchvision ResNet-18 with a weights file the user names (``backbone-weights``,
+  e.g. ImageNet weights; 512-d features from the global pool), or
+- the offline default: a CNN fedpriv trains itself on data no client holds, either a
+  stratified ``public-fraction`` of the training set that is then withheld from the
+  clients (``backbone-data = "public-split"``) or another dataset's training set
+  (``backbone-data = "fashion-mnist"``, say). The run records which.
+
+Backbones are cached by everything that determines them; embeddings are cached per
+backbone, dataset and index set (one file per client partition, one for the test
+set), so a simulated client computes its embeddings once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ConfigError
+from .datasets import DatasetBundle, cache_dir, load_dataset, public_mask
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """Everything that determines a backbone (and so its cache key)."""
+
+    dataset: tuple  # (name, data-dir, download) of the dataset being embedded
+    arch: str
+    dim: int
+    data: str  # "public-split", another dataset's name, or "weights"
+    public_fraction: float
+    epochs: int
+    weights: str  # path of a weights file, or ""
+
+    def key(self) -> str:
+        extra = _file_digest(self.weights) if self.weights else ""
+        text = json.dumps([*self.dataset[:2], self.arch, self.dim, self.data,
+                           self.public_fraction, self.epochs, extra])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def backbone_spec(cfg: Mapping[str, Any]) -> BackboneSpec:
+    weights = str(cfg["backbone-weights"])
+    arch = str(cfg["backbone"])
+    raw = load_dataset(str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]))
+    if arch == "auto":
+        arch = "resnet18" if weights or raw.input_shape[-1] >= 32 else "cnn"
+    if raw.kind != "image":
+        raise ConfigError(f"features = 'embeddings' needs an image dataset; {raw.name} is "
+                          "already tabular (use features = 'raw').")
+    if weights:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"backbone-weights {weights!r} does not exist. Name a torchvision "
+                              "ResNet-18 state-dict file (e.g. resnet18-f37072fd.pth), or leave "
+                              "it empty to train a backbone on public data.")
+        if arch != "resnet18":
+            raise ConfigError(f"backbone-weights is read as a torchvision ResNet-18; backbone = "
+                              f"{arch!r} cannot load it. Use backbone = 'resnet18' or 'auto'.")
+        return BackboneSpec((raw.name, str(cfg["data-dir"]), False), arch, 512, "weights", 0.0,
+                            0, str(path.resolve()))
+    return BackboneSpec((raw.name, str(cfg["data-dir"]), bool(cfg["download"])), arch,
+                        int(cfg["embedding-dim"]), str(cfg["backbone-data"]),
+                        float(cfg["public-fraction"]), int(cfg["backbone-epochs"]), "")
+
+
+# --------------------------------------------------------------------------- backbones
+
+
+class EmbeddingNet(nn.Module):
+    """A convolutional trunk, an embedding layer (the features) and a classifier for training."""
+
+    def __init__(self, arch: str, in_shape: tuple[int, ...], dim: int, num_classes: int):
+        super().__init__()
+        from .models import McMahanCNN, SmallCNN, resnet18
+
+        if arch == "cnn":
+            trunk = McMahanCNN(in_shape, num_classes).features  # type: ignore[arg-type]
+        elif arch == "small-cnn":
+            trunk = SmallCNN(in_shape, num_classes).features  # type: ignore[arg-type]
+        elif arch == "resnet18":
+            net = resnet18(in_shape, num_classes)  # type: ignore[arg-type]
+            net.fc = nn.Identity()
+            trunk = net
+        else:
+            raise ConfigError(f"unknown backbone {arch!r}; choose cnn, small-cnn or resnet18.")
+        with torch.no_grad():
+            flat = trunk(torch.zeros(2, *in_shape)).flatten(1).shape[1]
+        self.trunk = trunk
+        self.embed = nn.Sequential(nn.Flatten(), nn.Linear(flat, dim), nn.ReLU())
+        self.head = nn.Linear(dim, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(self.trunk(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class TorchvisionResNet18(nn.Module):
+    """torchvision's ImageNet ResNet-18 as a frozen 512-d feature extractor."""
+
+    MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    def __init__(self, weights: str, data: DatasetBundle):
+        super().__init__()
+        from torchvision.models import resnet18
+
+        self.net = resnet18()
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+        try:
+            self.net.load_state_dict(state)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"backbone-weights {weights!r} does not match torchvision's "
+                              f"ResNet-18: {str(exc)[:400]}") from None
+        self.net.fc = nn.Identity()
+        self.data_mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+        self.data_std = torch.tensor(data.std).view(1, -1, 1, 1)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.data_std + self.data_mean  # back to [0, 1] pixels
+        if x.shape[1] == 1:
+            x = x.repeat(1, 3, 1, 1)
+        mean = torch.tensor(self.MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(self.STD).view(1, 3, 1, 1)
+        return self.net((x - mean) / std)
+
+
+def _progress(text: str) -> None:
+    print(f"[fedpriv] {text}", file=sys.stderr, flush=True)
+
+
+def _train_backbone(spec: BackboneSpec, data: DatasetBundle) -> tuple[nn.Module, dict]:
+    """Train an EmbeddingNet on data no client holds; return it with a description."""
+    from .training import evaluate, make_loader, sgd, train_epochs
+
+    raw = load_dataset(*spec.dataset)
+    if spec.data == "public-split":
+        if spec.public_fraction <= 0:
+            raise ConfigError("backbone-data = 'public-split' needs public-fraction > 0 (the "
+                              "share of the training set no client gets).")
+        mask = public_mask(raw.y_train, spec.public_fraction)
+        pub = DatasetBundle(raw.name, raw.source, raw.x_train[mask], raw.y_train[mask],
+                            raw.x_test, raw.y_test, raw.num_classes, raw.kind, raw.mean, raw.std)
+        where = f"the public {spec.public_fraction:.0%} split of {raw.name} ({mask.sum():,} images)"
+    else:
+        pub = load_dataset(spec.data, spec.dataset[1], False)
+        if pub.input_shape != raw.input_shape:
+            raise ConfigError(f"backbone-data = {spec.data!r} has inputs {pub.input_shape}, but "
+                              f"{raw.name} has {raw.input_shape}; pick a dataset of the same "
+                              "shape or 'public-split'.")
+        where = f"{pub.name}'s training set ({len(pub.y_train):,} images), another dataset"
+    torch.manual_seed(0)
+    net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
+    x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
+    opt = sgd(net, 0.05, 0.9)
+    for epoch in range(spec.epochs):
+        res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
+        _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
+                  f"train accuracy {res.accuracy:.3f}")
+    net.eval()
+    info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
+            "public-train-accuracy": res.accuracy if spec.epochs else None}
+    if pub.name == raw.name:
+        _, acc = evaluate(net, data.to_tensor(data.x_test), torch.from_numpy(data.y_test), 512,
+                          torch.device("cpu"))
+        info["public-model-test-accuracy"] = acc
+    return net, info
+
+
+@functools.lru_cache(maxsize=2)
+def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
+    """The frozen backbone for a spec: from the cache, a weights file, or trained now."""
+    raw = load_dataset(*spec.dataset)
+    if spec.weights:
+        net = TorchvisionResNet18(spec.weights, raw).eval()
+        return net, {"backbone": "torchvision resnet18", "embedding-dim": 512,
+                     "weights": spec.weights, "trained-on": "the weights file's data"}
+    path = cache_dir() / "backbones" / f"{spec.key()}.pt"
+    if path.is_file():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, saved["classes"])
+        net.load_state_dict(saved["state"])
+        return net.eval(), saved["info"]
+    net, info = _train_backbone(spec, raw)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.pt")
+        torch.save({"state": net.state_dict(), "classes": net.head.out_features, "info": info},
+                   tmp)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return net, info
+
+
+@torch.no_grad()
+def embed(net: nn.Module, data: DatasetBundle, x: np.ndarray, batch: int = 512) -> np.ndarray:
+    out = [net.features(data.to_tensor(x[i:i + batch])).float().numpy()
+           for i in range(0, len(x), batch)]
+    return np.concatenate(out) if out else np.zeros((0, 1), np.float32)
+
+
+def cached_embeddings(spec: BackboneSpec, data: DatasetBundle, x: np.ndarray, tag: str
+                      ) -> np.ndarray:
+    """Embeddings of ``x`` (a client's partition, or the test set), computed once."""
+    digest = hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
+    path = cache_dir() / "embeddings" / f"{spec.key()}-{tag}-{digest}.npy"
+    if path.is_file():
+        return np.load(path)
+    net, _ = load_backbone(spec)
+    emb = embed(net, data, x)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+        np.save(tmp, emb)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return emb
