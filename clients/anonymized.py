@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from flwr.app import ArrayRecord, Context
 
 from privacy.anonymizers import Release, anonymize
 from privacy.metrics import evaluate
@@ -90,6 +91,13 @@ def _save(path, release: Release, scores: dict) -> None:
         pass
 
 
+def _load_cached(path) -> Released:
+    with np.load(path) as f:
+        meta = json.loads(f["meta"].tobytes().decode())
+        return Released(torch.from_numpy(f["x"]), torch.from_numpy(f["y"]), meta["scores"],
+                        meta["info"])
+
+
 def released_data(cfg: Mapping[str, Any], split: Split, seed: int) -> Released:
     """Anonymize this client's embeddings once (cached) and score the release."""
     x = split.x.numpy()
@@ -97,13 +105,63 @@ def released_data(cfg: Mapping[str, Any], split: Split, seed: int) -> Released:
     key = _key(cfg, x, seed)
     path = cache_dir() / "releases" / f"{key}.npz"
     if path.is_file():
-        with np.load(path) as f:
-            meta = json.loads(f["meta"].tobytes().decode())
-            return Released(torch.from_numpy(f["x"]), torch.from_numpy(f["y"]), meta["scores"],
-                            meta["info"])
+        return _load_cached(path)
     members, holdout = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
     params = {**cfg, "num-classes": split.num_classes}
     release = anonymize(str(cfg["anonymizer"]), x[members], y[members], params, seed)
+    scores = evaluate(x[members], release, x[holdout] if len(holdout) else None, seed)
+    _save(path, release, scores)
+    return Released(torch.from_numpy(release.x), torch.from_numpy(release.y.astype(np.int64)),
+                    scores, release.info)
+
+
+# --------------------------------------------------------------------------- federated CVAE
+
+ENCODER_KEY = "cvae-encoder"  # this client's encoder: kept in Context.state, never sent
+DECODER_KEY = "cvae-decoder"  # the final shared decoder, once phase 1 is over
+
+
+def federated_cvae_round(cfg: Mapping[str, Any], context: Context, split: Split, seed: int,
+                         decoder: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
+    """Phase 1: train the CVAE locally from the global decoder; return only the decoder."""
+    from privacy.cvae import Scaler, train_cvae
+
+    x, y = split.x.numpy(), split.y.numpy()
+    members, _ = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
+    encoder = (context.state.array_records[ENCODER_KEY].to_torch_state_dict()
+               if ENCODER_KEY in context.state.array_records else None)
+    trained = train_cvae(x[members], y[members], split.num_classes, cfg, seed,
+                         epochs=int(cfg["cvae-local-epochs"]),
+                         decoder_state=decoder.to_torch_state_dict(), encoder_state=encoder,
+                         scaler=Scaler.fit(x[members]))
+    state = trained.model.state_dict()
+    context.state.array_records[ENCODER_KEY] = ArrayRecord(
+        {k: v for k, v in state.items() if not k.startswith("decoder.")})
+    return (ArrayRecord(trained.model.decoder.state_dict()),
+            {"num-examples": len(members), "cvae-loss": trained.info["train-loss"]})
+
+
+def federated_cvae_release(cfg: Mapping[str, Any], context: Context, split: Split,
+                           seed: int, decoder: ArrayRecord | None = None) -> Released:
+    """Sample this client's release from the shared decoder (cached) and score it."""
+    from privacy.cvae import CVAE, Scaler, TrainedCVAE, sample_release
+
+    if decoder is not None:
+        context.state.array_records[DECODER_KEY] = decoder
+    if DECODER_KEY not in context.state.array_records:
+        raise RuntimeError("this client has no shared CVAE decoder: the federated CVAE phase "
+                           "did not reach it")
+    decoder_state = context.state.array_records[DECODER_KEY].to_torch_state_dict()
+    x, y = split.x.numpy(), split.y.numpy()
+    digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in decoder_state.values()))
+    path = cache_dir() / "releases" / f"{_key(cfg, x, seed)}-{digest.hexdigest()[:16]}.npz"
+    if path.is_file():
+        return _load_cached(path)
+    members, holdout = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
+    model = CVAE(x.shape[1], split.num_classes, int(cfg["cvae-latent"]), int(cfg["cvae-hidden"]))
+    model.decoder.load_state_dict(decoder_state)
+    trained = TrainedCVAE(model.eval(), Scaler.fit(x[members]), {"federated": True})
+    release = sample_release(trained, y[members], seed + 1)
     scores = evaluate(x[members], release, x[holdout] if len(holdout) else None, seed)
     _save(path, release, scores)
     return Released(torch.from_numpy(release.x), torch.from_numpy(release.y.astype(np.int64)),

@@ -29,7 +29,7 @@ from tasks.models import model_for
 from tasks.splits import Split, client_split
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
-from .anonymized import released_data
+from .anonymized import federated_cvae_release, federated_cvae_round, released_data
 from .local_dp import dp_round
 
 
@@ -84,8 +84,19 @@ def _clip_update(new: list[np.ndarray], old: list[np.ndarray], norm: float) -> f
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
-    """Report which partition this node holds, its size and label histogram."""
+    """Report which partition this node holds, its size and label histogram.
+
+    At the end of the federated CVAE phase the same message type carries the final
+    decoder: the client then samples its release and reports the release's scores.
+    """
     cfg, pid, n, data = _setup(context)
+    config = msg.content.config_records.get("config", {})
+    if config.get("phase") == "cvae-final":
+        released = federated_cvae_release(cfg, context, data,
+                                          derive_seed(int(cfg["seed"]), pid),
+                                          msg.content["arrays"])
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"partition-id": pid, **released.metrics()})}), reply_to=msg)
     metrics = MetricRecord({"partition-id": pid, "num-partitions": n,
                             "num-examples": len(data), "label-counts": data.label_counts()})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
@@ -110,7 +121,11 @@ def local_update(context: Context, state: Mapping[str, torch.Tensor],
     model = _model(cfg, state)
     x, y = data.x, data.y
     metrics: dict[str, Any] = {"partition-id": pid}
-    if cfg["anonymizer"] != "none":  # train on what this client releases, and score it
+    if cfg["anonymizer"] == "cvae-federated":  # sampled from the shared decoder (phase 1)
+        released = federated_cvae_release(cfg, context, data, derive_seed(int(cfg["seed"]), pid))
+        x, y = released.x, released.y
+        metrics.update(released.metrics())
+    elif cfg["anonymizer"] != "none":  # train on what this client releases, and score it
         released = released_data(cfg, data, derive_seed(int(cfg["seed"]), pid))
         x, y = released.x, released.y
         metrics.update(released.metrics())
@@ -153,6 +168,13 @@ def train(msg: Message, context: Context) -> Message:
     """Unpack a training message, run :func:`local_update`, pack the reply the same way."""
     if _is_legacy(msg):
         return _train_legacy(msg, context)
+    if msg.content["config"].get("phase") == "cvae":  # federated CVAE, phase 1
+        cfg, pid, _, data = _setup(context)
+        decoder, metrics = federated_cvae_round(cfg, context, data,
+                                                derive_seed(int(cfg["seed"]), pid),
+                                                msg.content["arrays"])
+        return Message(RecordDict({"arrays": decoder, "metrics": MetricRecord(
+            {"partition-id": pid, **metrics})}), reply_to=msg)
     state = msg.content["arrays"].to_torch_state_dict()
     new_state, metrics = local_update(context, state, msg.content["config"])
     content = RecordDict({"metrics": MetricRecord(metrics)})

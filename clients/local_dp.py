@@ -23,7 +23,9 @@ from privacy.accounting import (
     calibrate_noise,
     planned_rounds,
 )
-from privacy.dpsgd import make_private
+from privacy.dpsgd import make_private, resolve_mode
+from tasks.models import resolve_model_name
+from tasks.splits import feature_shape
 from tasks.training import TrainResult, make_loader, sgd, train_epochs
 
 STATE_KEY = "dp-sgd"
@@ -101,11 +103,12 @@ def dp_round(cfg: Mapping[str, Any], context: Context, model: torch.nn.Module,
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
     optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]), float(cfg["weight-decay"]))
+    mode = resolve_mode(str(cfg["grad-sample-mode"]),
+                        resolve_model_name(str(cfg["model"]), feature_shape(cfg)))
     private = make_private(model, optimizer, make_loader(x, y, int(cfg["batch-size"]), seed),
                            noise_multiplier=ledger.noise_multiplier,
-                           max_grad_norm=float(cfg["max-grad-norm"]),
-                           grad_sample_mode=str(cfg["grad-sample-mode"]), seed=seed,
-                           accountant=ledger.accountant)
+                           max_grad_norm=float(cfg["max-grad-norm"]), grad_sample_mode=mode,
+                           seed=seed, accountant=ledger.accountant)
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "

@@ -64,10 +64,10 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
             client_split(cfg, pid, len(parts))
         test_split(cfg)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
-                     torch.cuda.is_available(), _privacy_check(cfg, model, sizes))
+                     torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes))
 
 
-def _privacy_check(cfg: Mapping[str, Any], model: Any, sizes: list[int]) -> str:
+def _privacy_check(cfg: Mapping[str, Any], model: Any, name: str, sizes: list[int]) -> str:
     """Check the DP settings against the model and every client's data size; describe them."""
     if cfg["dp"] == "local":
         from clients.local_dp import LocalDPError, new_ledger
@@ -86,7 +86,7 @@ def _privacy_check(cfg: Mapping[str, Any], model: Any, sizes: list[int]) -> str:
                   cfg["target-epsilon"] else "no budget")
         return (f"local DP-SGD: noise multiplier {lo:.3f}" + (f"–{hi:.3f}" if hi > lo else "")
                 + f", clipping {cfg['max-grad-norm']}, {budget}, grad-sample mode "
-                f"{resolve_mode(str(cfg['grad-sample-mode']), model)}")
+                f"{resolve_mode(str(cfg['grad-sample-mode']), name)}")
     if cfg["dp"] == "central":
         from strategies.central_dp import (
             adaptive_count_stddev_ok,

@@ -103,7 +103,8 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     keys = spec.keys
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "target-round", "epsilon", "delta", "steady-round-s", "wall-s", "run-dir", "error"]
+            "target-round", "epsilon", "delta", "reid-top1", "mia-auc", "steady-round-s",
+            "wall-s", "run-dir", "error"]
     rows = []
     for c in cells:
         r = c.result
@@ -115,6 +116,7 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
                      r.get("rounds", ""), r.get("target-reached-round", ""),
                      _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
+                     _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
                      _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
@@ -131,10 +133,17 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                                          for c in failed]
     md += ["", "![accuracy vs round](plots/accuracy_vs_round.png)", "",
            "![final accuracy](plots/final_accuracy.png)", ""]
+    if any(c.result.get("anonymization") for c in cells):
+        md += ["![accuracy vs re-identification](plots/reid_accuracy.png)", "",
+               "![accuracy vs membership inference](plots/mia_accuracy.png)", ""]
     if any(headline_epsilon(c.result.get("privacy")) is not None for c in cells):
         md += ["![privacy-accuracy trade-off](plots/privacy_accuracy.png)", "",
                "![epsilon vs round](plots/epsilon_vs_round.png)", ""]
     (out / "sweep.md").write_text("\n".join(md))
+
+
+def _anon(result: dict[str, Any], key: str) -> float | None:
+    return (result.get("anonymization") or {}).get("mean", {}).get(key)
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -195,7 +204,8 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                 c.result = {**run_outcome(read_metrics(c.run_dir)),
                             "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s,
                             "target-reached-round": res.info.get("target-reached-round", ""),
-                            "privacy": res.info.get("privacy", {})}
+                            "privacy": res.info.get("privacy", {}),
+                            "anonymization": res.info.get("anonymization")}
                 if not res.ok:
                     print(f"  cell {c.index} {res.status}: {res.error}")
                 _write_table(out, spec, cells)

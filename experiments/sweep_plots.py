@@ -37,6 +37,7 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
         ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
     fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
 
+    _anonymization_plots(out, name, cells)
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
     points = [(eps, c.result["final"]["accuracy"], c.label) for c, eps in private
               if eps is not None and c.result.get("final")]
@@ -68,3 +69,40 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])
     line_plot(out / "epsilon_vs_round.png", curves, "round", "cumulative epsilon",
               f"sweep {name}")
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (lower x, higher y)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -float("inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def _anonymization_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
+    rows = [(c, c.result.get("anonymization") or {}) for c in cells if c.result.get("final")]
+    rows = [(c, a) for c, a in rows if a]
+    for key, fname, xlabel in (
+            ("reid-top1", "reid_accuracy.png", "re-identification, top-1 (mean over clients)"),
+            ("mia-auc", "mia_accuracy.png", "membership-inference AUC (mean over clients)")):
+        pts = [(a["mean"][key], c.result["final"]["accuracy"], c.label) for c, a in rows
+               if a.get("mean", {}).get(key) is not None]
+        if not pts:
+            continue
+        fig = Figure(figsize=(6.8, 4.6))
+        ax = fig.subplots()
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:blue", s=18)
+        for x, y, label in pts:
+            ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        front = [pts[i] for i in pareto_front([(p[0], p[1]) for p in pts])]
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:red",
+                label="Pareto front (private and accurate)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("final test accuracy (real test embeddings)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"accuracy vs {key} — sweep {name}", fontsize=10)
+        fig.savefig(out / fname, dpi=110, bbox_inches="tight")

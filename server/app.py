@@ -28,6 +28,7 @@ from tasks.splits import Split, dataset_for, feature_shape, test_split
 from tasks.training import evaluate, resolve_device
 
 from .console import say, table_header, table_row
+from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, discover_clients
 from .plots import plot_label_distribution, plot_run
 from .privacy_log import PrivacyLog, anonymization_entry, headline_epsilon
@@ -204,6 +205,9 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
         f"{cfg['num-server-rounds']} rounds")
 
     partition_of = {c.node_id: c.partition_id for c in clients}
+    if cfg["anonymizer"] == "cvae-federated":
+        info["cvae-phase"] = run_cvae_phase(grid, cfg, partition_of, int(test.x.shape[1]),
+                                            data.num_classes, run)
     if cfg["secure-aggregation"]:
         central = CentralAccountant(cfg, n_clients) if cfg["dp"] == "central" else None
         max_weight = 1.0 if cfg["dp"] == "central" else float(max(sizes))

@@ -74,7 +74,11 @@ class RunFolder:
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append one round to metrics.jsonl and force it to disk."""
-        with open(self.path / METRICS, "a") as f:
+        self.append_named(METRICS, record)
+
+    def append_named(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append one JSON line to ``name`` and force it to disk."""
+        with open(self.path / name, "a") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
             f.flush()
             os.fsync(f.fileno())

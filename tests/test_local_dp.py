@@ -165,7 +165,8 @@ def test_noise_is_added_and_comes_from_torchs_generator():
 
 
 def test_auto_mode_choice():
-    assert resolve_mode("auto", build_model("cnn", (1, 28, 28), 10)) == "ghost"
-    assert resolve_mode("auto", build_model("resnet18", (3, 32, 32), 10)) == "hooks"
-    assert resolve_mode("hooks", build_model("cnn", (1, 28, 28), 10)) == "hooks"
+    assert resolve_mode("auto", "cnn") == "ghost" and resolve_mode("auto", "mlp") == "ghost"
+    assert resolve_mode("auto", "resnet18") == "hooks"
+    assert resolve_mode("auto", "small-cnn") == "hooks"
+    assert resolve_mode("hooks", "cnn") == "hooks"
     assert math.isclose(1 / steps_per_epoch(60, 8), 0.125)

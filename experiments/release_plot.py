@@ -1,0 +1,92 @@
+"""Draw one client's original vs released embeddings in 2-D (PCA fitted on the originals).
+
+    python -m experiments.release_plot RUN_DIR [--client 0]
+
+Reads the run's config.toml, takes the client's embeddings and its release exactly as
+the run computed them (both are cached on disk) and writes
+``RUN_DIR/plots/release_scatter.png``. `fedpriv run` and `fedpriv sweep` call it after
+every run that anonymized embeddings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+
+def release_scatter(run_dir: Path, client: int = 0) -> Path:
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from sklearn.decomposition import PCA
+
+    from clients.anonymized import holdout_split, released_data
+    from clients.app import derive_seed
+    from server.results import read_run_info
+    from tasks.config import validate
+    from tasks.splits import client_split
+
+    with open(run_dir / "config.toml", "rb") as f:
+        cfg = validate(tomllib.load(f))
+    n = int(read_run_info(run_dir).get("num-clients", cfg["num-clients"]))
+    split = client_split(cfg, client, n)
+    seed = derive_seed(int(cfg["seed"]), client)
+    if cfg["anonymizer"] == "cvae-federated":
+        released = _federated_release(run_dir, cfg, split, seed)
+    else:
+        released = released_data(cfg, split, seed)
+    members, _ = holdout_split(len(split), float(cfg["privacy-holdout"]), seed)
+    x, y = split.x.numpy()[members], split.y.numpy()[members]
+    pca = PCA(n_components=2, random_state=0).fit(x)
+    a, b = pca.transform(x), pca.transform(released.x.numpy())
+    fig = Figure(figsize=(10, 4.4))
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    cmap = colormaps["tab10" if split.num_classes <= 10 else "tab20"]
+    for ax, pts, labels, title in ((axes[0], a, y, f"client {client}: original ({len(x)})"),
+                                   (axes[1], b, released.y.numpy(),
+                                    f"released by {cfg['anonymizer']} ({len(b)})")):
+        ax.scatter(pts[:, 0], pts[:, 1], c=[cmap(int(c) % cmap.N) for c in labels], s=6,
+                   alpha=0.7, linewidths=0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("PC 1")
+    axes[0].set_ylabel("PC 2 (PCA of the originals)")
+    s = released.scores
+    fig.suptitle(f"re-identification top-1 {s.get('reid-top1', float('nan')):.3f} · MIA AUC "
+                 f"{s.get('mia-auc', float('nan')):.3f} · k-level {s.get('k-level')}",
+                 fontsize=9)
+    out = run_dir / "plots" / "release_scatter.png"
+    out.parent.mkdir(exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    return out
+
+
+def _federated_release(run_dir: Path, cfg: dict, split, seed: int):
+    import torch
+    from flwr.app import ArrayRecord, Context, RecordDict
+
+    from clients.anonymized import federated_cvae_release
+
+    decoder = torch.load(run_dir / "cvae_decoder.pt", weights_only=True)
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    return federated_cvae_release(cfg, context, split, seed, ArrayRecord(decoder))
+
+
+def plot_in_child(run_dir: Path, client: int = 0) -> bool:
+    """Run :func:`release_scatter` in a child process (it imports torch); True if drawn."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.release_plot", str(run_dir),
+                           "--client", str(client)], capture_output=True, text=True)
+    return proc.returncode == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--client", type=int, default=0)
+    args = parser.parse_args()
+    print(release_scatter(args.run_dir, args.client))
+
+
+if __name__ == "__main__":
+    main()
