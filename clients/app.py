@@ -24,6 +24,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
+from privacy.anonymizers import public_transform
 from tasks.config import validate
 from tasks.models import model_for
 from tasks.splits import Split, client_split
@@ -213,7 +214,12 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's own data (a personalization view)."""
     cfg, pid, _, data = _setup(context)
     model = _model(cfg, msg.content["arrays"].to_torch_state_dict())
-    loss, acc = evaluate(model, data.x, data.y, int(cfg["eval-batch-size"]),
+    x = data.x
+    transform = (public_transform(str(cfg["anonymizer"]), cfg, int(x.shape[1]))
+                 if cfg["features"] == "embeddings" else None)
+    if transform is not None:  # the model reads e.g. hashed embeddings
+        x = torch.from_numpy(transform(x.numpy()))
+    loss, acc = evaluate(model, x, data.y, int(cfg["eval-batch-size"]),
                          resolve_device(str(cfg["device"])))
     metrics = MetricRecord({"num-examples": len(data), "partition-id": pid,
                             "eval-loss": loss, "eval-accuracy": acc})

@@ -6,9 +6,9 @@ Architecture and training follow the paper: per-feature min-max scaling; encoder
 1e-3, early stopping on a 10% validation split. The paper's batch of 512 suits whole
 datasets; fedpriv defaults to 64 for one client's data (a linear probe on the
 synthetic MNIST embeddings of a 1,067-record client scored 0.86 on real test
-embeddings with 64 against 0.74 with 512; the real embeddings score 0.89). The release is sampled per
-class to the client's own class counts and mapped back through the scaling: no
-released row is derived from any one record.
+embeddings with 64 against 0.74 with 512; the real embeddings score 0.89). The
+release is sampled per class to the client's own class counts and mapped back through
+the scaling: no released row is derived from any one record.
 
 With ``cvae-epsilon`` > 0 the CVAE is trained with DP-SGD through Opacus (the
 follow-up of Di Salvo et al., MICCAI 2025): the noise multiplier is calibrated for
