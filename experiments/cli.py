@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "partitioner)")
     run.add_argument("--verbose", action="store_true",
                      help="show Flower's and Ray's full log on the terminal")
+    run.add_argument("--supernodes", action="store_true",
+                     help="run on a real SuperLink and num-clients real SuperNodes on this "
+                          "machine (loopback, deployment runtime) instead of the simulation "
+                          "runtime; slower per round, same apps as across hosts")
 
     sweep = sub.add_parser(
         "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -125,10 +129,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"privacy: {pre.privacy}")
     run_dir = new_run_dir(cfg["results-dir"], args.name or default_run_name(cfg))
     app = app_dir()
-    print("starting Flower SuperLink (simulation runtime, Ray backend)...", flush=True)
-    with LocalSuperLink() as link:
+    nodes = int(cfg["num-clients"]) if args.supernodes else 0
+    runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
+               else "simulation runtime, Ray backend")
+    print(f"starting Flower SuperLink ({runtime})...", flush=True)
+    with LocalSuperLink(supernodes=nodes) as link:
         print(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
-              f"{cfg['num-clients']} simulated clients...", flush=True)
+              f"{cfg['num-clients']} {'SuperNodes' if nodes else 'simulated clients'}...",
+              flush=True)
         outcome = execute(link, app, cfg, run_dir, cuda=pre.cuda, verbose=args.verbose)
     total = time.perf_counter() - t0
     if outcome.ok:

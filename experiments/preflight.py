@@ -60,11 +60,29 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
     parts = partitions_for(cfg, int(cfg["num-clients"]))
     sizes = [len(p) for p in parts]
     if cfg["features"] == "embeddings":  # train/load the backbone, embed every partition once
-        for pid in range(len(parts)):
-            client_split(cfg, pid, len(parts))
+        splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]
         test_split(cfg)
+        _anonymizer_check(cfg, splits)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
                      torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes))
+
+
+def _anonymizer_check(cfg: Mapping[str, Any], splits: list) -> None:
+    """Run the anonymizer for every client now (results are cached for the run), so bad
+    parameters — k above a client's size, DBSCAN finding no cluster — stop the run before
+    it starts. The CVAEs are trained by the clients themselves, in parallel."""
+    if cfg["anonymizer"] in ("none", "cvae", "cvae-federated"):
+        return
+    from clients.anonymized import released_data
+    from clients.app import derive_seed
+    from privacy.anonymizers import AnonymizationError
+
+    for pid, split in enumerate(splits):
+        try:
+            released_data(cfg, split, derive_seed(int(cfg["seed"]), pid))
+        except AnonymizationError as exc:
+            raise ConfigError(f"anonymizer = {cfg['anonymizer']!r}, client {pid} "
+                              f"({len(split)} records): {exc}") from None
 
 
 def _privacy_check(cfg: Mapping[str, Any], model: Any, name: str, sizes: list[int]) -> str:

@@ -65,13 +65,22 @@ def flower_env(home: Path) -> dict[str, str]:
 
 
 class LocalSuperLink:
-    """Start ``flower-superlink --simulation`` on a free port; stop its whole tree on exit."""
+    """Start ``flower-superlink`` on a free port; stop its whole tree on exit.
+
+    By default the SuperLink runs Flower's simulation runtime. With ``supernodes = N``
+    it runs in deployment mode instead and N real ``flower-supernode`` processes connect
+    to it over loopback, node i with ``--node-config "partition-id=i num-partitions=N"``:
+    the same apps, the way they run across hosts.
+    """
 
     CONNECTION = "fedpriv"
 
-    def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None) -> None:
+    def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None,
+                 supernodes: int = 0) -> None:
         self.startup_timeout = startup_timeout
         self.cwd = cwd or Path.cwd()
+        self.num_supernodes = supernodes
+        self.nodes: list[subprocess.Popen] = []
         self.home: Path | None = None
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
@@ -99,14 +108,11 @@ class LocalSuperLink:
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        log = open(self.home / "superlink.log", "w")
-        self.proc = subprocess.Popen(
-            [flower_executable("flower-superlink"), "--insecure", "--simulation",
-             "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        mode = [] if self.num_supernodes else ["--simulation"]
+        self.proc = self._spawn("superlink.log", [
+            flower_executable("flower-superlink"), "--insecure", *mode,
+            "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+            "--port", str(self.port)])
         ok = procs.wait_until(lambda: self._healthy() or self.proc.poll() is not None,
                               self.startup_timeout)
         if not ok or self.proc.poll() is not None:
@@ -114,8 +120,21 @@ class LocalSuperLink:
             self.stop()
             raise SuperLinkError(f"flower-superlink did not become ready on port {self.port}"
                                  f" (exit code {self.proc.poll()}). Its log ends with:\n{tail}")
+        for i in range(self.num_supernodes):
+            self.nodes.append(self._spawn(f"supernode-{i}.log", [
+                flower_executable("flower-supernode"), "--insecure",
+                "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+                "--port", str(free_port()),
+                "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"]))
         self.started_s = time.perf_counter() - t0
         return self
+
+    def _spawn(self, log_name: str, cmd: list[str]) -> subprocess.Popen:
+        assert self.home is not None
+        with open(self.home / log_name, "w") as log:
+            return subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
 
     def log_tail(self, lines: int = 20) -> str:
         path = (self.home or Path("/nonexistent")) / "superlink.log"
@@ -133,9 +152,11 @@ class LocalSuperLink:
         self._runs += 1
         overrides = self.home / f"run-{self._runs}.toml"
         overrides.write_text(to_toml(run_config))
-        fed = " ".join(f"{k}={_toml_value(v)}" for k, v in federation.items())
         cmd = [flower_executable("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
-               "--run-config", str(overrides), "--federation-config", fed]
+               "--run-config", str(overrides)]
+        if not self.num_supernodes:  # the simulated federation's size and resources
+            cmd += ["--federation-config",
+                    " ".join(f"{k}={_toml_value(v)}" for k, v in federation.items())]
         client = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                   bufsize=1, errors="replace")
@@ -154,6 +175,8 @@ class LocalSuperLink:
         """Stop everything this SuperLink started, by PID, and remove its FLWR_HOME."""
         if self.client is not None and self.client.poll() is None:
             procs.stop_tree(self.client)
+        for node in self.nodes:
+            procs.stop_tree(node)
         if self.proc is not None:
             procs.stop_tree(self.proc)
         if self.home is not None:

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from privacy.anonymizers import public_transform
 from strategies import Observed, RoundLog, build_strategy
 from strategies.central_dp import CentralAccountant, PrivacyBudgetReached
+from strategies.observed import short_reason
 from strategies.secure import SecureRounds
 from tasks.config import validate
 from tasks.models import count_parameters, model_for
@@ -134,7 +135,7 @@ class RunRecorder:
                 f"{[c['partition-id'] for c in log.skipped]}")
         if log.failures:
             say(f"  round {rnd}: {len(log.failures)} client error(s), e.g. client "
-                f"{log.failures[0]['partition-id']}: {log.failures[0]['error'][:300]}")
+                f"{log.failures[0]['partition-id']}: {short_reason(log.failures[0]['error'])}")
         if now - self.last_plot >= PLOT_EVERY_S:
             self.plot()
         if self.privacy.all_exhausted():

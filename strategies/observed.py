@@ -21,6 +21,7 @@ the aggregate.
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+
+
+def short_reason(reason: str) -> str:
+    """The innermost 'SomeError: message' line of a client error reported through Ray."""
+    found = re.findall(r"^\s*((?:\w+\.)*\w*(?:Error|Exception)\b[^:\n]*: .+)$", reason, re.M)
+    return (found[-1] if found else reason.strip().splitlines()[-1][:500]).strip().rstrip("'>")
 
 
 def sampling_seed(seed: int, server_round: int, phase: int) -> int:
@@ -144,7 +151,8 @@ class Observed(Strategy):
         log.clients = [{"partition-id": self._partition(m.metadata.src_node_id),
                         **_metrics_of(m)} for m in ok]
         if not ok and failures:
-            reasons = "; ".join(f"client {f['partition-id']}: {f['error']}" for f in failures[:3])
+            reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"
+                                for f in failures[:3])
             raise RoundFailed(f"round {server_round}: all {len(failures)} sampled clients "
                               f"failed. First errors: {reasons}")
         arrays, metrics = self.inner.aggregate_train(server_round, ok)

@@ -127,3 +127,24 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
     run = _only_run(results)
     assert read_run_info(run)["status"] == "interrupted"
     assert len(read_metrics(run)) >= 2
+
+
+def test_real_supernodes_on_loopback(tmp_path, results):
+    """The same apps on a deployment-mode SuperLink with two real flower-supernode processes."""
+    def flower_pids():
+        return {p.pid for p in psutil.process_iter(["cmdline"])
+                if any(n in " ".join(p.info["cmdline"] or []) for n in
+                       ("flower-supernode", "flower-superlink", "flower-superexec"))}
+
+    before = flower_pids()
+    res = run_cli("run", "--supernodes", "--set", "num-clients=2", "--set", "num-server-rounds=1",
+                  "--set", f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 real SuperNodes on loopback" in res.stdout
+    run = _only_run(results)
+    info = read_run_info(run)
+    assert info["status"] == "finished" and info["num-clients"] == 2
+    (record,) = read_metrics(run)
+    assert record["sampled"] == [0, 1] and record["test"]["accuracy"] > 0.5
+    time.sleep(2)  # SuperExec processes notice their parent is gone within a second
+    assert flower_pids() <= before

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv
+from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv, print_table
 from experiments.configs import resolve
 from privacy.dpsgd import make_private
 from tasks.models import model_for
@@ -89,10 +89,7 @@ def main() -> None:
         for name, t in report["round-s"].items():
             rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",
                          f"{t:.3f}", f"{t / base:.2f}x"))
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    print()
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+    print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

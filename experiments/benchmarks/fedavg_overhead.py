@@ -152,6 +152,14 @@ def bench_bare_flower(n: int, rounds: int) -> dict:
         return {"total-s": time.perf_counter() - t0, "superlink-s": started, "flwr-run-s": run_s}
 
 
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Print rows of strings as aligned columns."""
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print()
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+
+
 def _gib(b: int) -> str:
     return f"{b / 2**30:.2f} GiB"
 
@@ -234,10 +242,7 @@ def main() -> None:
         bf = report["bare-flower"]
         rows.append(("bare Flower app, total (s)", f"{bf['total-s']:.1f}", "",
                      f"fedpriv fixed cost {fp['fixed-s'] - bf['total-s']:+.1f} s over it"))
-    width = [max(len(r[i]) for r in rows) for i in range(4)]
-    print()
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+    print_table(rows)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
