@@ -51,6 +51,14 @@ def test_keys_command_matches_reference():
     (["--set", "dataset=breast-cancer", "--set", "model=cnn"], "needs image input"),
     (["--config", "no-such-preset"], "preset 'no-such-preset' not found"),
     (["--set", "lr"], "is not of the form key=value"),
+    (["--set", "anonymizer=ksame"], "set features = 'embeddings'"),
+    (["--set", "features=embeddings", "--set", "anonymizer=ksame", "--set", "k=5000"],
+     "k = 5000 is larger than the"),
+    (["--set", "features=embeddings", "--set", "anonymizer=density",
+      "--set", "dbscan-eps=0.01"], "found no cluster"),
+    (["--set", "dp=local", "--set", "target-epsilon=0.0001"], "cannot be met"),
+    (["--set", "dp=local", "--set", "delta=0.01"], "is not below 1/n"),
+    (["--set", "dp=central", "--set", "secure-aggregation=true"], "needs client-side clipping"),
 ])
 def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
     before = _flower_processes()
