@@ -57,10 +57,10 @@ def check_model(model: nn.Module) -> None:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         listed = "; ".join(str(e) for e in errors[:5])
-        raise ConfigError(
-            f"the model has layers DP-SGD cannot train: {listed}. Replace BatchNorm with "
-            "GroupNorm (opacus.validators.ModuleValidator.fix(model) does it) or choose "
-            "another model (cnn, small-cnn, resnet18 and mlp are all compatible).")
+        hint = (" Replace BatchNorm with GroupNorm (opacus.validators.ModuleValidator.fix(model)"
+                " does it) or choose another model (cnn, small-cnn, resnet18, mlp and linear "
+                "are all compatible)." if "BatchNorm" in listed else "")
+        raise ConfigError(f"the model cannot be trained with DP-SGD: {listed}.{hint}")
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
@@ -124,6 +124,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     ``seed`` makes the Poisson sampling reproducible (the noise is drawn from torch's
     global generator, seeded by the caller).
     """
+    model.train()  # Opacus validates (and trains) a model in training mode
     check_model(model)
     from opacus import PrivacyEngine
 
