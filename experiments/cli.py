@@ -7,6 +7,7 @@ import signal
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from tasks.config import SCHEMA, ConfigError
 
@@ -94,7 +95,10 @@ def _parser() -> argparse.ArgumentParser:
               num-clients = [5, 10]
               partitioner = ["iid", "shard"]
             """))
-    sweep.add_argument("file", help=f"a sweep TOML file, or the name of one in {SWEEPS}")
+    sweep.add_argument("file", help=f"a sweep TOML file, or the name of one in {SWEEPS} (with "
+                                    "--replot: a finished sweep's folder)")
+    sweep.add_argument("--replot", action="store_true",
+                       help="redraw the comparison plots of a finished sweep folder")
     sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                        help="override a key in every cell")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and stop")
@@ -175,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "sweep":
-            from .sweep import run_sweep
+            from .sweep import replot, run_sweep
 
+            if args.replot:
+                replot(Path(args.file))
+                return 0
             return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose)
         if args.command == "keys":
             if args.toml:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from server.privacy_log import headline_epsilon
-from server.results import new_run_dir, read_metrics
+from server.results import new_run_dir, read_metrics, read_run_info
 from server.summary import outcome as run_outcome
 from tasks.config import ConfigError, parse_assignment, validate
 
@@ -170,8 +170,8 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
     out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
     (out / "plots").mkdir()
     (out / "sweep.json").write_text(json.dumps(
-        {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid},
-        indent=2))
+        {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid,
+         "cells": spec.extra}, indent=2))
     app = app_dir()
     t0 = time.perf_counter()
     try:
@@ -216,3 +216,22 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} cells finished · {out / 'sweep.md'}")
     return 0 if failed == 0 else 1
+
+
+def replot(out: Path) -> None:
+    """Redraw a finished sweep's comparison plots from its folder (sweep.csv + cells)."""
+    spec = json.loads((out / "sweep.json").read_text())
+    keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
+    cells = []
+    with open(out / "sweep.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
+            cell = Cell(int(row["cell"]), params, {}, row["status"], row["error"] or None,
+                        out / row["run-dir"] if row["run-dir"] else None)
+            if cell.run_dir:
+                info = read_run_info(cell.run_dir)
+                cell.result = {**run_outcome(read_metrics(cell.run_dir)),
+                               "privacy": info.get("privacy", {}),
+                               "anonymization": info.get("anonymization")}
+            cells.append(cell)
+    sweep_plots(out / "plots", spec["name"], cells)

@@ -39,8 +39,8 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
 
     _anonymization_plots(out, name, cells)
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
-    points = [(eps, c.result["final"]["accuracy"], c.label) for c, eps in private
-              if eps is not None and c.result.get("final")]
+    points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in private
+                    if eps is not None and c.result.get("final"))
     if not points:
         return
     fig = Figure(figsize=(6.4, 4.2))

@@ -32,7 +32,7 @@ from .console import say, table_header, table_row
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, discover_clients
 from .plots import plot_label_distribution, plot_run
-from .privacy_log import PrivacyLog, anonymization_entry, headline_epsilon
+from .privacy_log import AnonymizationLog, PrivacyLog, headline_epsilon
 from .results import RunFolder, read_metrics
 from .summary import outcome, write_summary
 
@@ -71,9 +71,9 @@ class RunRecorder:
 
     def __init__(self, run: RunFolder, strategy: Any, info: dict[str, Any],
                  title: str, privacy: PrivacyLog, target_accuracy: float = 0.0,
-                 anonymizer: str = "none") -> None:
+                 anonymization: AnonymizationLog | None = None) -> None:
         self.run = run
-        self.anonymizer = anonymizer
+        self.anonymization = anonymization or AnonymizationLog("none")
         self.target_accuracy = target_accuracy
         self.privacy = privacy
         self.strategy = strategy
@@ -111,11 +111,10 @@ class RunRecorder:
         entry = self.privacy.update(rnd, log)
         if entry is not None:
             record["privacy"] = entry
-        anon = anonymization_entry(self.anonymizer, log.clients)
+        anon = self.anonymization.entry(log.clients)
         if anon is not None:
             record["anonymization"] = anon
-            self.info["anonymization"] = {"anonymizer": self.anonymizer, "mean": anon["mean"],
-                                          "max": anon["max"]}
+            self.info["anonymization"] = self.anonymization.summary()
         if log.skipped:
             record["skipped"] = log.skipped
         if log.evaluated:
@@ -166,7 +165,6 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
                             "versions": _versions()}
     run.write_json("run.json", info)
     _seed_everything(int(cfg["seed"]))
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
 
     data = dataset_for(cfg)
     test = test_split(cfg)
@@ -223,8 +221,11 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
         rounds = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]), partition_of)
         info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True}
     privacy = PrivacyLog(cfg, rounds, n_clients)
+    anonymization = AnonymizationLog(str(cfg["anonymizer"]))
+    if "cvae-phase" in info:  # every client scored its release when it sampled it
+        anonymization.add(info["cvae-phase"]["clients"])
     recorder = RunRecorder(run, rounds, info, title, privacy, float(cfg["target-accuracy"]),
-                           str(cfg["anonymizer"]))
+                           anonymization)
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         start = time.perf_counter()

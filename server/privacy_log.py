@@ -31,17 +31,44 @@ def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
     return None
 
 
-def anonymization_entry(name: str, clients: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Per-round summary of the clients' release scores (``anon-*`` metrics)."""
-    scored = [c for c in clients if any(k.startswith("anon-") for k in c)]
-    if not scored:
-        return None
-    keys = sorted({k for c in scored for k in c if k.startswith("anon-")})
-    per = {str(c["partition-id"]): {k[5:]: c[k] for k in keys if k in c} for c in scored}
-    mean = {k[5:]: sum(c[k] for c in scored if k in c) / sum(1 for c in scored if k in c)
-            for k in keys}
-    worst = {k[5:]: max(c[k] for c in scored if k in c) for k in keys}
-    return {"anonymizer": name, "mean": mean, "max": worst, "clients": per}
+class AnonymizationLog:
+    """The clients' release scores (``anon-*`` metrics), kept per client across rounds.
+
+    A client's release is fixed for the run, so its scores do not change; the summary
+    averages over every client that has reported, not just this round's sample.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scores: dict[int, dict[str, float]] = {}
+
+    def add(self, clients: list[dict[str, Any]]) -> list[int]:
+        """Fold in replies; return the partition ids that reported scores."""
+        seen = []
+        for c in clients:
+            scores = {k[5:]: float(v) for k, v in c.items() if k.startswith("anon-")}
+            if scores:
+                self.scores[int(c["partition-id"])] = scores
+                seen.append(int(c["partition-id"]))
+        return seen
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.scores:
+            return None
+        keys = sorted({k for s in self.scores.values() for k in s})
+        mean = {k: sum(s[k] for s in self.scores.values() if k in s)
+                / sum(1 for s in self.scores.values() if k in s) for k in keys}
+        worst = {k: max(s[k] for s in self.scores.values() if k in s) for k in keys}
+        return {"anonymizer": self.name, "clients-scored": len(self.scores), "mean": mean,
+                "max": worst}
+
+    def entry(self, clients: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The ledger record of one round: this round's clients plus the running summary."""
+        seen = self.add(clients)
+        summary = self.summary()
+        if summary is None:
+            return None
+        return {**summary, "clients": {str(p): self.scores[p] for p in seen}}
 
 
 class PrivacyLog:
