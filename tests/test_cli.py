@@ -1,5 +1,7 @@
 """The command line: --help documents every key; bad input fails fast, before any process starts."""
 
+import uuid
+
 import psutil
 import pytest
 
@@ -9,13 +11,15 @@ from tasks.config import SCHEMA
 from .conftest import REPO, run_cli
 
 
-def _flower_processes():
-    names = ("flower-superlink", "flwr-simulation", "raylet", "gcs_server")
-    found = set()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(n in cmd for n in names):
-            found.add(p.pid)
+def _processes_with(marker: str) -> list[int]:
+    """Live processes that inherited ``marker`` in their environment (ours, however deep)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("FEDPRIV_TEST_MARKER") == marker:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
     return found
 
 
@@ -61,14 +65,15 @@ def test_keys_command_matches_reference():
     (["--set", "dp=central", "--set", "secure-aggregation=true"], "needs client-side clipping"),
 ])
 def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
-    before = _flower_processes()
-    res = run_cli("run", "--set", f"results-dir={tmp_path / 'results'}", *args, cwd=tmp_path)
+    marker = uuid.uuid4().hex
+    res = run_cli("run", "--set", f"results-dir={tmp_path / 'results'}", *args, cwd=tmp_path,
+                  env={"FEDPRIV_TEST_MARKER": marker})
     assert res.returncode == 2, res.stdout + res.stderr
     assert fragment in res.stderr
     assert res.stderr.startswith("fedpriv: error:")
     assert "Traceback" not in res.stderr
     assert "starting Flower SuperLink" not in res.stdout
-    assert _flower_processes() <= before
+    assert _processes_with(marker) == []  # nothing was left running
     results = tmp_path / "results"
     assert not results.exists() or not any(results.iterdir())  # no run folder was made
 

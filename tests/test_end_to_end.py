@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -17,6 +18,7 @@ from experiments.superlink import LocalSuperLink, flower_executable
 from server.results import read_metrics, read_run_info
 
 from .conftest import REPO, run_cli
+from .test_cli import _processes_with
 
 pytestmark = pytest.mark.slow
 SMALL = ["--set", "num-clients=3", "--set", "num-server-rounds=2"]
@@ -131,14 +133,10 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
 
 def test_real_supernodes_on_loopback(tmp_path, results):
     """The same apps on a deployment-mode SuperLink with two real flower-supernode processes."""
-    def flower_pids():
-        return {p.pid for p in psutil.process_iter(["cmdline"])
-                if any(n in " ".join(p.info["cmdline"] or []) for n in
-                       ("flower-supernode", "flower-superlink", "flower-superexec"))}
-
-    before = flower_pids()
+    marker = uuid.uuid4().hex
     res = run_cli("run", "--supernodes", "--set", "num-clients=2", "--set", "num-server-rounds=1",
-                  "--set", f"results-dir={results}", cwd=tmp_path)
+                  "--set", f"results-dir={results}", cwd=tmp_path,
+                  env={"FEDPRIV_TEST_MARKER": marker})
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 real SuperNodes on loopback" in res.stdout
     run = _only_run(results)
@@ -147,4 +145,4 @@ def test_real_supernodes_on_loopback(tmp_path, results):
     (record,) = read_metrics(run)
     assert record["sampled"] == [0, 1] and record["test"]["accuracy"] > 0.5
     time.sleep(2)  # SuperExec processes notice their parent is gone within a second
-    assert flower_pids() <= before
+    assert _processes_with(marker) == []
