@@ -82,27 +82,46 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
+def _short(label: str) -> str:
+    """'anonymizer=ksame, k=10' -> 'k=10' (the anonymizer is shown by colour)."""
+    parts = [p for p in label.split(", ") if not p.startswith("anonymizer=")]
+    return ", ".join(p.replace("density-classwise=True", "classwise")
+                     .replace("ksame-classwise=True", "classwise") for p in parts)
+
+
 def _anonymization_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
+    from matplotlib import colormaps
+
     rows = [(c, c.result.get("anonymization") or {}) for c in cells if c.result.get("final")]
     rows = [(c, a) for c, a in rows if a]
+    names = sorted({a["anonymizer"] for _, a in rows})
+    colour = {n: colormaps["tab20"](i % 20) for i, n in enumerate(names)}
     for key, fname, xlabel in (
             ("reid-top1", "reid_accuracy.png", "re-identification, top-1 (mean over clients)"),
             ("mia-auc", "mia_accuracy.png", "membership-inference AUC (mean over clients)")):
-        pts = [(a["mean"][key], c.result["final"]["accuracy"], c.label) for c, a in rows
-               if a.get("mean", {}).get(key) is not None]
+        pts = [(a["mean"][key], c.result["final"]["accuracy"], c.label, a["anonymizer"])
+               for c, a in rows if a.get("mean", {}).get(key) is not None]
         if not pts:
             continue
-        fig = Figure(figsize=(6.8, 4.6))
+        fig = Figure(figsize=(7.2, 4.8))
         ax = fig.subplots()
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:blue", s=18)
-        for x, y, label in pts:
-            ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        for n in names:
+            mine = [p for p in pts if p[3] == n]
+            if mine:
+                ax.scatter([p[0] for p in mine], [p[1] for p in mine], color=colour[n], s=22,
+                           label=n, zorder=3)
         front = [pts[i] for i in pareto_front([(p[0], p[1]) for p in pts])]
-        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:red",
-                label="Pareto front (private and accurate)")
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black",
+                lw=0.8, label="Pareto front", zorder=2)
+        for x, y, label, _ in front:
+            if _short(label):
+                ax.annotate(_short(label), (x, y), fontsize=6, xytext=(3, -8),
+                            textcoords="offset points")
+        if key == "reid-top1":
+            ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("final test accuracy (real test embeddings)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_title(f"accuracy vs {key} — sweep {name}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncols=2, loc="lower right")
+        ax.set_title(f"accuracy vs {key} — sweep {name} (lower x = more private)", fontsize=10)
         fig.savefig(out / fname, dpi=110, bbox_inches="tight")
