@@ -15,8 +15,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating $VENV ..."
   "$PY" -m venv "$VENV"
 fi
-stamp="$VENV/.fedpriv-$(sha256sum pyproject.toml | cut -c1-16)${EXTRA:+-$EXTRA}"
-if [ ! -f "$stamp" ]; then
+hash=$(sha256sum pyproject.toml | cut -c1-16)
+stamp="$VENV/.fedpriv-$hash${EXTRA:+-$EXTRA}"
+# A dev install already has everything the plain one needs.
+if [ ! -f "$stamp" ] && { [ -n "$EXTRA" ] || [ ! -f "$VENV/.fedpriv-$hash-dev" ]; }; then
   echo "installing fedpriv${EXTRA:+[$EXTRA]} and its dependencies into $VENV (torch is large: a few minutes) ..."
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -e ".${EXTRA:+[$EXTRA]}"
