@@ -223,4 +223,6 @@ def evaluate_local(msg: Message, context: Context) -> Message:
                          resolve_device(str(cfg["device"])))
     metrics = MetricRecord({"num-examples": len(data), "partition-id": pid,
                             "eval-loss": loss, "eval-accuracy": acc})
+    if cfg["dp"] == "central":
+        metrics["dp-weight"] = 1  # the key the DP-FedAvg strategy weights every reply by
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

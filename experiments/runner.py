@@ -97,9 +97,10 @@ def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Pa
         info = read_run_info(run_dir)
         if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
             RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
+    wall_s = time.perf_counter() - t0  # the run itself, not the scatter plot below
     if status == "finished" and cfg.get("anonymizer", "none") != "none":
         from .release_plot import plot_in_child
 
         if plot_in_child(run_dir):
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")
-    return RunOutcome(run_dir, status, error, read_run_info(run_dir), time.perf_counter() - t0)
+    return RunOutcome(run_dir, status, error, read_run_info(run_dir), wall_s)

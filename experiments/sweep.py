@@ -201,8 +201,8 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                     print(f"  cell {c.index} crashed: {c.error}")
                     continue
                 c.status, c.error = res.status, res.error
-                c.result = {**run_outcome(read_metrics(c.run_dir)),
-                            "rounds": len(read_metrics(c.run_dir)), "wall-s": res.wall_s,
+                ledger = read_metrics(c.run_dir)
+                c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
                             "target-reached-round": res.info.get("target-reached-round", ""),
                             "privacy": res.info.get("privacy", {}),
                             "anonymization": res.info.get("anonymization")}

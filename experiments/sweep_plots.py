@@ -17,8 +17,8 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     """accuracy_vs_round, final_accuracy and, when cells used DP, privacy_accuracy and
     epsilon_vs_round."""
     out.mkdir(parents=True, exist_ok=True)
-    ledgers = {c.label: read_metrics(c.run_dir) for c in cells
-               if c.run_dir and read_metrics(c.run_dir)}
+    ledgers = {c.label: ledger for c in cells
+               if c.run_dir and (ledger := read_metrics(c.run_dir))}
     line_plot(out / "accuracy_vs_round.png",
               {k: ([r["round"] for r in v], [r["test"]["accuracy"] for r in v])
                for k, v in ledgers.items()},

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from privacy.anonymizers import public_transform
 from strategies import Observed, RoundLog, build_strategy
-from strategies.central_dp import CentralAccountant, PrivacyBudgetReached
+from strategies.central_dp import CentralAccountant, CentralDP, PrivacyBudgetReached
 from strategies.observed import short_reason
 from strategies.secure import SecureRounds
 from tasks.config import validate
@@ -50,15 +50,24 @@ def _now() -> str:
     return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+def _weighted_mean(clients: list[dict[str, Any]], key: str) -> float | None:
+    """Example-weighted mean of one client metric over the clients that reported it."""
+    pairs = [(int(c["num-examples"]), float(c[key])) for c in clients if key in c]
+    total = sum(w for w, _ in pairs)
+    return sum(w * v for w, v in pairs) / total if total else None
+
+
 def _train_summary(log: RoundLog) -> dict[str, Any]:
-    """Example-weighted train loss/accuracy over the clients that trained this round."""
-    examples = sum(int(c.get("num-examples", 0)) for c in log.clients)
-    out: dict[str, Any] = {"num-examples": examples, "clients": len(log.clients)}
+    """Example-weighted train loss/accuracy over the clients that trained this round.
+
+    Computed from the per-client metrics rather than taken from the strategy, because
+    central DP aggregates with equal weights and SecAgg+ reports no metrics at all.
+    """
+    out: dict[str, Any] = {"num-examples": sum(int(c.get("num-examples", 0)) for c in log.clients),
+                           "clients": len(log.clients)}
     for key in ("loss", "accuracy"):
-        pairs = [(int(c["num-examples"]), float(c[f"train-{key}"])) for c in log.clients
-                 if f"train-{key}" in c]
-        if pairs and sum(w for w, _ in pairs):
-            out[key] = sum(w * v for w, v in pairs) / sum(w for w, _ in pairs)
+        if (value := _weighted_mean(log.clients, f"train-{key}")) is not None:
+            out[key] = value
     return out
 
 
@@ -114,14 +123,13 @@ class RunRecorder:
         anon = self.anonymization.entry(log.clients)
         if anon is not None:
             record["anonymization"] = anon
-            self.info["anonymization"] = self.anonymization.summary()
+            self.info["anonymization"] = {k: v for k, v in anon.items() if k != "clients"}
         if log.skipped:
             record["skipped"] = log.skipped
         if log.evaluated:
-            n = sum(int(c["num-examples"]) for c in log.evaluated)
             record["client-eval"] = {
-                "loss": sum(c["eval-loss"] * c["num-examples"] for c in log.evaluated) / n,
-                "accuracy": sum(c["eval-accuracy"] * c["num-examples"] for c in log.evaluated) / n,
+                "loss": _weighted_mean(log.evaluated, "eval-loss"),
+                "accuracy": _weighted_mean(log.evaluated, "eval-accuracy"),
                 "clients": log.evaluated,
             }
         self.run.append_metrics(record)
@@ -177,9 +185,9 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
     info.update({"dataset": data.summary(), "dataset-source": data.source, "model": model_name,
                  "parameters": count_parameters(model)})
     if cfg["features"] == "embeddings":
-        from tasks.embeddings import backbone_spec, load_backbone
+        from tasks.embeddings import backbone_info, backbone_spec
 
-        info["backbone"] = load_backbone(backbone_spec(cfg))[1]
+        info["backbone"] = backbone_info(backbone_spec(cfg))
         say(f"features: {info['backbone'].get('embedding-dim')}-d embeddings from a frozen "
             f"{info['backbone'].get('backbone')} trained on {info['backbone'].get('trained-on')}")
     say(f"data: {data.summary()}")
@@ -207,6 +215,7 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
     if cfg["anonymizer"] == "cvae-federated":
         info["cvae-phase"] = run_cvae_phase(grid, cfg, partition_of, int(test.x.shape[1]),
                                             data.num_classes, run)
+    central: CentralAccountant | None = None
     if cfg["secure-aggregation"]:
         central = CentralAccountant(cfg, n_clients) if cfg["dp"] == "central" else None
         max_weight = 1.0 if cfg["dp"] == "central" else float(max(sizes))
@@ -218,9 +227,12 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
             "clipping-range": cfg["secagg-clipping-range"],
             "quantization-range": cfg["secagg-quantization-range"]}
     else:
-        rounds = Observed(build_strategy(cfg, n_clients), int(cfg["seed"]), partition_of)
+        strategy = build_strategy(cfg, n_clients)
+        if isinstance(strategy, CentralDP):
+            central = strategy.privacy
+        rounds = Observed(strategy, int(cfg["seed"]), partition_of)
         info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True}
-    privacy = PrivacyLog(cfg, rounds, n_clients)
+    privacy = PrivacyLog(cfg, central, n_clients)
     anonymization = AnonymizationLog(str(cfg["anonymizer"]))
     if "cvae-phase" in info:  # every client scored its release when it sampled it
         anonymization.add(info["cvae-phase"]["clients"])

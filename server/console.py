@@ -21,12 +21,12 @@ def table_header(with_epsilon: bool = False) -> str:
 
 
 def table_row(rnd: int, test: dict, train: dict | None, clients: str, seconds: float | None,
-              epsilon: float | None | bool = None) -> str:
-    """One progress line; ``epsilon`` (if not None/False) adds the privacy column."""
+              epsilon: float | None = None) -> str:
+    """One progress line; ``epsilon`` (if not None) adds the privacy column."""
     train_loss = f"{train['loss']:.4f}" if train and "loss" in train else "-"
     secs = f"{seconds:.2f}s" if seconds is not None else "-"
     row = (f"{rnd:>5} | {test['accuracy']:>8.4f} | {test['loss']:>9.4f} | {train_loss:>10} | "
            f"{clients:>7} | {secs:>7}")
-    if epsilon is not None and epsilon is not False:
+    if epsilon is not None:
         row += f" | {float(epsilon):>8.3f}"
     return row

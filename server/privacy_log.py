@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from strategies import RoundLog
-from strategies.central_dp import CentralDP
+from strategies.central_dp import CentralAccountant
 
 
 def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
@@ -74,17 +74,15 @@ class AnonymizationLog:
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 
-    def __init__(self, cfg: Mapping[str, Any], strategy: Any, num_clients: int) -> None:
+    def __init__(self, cfg: Mapping[str, Any], central: CentralAccountant | None,
+                 num_clients: int) -> None:
         self.mode = str(cfg["dp"])
         self.target = float(cfg["target-epsilon"])
         self.num_clients = num_clients
-        inner = getattr(strategy, "inner", None)
-        self.central = (inner.privacy if isinstance(inner, CentralDP)
-                        else getattr(strategy, "central", None))
+        self.central = central
         self.epsilon: dict[int, float] = {}
         self.delta: dict[int, float] = {}
         self.exhausted: dict[int, int] = {}  # partition id -> round it first declined
-        self.secure = bool(cfg["secure-aggregation"])
 
     @property
     def enabled(self) -> bool:
@@ -102,13 +100,8 @@ class PrivacyLog:
                 self.delta[c["partition-id"]] = float(c["delta"])
         for c in log.skipped:
             self.exhausted.setdefault(c["partition-id"], rnd)
-        spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
         return {
-            "mode": "local",
-            "epsilon-max": max(spent),
-            "epsilon-mean": sum(spent) / len(spent),
-            "delta-max": max(self.delta.values(), default=0.0),
-            "target-epsilon": self.target,
+            **self._spent(),
             "epsilon": {str(p): e for p, e in sorted(self.epsilon.items())},
             "skipped": [c["partition-id"] for c in log.skipped],
             "exhausted": sorted(self.exhausted),
@@ -123,9 +116,11 @@ class PrivacyLog:
             return self.central.describe()
         if self.mode != "local":
             return {"mode": "none"}
+        return {**self._spent(), "clients-out-of-budget": len(self.exhausted),
+                "first-out-of-budget-round": min(self.exhausted.values(), default=None)}
+
+    def _spent(self) -> dict[str, Any]:
+        """Max and mean over all clients (a client never sampled has spent 0)."""
         spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
-        first = min(self.exhausted.values(), default=None)
         return {"mode": "local", "epsilon-max": max(spent), "epsilon-mean": sum(spent) / len(spent),
-                "delta-max": max(self.delta.values(), default=0.0),
-                "target-epsilon": self.target, "clients-out-of-budget": len(self.exhausted),
-                "first-out-of-budget-round": first}
+                "delta-max": max(self.delta.values(), default=0.0), "target-epsilon": self.target}

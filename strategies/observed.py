@@ -92,7 +92,6 @@ class RoundLog:
     failures: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)  # e.g. DP budget exhausted
     evaluated: list[dict[str, Any]] = field(default_factory=list)
-    aggregated: dict[str, float] = field(default_factory=dict)
 
 
 def _metrics_of(msg: Message) -> dict[str, Any]:
@@ -156,7 +155,6 @@ class Observed(Strategy):
             raise RoundFailed(f"round {server_round}: all {len(failures)} sampled clients "
                               f"failed. First errors: {reasons}")
         arrays, metrics = self.inner.aggregate_train(server_round, ok)
-        log.aggregated = dict(metrics) if metrics is not None else {}
         log.train_done = time.perf_counter()
         return arrays, metrics
 

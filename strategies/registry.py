@@ -23,12 +23,16 @@ AVERAGED_METRICS = ("train-loss", "train-accuracy", "eval-loss", "eval-accuracy"
 
 
 def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
-    """Example-weighted mean of the loss/accuracy metrics in client replies."""
+    """Example-weighted mean of the loss/accuracy metrics in client replies.
+
+    Always weighted by ``num-examples``, whatever key weights the model average: under
+    central DP the models are averaged with equal weights, the metrics still per example.
+    """
     totals: dict[str, float] = {}
     weight_sum = 0.0
     for record in records:
         metrics = next(iter(record.metric_records.values()))
-        w = float(metrics[weight_key])
+        w = float(metrics[WEIGHT_KEY])
         weight_sum += w
         for key in AVERAGED_METRICS:
             if key in metrics:

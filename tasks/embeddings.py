@@ -47,26 +47,39 @@ class BackboneSpec:
     public_fraction: float
     epochs: int
     weights: str  # path of a weights file, or ""
+    trained_on: str = ""  # fingerprint of the images the backbone learns from
 
     def key(self) -> str:
         extra = _file_digest(self.weights) if self.weights else ""
         text = json.dumps([*self.dataset[:2], self.arch, self.dim, self.data,
-                           self.public_fraction, self.epochs, extra])
+                           self.public_fraction, self.epochs, extra, self.trained_on])
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
+    st = os.stat(path)
+    return _digest(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, mtime_ns: int, size: int) -> str:
+    """SHA-256 of a file, computed once per process for each (path, mtime, size)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _fingerprint(data: DatasetBundle) -> str:
+    """Which training set was actually loaded: e.g. the embedded MNIST subset or the full one."""
+    labels = hashlib.sha256(np.ascontiguousarray(data.y_train).tobytes()).hexdigest()[:16]
+    return f"{data.source}|{len(data.y_train)}|{labels}"
 
 
 def backbone_spec(cfg: Mapping[str, Any]) -> BackboneSpec:
     weights = str(cfg["backbone-weights"])
     arch = str(cfg["backbone"])
-    raw = load_dataset(str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]))
+    dataset = (str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]))
+    raw = load_dataset(*dataset)
+    dataset = (raw.name, *dataset[1:])
     if arch == "auto":
         arch = "resnet18" if weights or raw.input_shape[-1] >= 32 else "cnn"
     if raw.kind != "image":
@@ -81,11 +94,12 @@ def backbone_spec(cfg: Mapping[str, Any]) -> BackboneSpec:
         if arch != "resnet18":
             raise ConfigError(f"backbone-weights is read as a torchvision ResNet-18; backbone = "
                               f"{arch!r} cannot load it. Use backbone = 'resnet18' or 'auto'.")
-        return BackboneSpec((raw.name, str(cfg["data-dir"]), False), arch, 512, "weights", 0.0,
-                            0, str(path.resolve()))
-    return BackboneSpec((raw.name, str(cfg["data-dir"]), bool(cfg["download"])), arch,
-                        int(cfg["embedding-dim"]), str(cfg["backbone-data"]),
-                        float(cfg["public-fraction"]), int(cfg["backbone-epochs"]), "")
+        return BackboneSpec(dataset, arch, 512, "weights", 0.0, 0, str(path.resolve()))
+    source = str(cfg["backbone-data"])
+    learns_from = raw if source == "public-split" else load_dataset(source, *dataset[1:])
+    return BackboneSpec(dataset, arch, int(cfg["embedding-dim"]), source,
+                        float(cfg["public-fraction"]), int(cfg["backbone-epochs"]), "",
+                        _fingerprint(learns_from))
 
 
 # --------------------------------------------------------------------------- backbones
@@ -156,11 +170,10 @@ def _progress(text: str) -> None:
     print(f"[fedpriv] {text}", file=sys.stderr, flush=True)
 
 
-def _train_backbone(spec: BackboneSpec, data: DatasetBundle) -> tuple[nn.Module, dict]:
+def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, dict]:
     """Train an EmbeddingNet on data no client holds; return it with a description."""
     from .training import evaluate, make_loader, sgd, train_epochs
 
-    raw = load_dataset(*spec.dataset)
     if spec.data == "public-split":
         if spec.public_fraction <= 0:
             raise ConfigError("backbone-data = 'public-split' needs public-fraction > 0 (the "
@@ -170,7 +183,7 @@ def _train_backbone(spec: BackboneSpec, data: DatasetBundle) -> tuple[nn.Module,
                             raw.x_test, raw.y_test, raw.num_classes, raw.kind, raw.mean, raw.std)
         where = f"the public {spec.public_fraction:.0%} split of {raw.name} ({mask.sum():,} images)"
     else:
-        pub = load_dataset(spec.data, spec.dataset[1], False)
+        pub = load_dataset(spec.data, *spec.dataset[1:])
         if pub.input_shape != raw.input_shape:
             raise ConfigError(f"backbone-data = {spec.data!r} has inputs {pub.input_shape}, but "
                               f"{raw.name} has {raw.input_shape}; pick a dataset of the same "
@@ -188,10 +201,29 @@ def _train_backbone(spec: BackboneSpec, data: DatasetBundle) -> tuple[nn.Module,
     info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
             "public-train-accuracy": res.accuracy if spec.epochs else None}
     if pub.name == raw.name:
-        _, acc = evaluate(net, data.to_tensor(data.x_test), torch.from_numpy(data.y_test), 512,
+        _, acc = evaluate(net, raw.to_tensor(raw.x_test), torch.from_numpy(raw.y_test), 512,
                           torch.device("cpu"))
         info["public-model-test-accuracy"] = acc
     return net, info
+
+
+def _cache_path(spec: BackboneSpec) -> Path:
+    return cache_dir() / "backbones" / f"{spec.key()}.pt"
+
+
+def _weights_info(spec: BackboneSpec) -> dict:
+    return {"backbone": "torchvision resnet18", "embedding-dim": 512, "weights": spec.weights,
+            "trained-on": "the weights file's data"}
+
+
+def backbone_info(spec: BackboneSpec) -> dict:
+    """What the backbone is and what it was trained on, without loading it when cached."""
+    if spec.weights:
+        return _weights_info(spec)
+    sidecar = _cache_path(spec).with_suffix(".json")
+    if sidecar.is_file():
+        return json.loads(sidecar.read_text())
+    return load_backbone(spec)[1]
 
 
 @functools.lru_cache(maxsize=2)
@@ -199,10 +231,8 @@ def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
     """The frozen backbone for a spec: from the cache, a weights file, or trained now."""
     raw = load_dataset(*spec.dataset)
     if spec.weights:
-        net = TorchvisionResNet18(spec.weights, raw).eval()
-        return net, {"backbone": "torchvision resnet18", "embedding-dim": 512,
-                     "weights": spec.weights, "trained-on": "the weights file's data"}
-    path = cache_dir() / "backbones" / f"{spec.key()}.pt"
+        return TorchvisionResNet18(spec.weights, raw).eval(), _weights_info(spec)
+    path = _cache_path(spec)
     if path.is_file():
         saved = torch.load(path, map_location="cpu", weights_only=False)
         net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, saved["classes"])
@@ -215,6 +245,9 @@ def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
         torch.save({"state": net.state_dict(), "classes": net.head.out_features, "info": info},
                    tmp)
         os.replace(tmp, path)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.json")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, path.with_suffix(".json"))
     except OSError:
         pass
     return net, info

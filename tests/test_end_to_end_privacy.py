@@ -87,13 +87,18 @@ def test_central_dp_accounting_and_max_epsilon_stop(tmp_path, results):
     res = run_cli("run", "--set", "num-clients=4", "--set", "fraction-train=0.5",
                   "--set", "num-server-rounds=3", "--set", "dp=central",
                   "--set", "noise-multiplier=1.0", "--set", "clipping-norm=0.5",
-                  "--set", f"max-epsilon={(eps[1] + eps[2]) / 2}",
+                  "--set", f"max-epsilon={(eps[1] + eps[2]) / 2}", "--set", "fraction-evaluate=0.5",
                   "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run = _only_run(results)
     records = read_metrics(run)
     assert [r["privacy"]["epsilon"] for r in records] == pytest.approx(eps[:2])
     assert all(r["privacy"]["sampled"] == 2 for r in records)
+    for r in records:  # client evaluation works under the DP wrapper, weighted per example
+        evals = r["client-eval"]["clients"]
+        assert len(evals) == 2 and r["client-eval"]["accuracy"] == pytest.approx(
+            sum(c["eval-accuracy"] * c["num-examples"] for c in evals)
+            / sum(c["num-examples"] for c in evals))
     info = read_run_info(run)
     assert info["status"] == "finished" and "max-epsilon" in info["stopped-early"]
     assert "server still sees raw updates" in (run / "summary.md").read_text()

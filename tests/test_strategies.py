@@ -88,6 +88,9 @@ def test_weighted_metrics_average_only_loss_and_accuracy():
             RecordDict({"m": MetricRecord({"num-examples": 3, "train-loss": 3.0,
                                            "partition-id": 7})})]
     assert dict(weighted_metrics(recs, "num-examples")) == {"train-loss": 2.5}
+    for r in recs:  # central DP averages models by dp-weight; metrics stay per example
+        next(iter(r.metric_records.values()))["dp-weight"] = 1
+    assert dict(weighted_metrics(recs, "dp-weight")) == {"train-loss": 2.5}
 
 
 def _train_messages(observed, grid, rnd=1):
