@@ -49,9 +49,6 @@ class Released:
     scores: dict[str, Any]
     info: dict[str, Any]
 
-    def __len__(self) -> int:
-        return len(self.y)
-
     def metrics(self) -> dict[str, float]:
         """Scores as flat numeric metrics for a Flower MetricRecord (prefix ``anon-``)."""
         out = {f"anon-{k}": float(v) for k, v in self.scores.items()

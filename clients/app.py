@@ -195,12 +195,12 @@ def _train_legacy(msg: Message, context: Context) -> Message:
     arrays = parameters_to_ndarrays(fitins.parameters)
     state = {k: torch.from_numpy(np.array(a)) for k, a in zip(names, arrays, strict=True)}
     new_state, metrics = local_update(context, state, fitins.config)
-    if new_state is None:
-        raise RuntimeError(f"client {metrics['partition-id']} has spent its privacy budget "
-                           f"(epsilon {metrics['epsilon']:.3f}) and drops out of this round")
-    weight = 1 if cfg["dp"] == "central" else int(metrics["num-examples"])
-    fitres = FitRes(Status(Code.OK, ""),
-                    ndarrays_to_parameters([new_state[k].numpy() for k in names]), weight,
+    if new_state is None:  # out of budget: weight 0 adds nothing to the secure sum
+        weight, reply = 0, arrays
+    else:
+        weight = 1 if cfg["dp"] == "central" else int(metrics["num-examples"])
+        reply = [new_state[k].numpy() for k in names]
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(reply), weight,
                     {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 

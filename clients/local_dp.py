@@ -81,7 +81,6 @@ class DPRound:
     ledger: ClientLedger
     result: TrainResult | None
     model: torch.nn.Module | None
-    mode: str = ""
 
     def metrics(self) -> dict[str, Any]:
         out = {"epsilon": self.ledger.epsilon(), "delta": self.ledger.delta,
@@ -122,4 +121,4 @@ def dp_round(cfg: Mapping[str, Any], context: Context, model: torch.nn.Module,
                            f"({ledger.noise_multiplier}, {ledger.sample_rate})")
     ledger.record(planned)
     save_ledger(context, ledger)
-    return DPRound(ledger, result, private.module(), private.mode)
+    return DPRound(ledger, result, private.module())

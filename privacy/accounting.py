@@ -29,17 +29,6 @@ class BudgetTooSmall(ValueError):
     """No noise multiplier reaches the target epsilon for the planned steps."""
 
 
-def make_accountant(name: str):
-    """A fresh Opacus accountant by name."""
-    from opacus.accountants import PRVAccountant, RDPAccountant
-
-    if name == "rdp":
-        return RDPAccountant()
-    if name == "prv":
-        return PRVAccountant()
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
-
-
 def merge(history: Iterable[Entry]) -> tuple[Entry, ...]:
     """Sum the steps of consecutive entries with the same (sigma, q), as Opacus does."""
     out: list[list[Any]] = []
@@ -55,7 +44,9 @@ def merge(history: Iterable[Entry]) -> tuple[Entry, ...]:
 def _epsilon(history: tuple[Entry, ...], delta: float, accountant: str) -> float:
     if not history:
         return 0.0
-    acc = make_accountant(accountant)
+    from opacus.accountants import create_accountant
+
+    acc = create_accountant(accountant)
     acc.history = [tuple(e) for e in history]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
@@ -93,10 +84,15 @@ def auto_delta(num_records: int) -> float:
     return 1.0 / (10 * num_records)
 
 
+def clients_per_round(num_clients: int, fraction: float, min_clients: int) -> int:
+    """How many clients Flower's strategies sample each round (their own formula)."""
+    return min(max(int(num_clients * fraction), min_clients), num_clients)
+
+
 def planned_rounds(num_rounds: int, fraction: float, min_clients: int,
                    num_clients: int) -> int:
     """Rounds a client expects to train in, given how many clients Flower samples per round."""
-    per_round = min(max(int(num_clients * fraction), min_clients), num_clients)
+    per_round = clients_per_round(num_clients, fraction, min_clients)
     return max(1, math.ceil(num_rounds * per_round / num_clients))
 
 

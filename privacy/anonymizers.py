@@ -44,6 +44,7 @@ import numpy as np
 
 from tasks.config import ANONYMIZERS
 
+from .accounting import auto_delta
 from .distances import sq_dists
 from .mechanisms import gaussian_sigma
 
@@ -299,7 +300,7 @@ def anonymize(name: str, x: np.ndarray, y: np.ndarray, params: Mapping[str, Any]
                        float(params["density-noise"]), rng)
     if name == "gaussian":
         return gaussian_noise(x, y, float(params["noise-epsilon"]),
-                              float(params["noise-delta"]) or 1.0 / (10 * len(x)),
+                              float(params["noise-delta"]) or auto_delta(len(x)),
                               float(params["noise-clip"]), rng)
     if name == "laplace":
         return laplace_noise(x, y, float(params["noise-epsilon"]), float(params["noise-clip"]),

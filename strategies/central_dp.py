@@ -40,6 +40,8 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
+from privacy.accounting import auto_delta, clients_per_round
+
 DP_WEIGHT_KEY = "dp-weight"
 
 
@@ -48,13 +50,14 @@ class PrivacyBudgetReached(RuntimeError):
 
 
 def central_delta(cfg: Mapping[str, Any], num_clients: int) -> float:
-    return float(cfg["delta"]) or 1.0 / (10 * num_clients)
+    """The configured delta, or 1 / (10 N) over the N clients (the unit of privacy here)."""
+    return float(cfg["delta"]) or auto_delta(num_clients)
 
 
 def sampled_per_round(cfg: Mapping[str, Any], num_clients: int) -> int:
-    """How many clients Flower's FedAvg samples each round (its own formula)."""
-    return min(max(int(num_clients * float(cfg["fraction-train"])),
-                   int(cfg["min-train-clients"])), num_clients)
+    """How many clients Flower's FedAvg samples each round."""
+    return clients_per_round(num_clients, float(cfg["fraction-train"]),
+                             int(cfg["min-train-clients"]))
 
 
 def adaptive_count_stddev_ok(noise_multiplier: float, sampled: int) -> bool:

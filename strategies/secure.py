@@ -32,7 +32,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from .central_dp import CentralAccountant
+from .central_dp import CentralAccountant, sampled_per_round
 from .observed import RoundLog, sampling_seed
 
 
@@ -51,8 +51,7 @@ class SecureRounds:
         self.partition_of = dict(partition_of)
         self.central = central
         n = len(self.partition_of)
-        self.per_round = min(max(int(n * float(cfg["fraction-train"])),
-                                 int(cfg["min-train-clients"])), n)
+        self.per_round = sampled_per_round(cfg, n)
         self.workflow = SecAggPlusWorkflow(
             num_shares=int(cfg["secagg-num-shares"]),
             reconstruction_threshold=int(cfg["secagg-reconstruction-threshold"]),
@@ -105,8 +104,13 @@ class SecureRounds:
         """Called by the legacy strategy with the unmasked average and per-client metrics."""
         log = self.current
         assert log is not None
-        log.clients = sorted(clients, key=lambda c: c.get("partition-id", -1))
+        replied = sorted(clients, key=lambda c: c.get("partition-id", -1))
+        # A local-DP client out of budget replied with weight 0: it is in no sum.
+        log.clients = [c for c in replied if not c.get("dp-skipped")]
+        log.skipped = [c for c in replied if c.get("dp-skipped")]
         log.failures = [{"partition-id": -1, "error": f} for f in failures]
+        if not log.clients:
+            return  # nobody trained (the workflow divided by a total weight of 0)
         if self.central is not None:
             if len(clients) != self.central.sampled:
                 return  # no under-noised release (see strategies.central_dp)

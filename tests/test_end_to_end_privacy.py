@@ -138,3 +138,32 @@ secure-aggregation = [false, true]
     central = read_metrics(out / rows[("central", "True")]["run-dir"])[0]
     assert central["privacy"]["releases"] == 1 and central["privacy"]["epsilon"] > 0
     assert all(c["update-norm"] > 0 for c in central["clients"])  # clipped on the client
+
+
+def test_secure_aggregation_records_clients_out_of_local_dp_budget(tmp_path, results):
+    # Seed 0 samples client 0 in all 4 rounds (2 of 3 a round); it planned for 3.
+    picks = [sorted(random.Random(sampling_seed(0, r, 0)).sample(range(3), 2))
+             for r in range(1, 5)]
+    assert all(0 in p for p in picks)
+    res = run_cli("run", "--set", "num-clients=3", "--set", "fraction-train=0.67",
+                  "--set", "num-server-rounds=4", "--set", "dp=local",
+                  "--set", "target-epsilon=2", "--set", "batch-size=64",
+                  "--set", "secure-aggregation=true", "--set", "seed=0",
+                  "--set", f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = _only_run(results)
+    records = read_metrics(run)
+    assert len(records) == 4 and read_run_info(run)["status"] == "finished"
+    for r, sampled in zip(records[:3], picks[:3], strict=True):
+        assert [c["partition-id"] for c in r["clients"]] == sampled and "skipped" not in r
+    last = records[3]
+    assert [c["partition-id"] for c in last["skipped"]] == [0]
+    assert [c["partition-id"] for c in last["clients"]] == [p for p in picks[3] if p != 0]
+    assert last["privacy"]["exhausted"] == [0] and not last["failures"]
+    # The skipped client spent nothing more; the other one kept training.
+    assert last["privacy"]["epsilon"]["0"] == records[2]["privacy"]["epsilon"]["0"] <= 2.0
+    assert last["test"]["accuracy"] > 0.1
+    info = read_run_info(run)
+    assert info["aggregation"]["protocol"] == "SecAgg+"
+    assert info["privacy"]["clients-out-of-budget"] == 1
+    assert "ran out of budget" in (run / "summary.md").read_text()
