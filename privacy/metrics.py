@@ -79,9 +79,9 @@ def linkage(records: np.ndarray, released: np.ndarray, top: tuple[int, ...] = (1
     """
     o = np.asarray(records, dtype=np.float64)
     r = np.asarray(released, dtype=np.float64)
-    nearest = np.empty(len(o), dtype=np.int64)
-    for sl in _chunks(len(o)):
-        nearest[sl] = _sq_dists(o[sl], r).argmin(1)
+    from sklearn.metrics import pairwise_distances_argmin  # slow to import: only when used
+
+    nearest = pairwise_distances_argmin(o, r)
     success = {k: np.zeros(len(o)) for k in top}
     for sl in _chunks(len(o)):
         rows = np.arange(len(o))[sl]
