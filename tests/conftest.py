@@ -62,6 +62,23 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
                           capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def only_run(results: Path) -> Path:
+    """The one run directory a single run wrote under ``results``."""
+    runs = [p for p in results.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def fresh_epsilon(history, delta: float, kind: str = "rdp") -> float:
+    """Epsilon of a fresh Opacus accountant (RDP or PRV) given a whole history of
+    (noise multiplier, sample rate, steps) entries: the reference the ledgers must match."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    acc = RDPAccountant() if kind == "rdp" else PRVAccountant()
+    acc.history = list(history)
+    return acc.get_epsilon(delta)
+
+
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     path = tmp_path / "results"

@@ -17,23 +17,17 @@ import pytest
 from experiments.superlink import LocalSuperLink, flower_executable
 from server.results import read_metrics, read_run_info
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, only_run, run_cli
 from .test_cli import _processes_with
 
 pytestmark = pytest.mark.slow
 SMALL = ["--set", "num-clients=3", "--set", "num-server-rounds=2"]
 
 
-def _only_run(results):
-    runs = [p for p in results.iterdir() if p.is_dir()]
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
 def test_cli_run_end_to_end(tmp_path, results):
     res = run_cli("run", *SMALL, "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    run = _only_run(results)
+    run = only_run(results)
     records = read_metrics(run)
     assert [r["round"] for r in records] == [1, 2]
     info = read_run_info(run)
@@ -73,7 +67,7 @@ partitioner = ["iid", "pathological"]
     # classes-per-client = 11 > 10 classes: the pathological cells fail their data check
     res = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr  # some cells failed
-    out = _only_run(results / "sweeps")
+    out = only_run(results / "sweeps")
     rows = list(csv.DictReader(open(out / "sweep.csv")))
     assert [r["status"] for r in rows] == ["finished", "invalid"] * 3
     assert "only 10 classes" in rows[1]["error"]
@@ -97,7 +91,7 @@ def test_flwr_run_native_uses_the_same_apps(tmp_path):
             env=link.env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    run = _only_run(results)
+    run = only_run(results)
     info = read_run_info(run)
     assert info["status"] == "finished"
     assert "the federation has 3 clients" in out  # num-clients=10 default, 3 supernodes
@@ -126,7 +120,7 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
     assert proc.returncode == 130, rest
     gone, alive = psutil.wait_procs(started, timeout=15)
     assert not alive, [p.cmdline() for p in alive]
-    run = _only_run(results)
+    run = only_run(results)
     assert read_run_info(run)["status"] == "interrupted"
     assert len(read_metrics(run)) >= 2
 
@@ -139,7 +133,7 @@ def test_real_supernodes_on_loopback(tmp_path, results):
                   env={"FEDPRIV_TEST_MARKER": marker})
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 real SuperNodes on loopback" in res.stdout
-    run = _only_run(results)
+    run = only_run(results)
     info = read_run_info(run)
     assert info["status"] == "finished" and info["num-clients"] == 2
     (record,) = read_metrics(run)

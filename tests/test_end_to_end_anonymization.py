@@ -9,8 +9,7 @@ import pytest
 
 from server.results import read_metrics, read_run_info
 
-from .conftest import run_cli
-from .test_end_to_end import _only_run
+from .conftest import only_run, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +41,7 @@ anonymizer = "identity"
 """)
     res = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    out = _only_run(results / "sweeps")
+    out = only_run(results / "sweeps")
     rows = {r["anonymizer"]: r for r in csv.DictReader(open(out / "sweep.csv"))}
     assert set(rows) == {"density", "ksame", "cvae", "cvae-federated", "identity"}
     for name, row in rows.items():

@@ -52,10 +52,44 @@ def test_analytic_gaussian_is_tight_and_below_classic(eps):
     assert _analytic_delta(sigma * 0.99, eps, 3.0) > 1e-5  # the smallest sigma that works
     if eps < 1:
         assert sigma < gaussian_sigma(eps, 1e-5, 3.0, method="classic")
+    # the same condition, computed here from its closed form (Balle & Wang 2018, Thm 8),
+    # up to floating-point rounding (measured: within 3e-15 relative)
+    assert _delta_closed_form(sigma, eps, 3.0) <= 1e-5 * (1 + 1e-9)
+    assert _delta_closed_form(0.999 * sigma, eps, 3.0) > 1e-5
+
+
+def _phi(t):
+    return 0.5 * math.erfc(-t / math.sqrt(2))  # accurate in the lower tail
+
+
+def _delta_closed_form(sigma, eps, sens):
+    """Phi(D/2s - e s/D) - e^e Phi(-D/2s - e s/D), independent of privacy.mechanisms."""
+    a, b = sens / (2 * sigma), eps * sigma / sens
+    return _phi(a - b) - math.exp(eps) * _phi(-a - b)
+
+
+def test_analytic_gaussian_matches_the_published_value():
+    # Balle & Wang's analytic Gaussian mechanism (2018): epsilon = 1, delta = 1e-5 and
+    # sensitivity 1 need sigma = 3.7306 (the closed form above gives delta(3.7306) =
+    # 1.00014e-5 > 1e-5 >= delta(3.7307) = 9.9970e-6)
+    sigma = gaussian_sigma(1.0, 1e-5)
+    assert sigma == pytest.approx(3.7306, abs=1e-4)
+    assert _delta_closed_form(3.7306, 1.0, 1.0) > 1e-5 >= _delta_closed_form(3.7307, 1.0, 1.0)
+    assert 3.7306 < sigma <= 3.7307
+    # classic bound at epsilon = 0.5 is sqrt(2 ln(1.25e5)) / 0.5 = 9.69; analytic is 7.03
+    assert gaussian_sigma(0.5, 1e-5) == pytest.approx(7.0318, abs=1e-4)
+    # and Google's dp-accounting (installed with Flower), an independent implementation
+    reference = pytest.importorskip("dp_accounting.gaussian_mechanism")
+    for eps in (0.1, 0.5, 1.0, 4.0):
+        assert gaussian_sigma(eps, 1e-5) == pytest.approx(
+            reference.get_sigma_gaussian(eps, 1e-5), rel=1e-6)
 
 
 def test_gaussian_noise_has_the_calibrated_std():
-    rel = gaussian_mechanism(np.zeros(N), sensitivity=1.0, epsilon=1.0, delta=1e-5, rng=3)
+    rel = gaussian_mechanism(np.zeros(N), sensitivity=2.0, epsilon=1.0, delta=1e-5, rng=3)
+    # sigma is proportional to the sensitivity: twice the unit-sensitivity sigma 3.7306
+    assert rel.scale == pytest.approx(2 * gaussian_sigma(1.0, 1e-5), rel=1e-9)
+    assert rel.scale == pytest.approx(7.4613, abs=1e-4)
     assert abs(np.std(rel.value) / rel.scale - 1) < 0.01
     assert abs(np.mean(rel.value)) < 4 * rel.scale / math.sqrt(N)
 

@@ -82,11 +82,19 @@ def test_client_split_matches_partition_and_histogram():
     assert split.x.shape == (len(parts[2]), 1, 28, 28)
 
 
-def test_partitions_are_cached_on_disk_by_content(tmp_path, monkeypatch):
+@pytest.fixture
+def cached_partitions():
+    """The in-process partition cache, empty before the test and emptied after it (even
+    when the test fails), so that no entry read from tmp_path reaches another test."""
     from tasks.partition import cached_partitions
 
-    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
     cached_partitions.cache_clear()
+    yield cached_partitions  # pytest runs the rest whether the test passed or failed
+    cached_partitions.cache_clear()
+
+
+def test_partitions_are_cached_on_disk_by_content(tmp_path, monkeypatch, cached_partitions):
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path))
     key = ("mnist", "", False)
     args = dict(scheme="iid", alpha=0.5, min_size=10, shards_per_client=2,
                 classes_per_client=2)
@@ -100,4 +108,3 @@ def test_partitions_are_cached_on_disk_by_content(tmp_path, monkeypatch):
     assert [len(p) for p in again] == [5] * 4
     cached_partitions(key, 4, seed=2, **args)  # another seed is another file
     assert len(list((tmp_path / "partitions").glob("*.npz"))) == 2
-    cached_partitions.cache_clear()
