@@ -17,43 +17,79 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
-from flwr.clientapp.mod import adaptiveclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update
 
 from privacy.anonymizers import public_transform
+from privacy.disclosure import policy
+from privacy.dpfedavg import CLIP_KEY, UNCLIPPED_KEY, clip
 from tasks.config import validate
 from tasks.models import model_for
 from tasks.splits import Split, client_split
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
-from .anonymized import federated_cvae_release, federated_cvae_round, released_data
+from .anonymized import (
+    federated_cvae_release,
+    federated_cvae_round,
+    holdout_split,
+    released_data,
+)
 from .local_dp import dp_round
 
+LEGACY_METRICS = "fitres.metrics"  # Flower's legacy FitRes layout (SecAgg+ rounds)
+LEGACY_NUM_EXAMPLES = "fitres.num_examples"
 
-def privacy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Route training messages through Flower's SecAgg+ and adaptive-clipping mods when needed.
 
-    ``secaggplus_mod`` handles only messages of a SecAgg+ round (they carry its configs
-    record); ``adaptiveclipping_mod`` only runs with ``dp = central`` and client-side
-    adaptive clipping. Everything else goes straight to the handlers.
+def disclosure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Send only what the run's disclosure policy allows (:mod:`privacy.disclosure`).
+
+    The outermost mod, so it sees every reply as it leaves the client: each MetricRecord
+    is filtered, and so are the metrics of the legacy FitRes layout SecAgg+ uses, whose
+    clear ``num_examples`` is zeroed when the record count is not to be disclosed (the
+    SecAgg+ weight itself travels masked, inside the secure sum).
     """
-    if msg.metadata.message_type != MessageType.TRAIN:
-        return call_next(msg, context)
-    if RECORD_KEY_CONFIGS in msg.content.config_records:
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    cfg = validate(context.run_config)
+    rule = policy(str(cfg["dp"]), bool(cfg["secure-aggregation"]),
+                  bool(cfg["report-client-metrics"]))
+    if not rule.restricted:
+        return reply
+    content = reply.content
+    for name, record in list(content.metric_records.items()):
+        if name == LEGACY_NUM_EXAMPLES:
+            if not rule.permits("num-examples"):
+                content.metric_records[name] = MetricRecord({"num_examples": 0})
+            continue
+        content.metric_records[name] = MetricRecord(rule.filter(record))
+    if LEGACY_METRICS in content.config_records:
+        content.config_records[LEGACY_METRICS] = ConfigRecord(
+            rule.filter(content.config_records[LEGACY_METRICS]))
+    return reply
+
+
+def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Route the messages of a SecAgg+ round (they carry its configs) through Flower's mod."""
+    if (msg.metadata.message_type == MessageType.TRAIN
+            and RECORD_KEY_CONFIGS in msg.content.config_records):
         from flwr.client.mod import secaggplus_mod
 
         return secaggplus_mod(msg, context, call_next)
-    cfg = context.run_config
-    if cfg.get("dp") == "central" and cfg.get("central-clipping") == "client-adaptive":
-        return adaptiveclipping_mod(msg, context, call_next)
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[privacy_mod])
+app = ClientApp(mods=[disclosure_mod, secagg_mod])
 
 
 def derive_seed(*parts: int) -> int:
@@ -73,14 +109,6 @@ def _model(cfg: dict, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
     model, _ = model_for(cfg)
     model.load_state_dict(state)
     return model
-
-
-def _clip_update(new: list[np.ndarray], old: list[np.ndarray], norm: float) -> float:
-    """Clip ``new - old`` to L2 ``norm`` in place (Flower's routine); return the norm before."""
-    before = float(np.sqrt(sum(float(np.sum((n - o) ** 2)) for n, o in
-                               zip(new, old, strict=True))))
-    compute_clip_model_update(param1=new, param2=old, clipping_norm=norm)
-    return before
 
 
 @app.query()
@@ -103,15 +131,37 @@ def describe(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
+def _training_data(cfg: Mapping[str, Any], context: Context, data: Split, pid: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """What this client trains on: its partition, or (with an anonymizer) its release —
+    or, with local DP and ``dp-train-data = original``, its original member records."""
+    if cfg["anonymizer"] == "none":
+        return data.x, data.y, {}
+    seed = derive_seed(int(cfg["seed"]), pid)
+    if cfg["anonymizer"] == "cvae-federated":  # sampled from the shared decoder (phase 1)
+        released = federated_cvae_release(cfg, context, data, seed)
+    else:
+        released = released_data(cfg, data, seed)
+    if cfg["dp"] == "local" and cfg["dp-train-data"] == "original":
+        members, _ = holdout_split(len(data.y), float(cfg["privacy-holdout"]), seed)
+        x = data.x[members]
+        transform = public_transform(str(cfg["anonymizer"]), cfg, int(x.shape[1]))
+        if transform is not None:  # the head reads e.g. hashed embeddings
+            x = torch.from_numpy(transform(x.numpy()))
+        return x, data.y[members], released.metrics()
+    return released.x, released.y, released.metrics()
+
+
 def local_update(context: Context, state: Mapping[str, torch.Tensor],
                  round_config: Mapping[str, Any]
                  ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """Train the global model received (``state``) on this client's data.
 
     Returns the new state dict (None when the client declines: its DP budget is spent)
-    and the metrics to report. With ``dp = "local"`` training is DP-SGD and the metrics
-    carry the client's cumulative epsilon; with ``dp = "central"`` and client-side fixed
-    clipping the update is clipped to the norm the server sent.
+    and the metrics to report (the disclosure mod decides which of them leave the
+    client). With ``dp = "local"`` training is DP-SGD and the metrics carry the client's
+    cumulative epsilon; with central DP and client-side clipping the update is clipped
+    to the norm the server sent.
     """
     cfg, pid, n_parts, data = _setup(context)
     server_round = int(round_config["server-round"])
@@ -120,19 +170,8 @@ def local_update(context: Context, state: Mapping[str, torch.Tensor],
     torch.manual_seed(seed)
 
     model = _model(cfg, state)
-    x, y = data.x, data.y
-    metrics: dict[str, Any] = {"partition-id": pid}
-    if cfg["anonymizer"] == "cvae-federated":  # sampled from the shared decoder (phase 1)
-        released = federated_cvae_release(cfg, context, data, derive_seed(int(cfg["seed"]), pid))
-        x, y = released.x, released.y
-        metrics.update(released.metrics())
-    elif cfg["anonymizer"] != "none":  # train on what this client releases, and score it
-        released = released_data(cfg, data, derive_seed(int(cfg["seed"]), pid))
-        x, y = released.x, released.y
-        metrics.update(released.metrics())
-    metrics["num-examples"] = len(y)
-    if cfg["dp"] == "central":
-        metrics["dp-weight"] = 1  # DP-FedAvg averages clipped updates with equal weights
+    x, y, release_scores = _training_data(cfg, context, data, pid)
+    metrics: dict[str, Any] = {"partition-id": pid, **release_scores, "num-examples": len(y)}
     start = time.perf_counter()
     if cfg["dp"] == "local":
         outcome = dp_round(cfg, context, model, x, y, n_parts, seed, device)
@@ -150,13 +189,15 @@ def local_update(context: Context, state: Mapping[str, torch.Tensor],
                     "train-steps": result.steps,
                     "train-time-s": time.perf_counter() - start})
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if (cfg["dp"] == "central" and cfg["central-clipping"] == "client-fixed"
-            and KEY_CLIPPING_NORM in round_config):
+    if cfg["dp"] == "central" and CLIP_KEY in round_config:  # client-side clipping
+        norm = float(round_config[CLIP_KEY])
         names = list(new_state)
-        new = [new_state[k].numpy().copy() for k in names]
-        metrics["update-norm"] = _clip_update(new, [state[k].cpu().numpy() for k in names],
-                                              float(round_config[KEY_CLIPPING_NORM]))
-        new_state = {k: torch.from_numpy(v) for k, v in zip(names, new, strict=True)}
+        old = [state[k].cpu().numpy() for k in names]
+        update, before = clip([new_state[k].numpy() - o for k, o in zip(names, old,
+                                                                       strict=True)], norm)
+        metrics.update({"update-norm": before, UNCLIPPED_KEY: int(before <= norm)})
+        new_state = {k: torch.from_numpy((o + u).astype(o.dtype))
+                     for k, o, u in zip(names, old, update, strict=True)}
     return new_state, metrics
 
 
@@ -195,11 +236,14 @@ def _train_legacy(msg: Message, context: Context) -> Message:
     arrays = parameters_to_ndarrays(fitins.parameters)
     state = {k: torch.from_numpy(np.array(a)) for k, a in zip(names, arrays, strict=True)}
     new_state, metrics = local_update(context, state, fitins.config)
+    # The update (not the new weights) goes into the secure sum: its values are small, so
+    # SecAgg+'s [-r, r] range quantizes them finely, and clipping to [-r, r] never moves a
+    # zero, which keeps central DP's sensitivity bound (strategies.secure).
     if new_state is None:  # out of budget: weight 0 adds nothing to the secure sum
-        weight, reply = 0, arrays
+        weight, reply = 0, [np.zeros_like(a) for a in arrays]
     else:
         weight = 1 if cfg["dp"] == "central" else int(metrics["num-examples"])
-        reply = [new_state[k].numpy() for k in names]
+        reply = [new_state[k].numpy() - a for k, a in zip(names, arrays, strict=True)]
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(reply), weight,
                     {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
@@ -223,6 +267,4 @@ def evaluate_local(msg: Message, context: Context) -> Message:
                          resolve_device(str(cfg["device"])))
     metrics = MetricRecord({"num-examples": len(data), "partition-id": pid,
                             "eval-loss": loss, "eval-accuracy": acc})
-    if cfg["dp"] == "central":
-        metrics["dp-weight"] = 1  # the key the DP-FedAvg strategy weights every reply by
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

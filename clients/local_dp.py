@@ -107,7 +107,8 @@ def dp_round(cfg: Mapping[str, Any], context: Context, model: torch.nn.Module,
     private = make_private(model, optimizer, make_loader(x, y, int(cfg["batch-size"]), seed),
                            noise_multiplier=ledger.noise_multiplier,
                            max_grad_norm=float(cfg["max-grad-norm"]), grad_sample_mode=mode,
-                           seed=seed, accountant=ledger.accountant)
+                           seed=seed, accountant=ledger.accountant,
+                           secure=bool(cfg["secure-rng"]))
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "

@@ -141,16 +141,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
               f"{cfg['num-clients']} {'SuperNodes' if nodes else 'simulated clients'}...",
               flush=True)
-        outcome = execute(link, app, cfg, run_dir, cuda=pre.cuda, verbose=args.verbose)
+        outcome = execute(link, app, cfg, run_dir, cuda=pre.cuda, verbose=args.verbose,
+                          label_counts=pre.label_counts)
     total = time.perf_counter() - t0
     if outcome.ok:
         print(f"finished in {total:.1f} s · results: {run_dir}")
-        print("  summary.md, metrics.jsonl, config.toml, partitions.json, model.pt, "
-              "plots/{accuracy,loss,label_distribution}.png")
+        print(f"  {list_results(run_dir)}")
         return 0
     print(f"run {outcome.status}: {outcome.error}\n  partial results and the full log "
           f"(flwr.log) are in {run_dir}", file=sys.stderr)
     return 1
+
+
+def list_results(run_dir: Path) -> str:
+    """The files a run wrote, as one line (what is there, not what might be)."""
+    files = sorted(p.name for p in run_dir.iterdir() if p.is_file() and p.name != "flwr.log")
+    plots = sorted(p.stem for p in (run_dir / "plots").glob("*.png"))
+    return ", ".join(files + ([f"plots/{{{','.join(plots)}}}.png"] if plots else []))
 
 
 def _cmd_presets() -> int:

@@ -25,6 +25,7 @@ class Preflight:
     sizes: list[int]
     cuda: bool
     privacy: str = ""
+    label_counts: list[list[int]] | None = None  # ground truth, per client
 
 
 def absolutize(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
     data, a model that does not fit the data, an infeasible partitioning, an
     unwritable results folder. The partitioning is cached on disk for the clients.
     """
+    import numpy as np
     import torch
 
     from tasks.models import count_parameters, model_for
@@ -59,12 +61,13 @@ def preflight(cfg: Mapping[str, Any]) -> Preflight:
     model, name = model_for(cfg)
     parts = partitions_for(cfg, int(cfg["num-clients"]))
     sizes = [len(p) for p in parts]
+    labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
     if cfg["features"] == "embeddings":  # train/load the backbone, embed every partition once
         splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]
         test_split(cfg)
         _anonymizer_check(cfg, splits)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
-                     torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes))
+                     torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes), labels)
 
 
 def _anonymizer_check(cfg: Mapping[str, Any], splits: list) -> None:
@@ -89,6 +92,7 @@ def _privacy_check(cfg: Mapping[str, Any], model: Any, name: str, sizes: list[in
     """Check the DP settings against the model and every client's data size; describe them."""
     if cfg["dp"] == "local":
         from clients.local_dp import LocalDPError, new_ledger
+        from privacy.anonymizers import dp_sgd_unit
         from privacy.dpsgd import check_model, resolve_mode
 
         check_model(model)
@@ -102,32 +106,39 @@ def _privacy_check(cfg: Mapping[str, Any], model: Any, name: str, sizes: list[in
             s.noise_multiplier for s in sigmas.values())
         budget = (f"target-epsilon {cfg['target-epsilon']} per client" if
                   cfg["target-epsilon"] else "no budget")
-        return (f"local DP-SGD: noise multiplier {lo:.3f}" + (f"–{hi:.3f}" if hi > lo else "")
+        unit = dp_sgd_unit(str(cfg["anonymizer"]), str(cfg["dp-train-data"]))
+        caveat = ("; NOTE: epsilon per released row, not per original record (see "
+                  "dp-train-data)" if unit != "record" else "")
+        return (f"local DP-SGD ({unit}-level): noise multiplier {lo:.3f}"
+                + (f"–{hi:.3f}" if hi > lo else "")
                 + f", clipping {cfg['max-grad-norm']}, {budget}, grad-sample mode "
-                f"{resolve_mode(str(cfg['grad-sample-mode']), name)}")
+                f"{resolve_mode(str(cfg['grad-sample-mode']), name)}{caveat}")
     if cfg["dp"] == "central":
-        from strategies.central_dp import (
-            adaptive_count_stddev_ok,
-            central_delta,
-            sampled_per_round,
-        )
+        from strategies.central_dp import central_params
 
         n = len(sizes)
-        delta = central_delta(cfg, n)
+        params = central_params(cfg, n)
+        delta = params.target_delta
         if delta >= 1.0 / n:
             raise ConfigError(f"dp = 'central': delta = {delta:g} is not below 1/N = {1 / n:g} "
-                              f"for N = {n} clients. Use delta = 0 (automatic 1/(10 N)).")
-        m = sampled_per_round(cfg, n)
-        z = float(cfg["noise-multiplier"])
-        if str(cfg["central-clipping"]).endswith("adaptive") and not adaptive_count_stddev_ok(
-                z, m):
-            raise ConfigError(
-                f"adaptive clipping with noise-multiplier = {z} and {m} clients per round: "
-                f"Flower's clipped-count noise (std m/20 = {m / 20:g}) must exceed z/2. Use "
-                f"more clients per round (m > {10 * z:g}), a smaller noise-multiplier, or fixed "
-                "clipping.")
+                              f"for N = {n} clients. Use delta = 0 (automatic min(1e-5, "
+                              "N^-1.1)).")
+        if params.adaptive:
+            try:
+                params.update_multiplier  # noqa: B018  (raises when the noise cannot split)
+            except ValueError:
+                z, d = params.noise_multiplier, params.denominator
+                raise ConfigError(
+                    f"adaptive clipping with noise-multiplier = {z} and {d:g} clients per "
+                    f"round: the clipped-count noise (std d/20 = {d / 20:g}, Andrew et al.'s "
+                    f"recommendation) must exceed z/2. Use more clients per round (d > "
+                    f"{10 * z:g}), a smaller noise-multiplier, or fixed clipping.") from None
+        note = (f" (client-level epsilon with N = {n} clients needs much noise; DP-FedAvg is "
+                "meant for hundreds of clients per round or more)" if n < 100 else "")
         return (f"central DP-FedAvg: noise multiplier {cfg['noise-multiplier']}, "
-                f"{cfg['central-clipping']} clipping at {cfg['clipping-norm']}, delta {delta:.3g}")
+                f"{cfg['central-clipping']} clipping at {cfg['clipping-norm']}, "
+                f"{cfg['client-sampling']} sampling, sum divided by {params.denominator:g}, "
+                f"delta {delta:.3g}; neighbours: one client added or removed{note}")
     return ""
 
 

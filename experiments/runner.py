@@ -71,8 +71,13 @@ class LogFilter:
 
 def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Path, *,
             cuda: bool = False, verbose: bool = False,
-            echo: Callable[[str], None] = print) -> RunOutcome:
-    """Submit one run and wait for it; the ServerApp writes everything into ``run_dir``."""
+            echo: Callable[[str], None] = print,
+            label_counts: list[list[int]] | None = None) -> RunOutcome:
+    """Submit one run and wait for it; the ServerApp writes everything into ``run_dir``.
+
+    ``label_counts`` (the partitioner's ground truth, from the pre-flight check) draws
+    the label-distribution plot when the clients did not disclose their histograms.
+    """
     t0 = time.perf_counter()
     log = LogFilter(run_dir / "flwr.log", verbose, echo)
     status, error = "crashed", None
@@ -97,7 +102,15 @@ def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Pa
         info = read_run_info(run_dir)
         if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
             RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
-    wall_s = time.perf_counter() - t0  # the run itself, not the scatter plot below
+    wall_s = time.perf_counter() - t0  # the run itself, not the plots below
+    plot = run_dir / "plots" / "label_distribution.png"
+    if label_counts and status == "finished" and not plot.exists():
+        from server.plots import plot_label_distribution
+
+        plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
+                                       for i, c in enumerate(label_counts)],
+                                "label distribution (ground truth from the partitioner; "
+                                "the clients did not disclose it to the server)")
     if status == "finished" and cfg.get("anonymizer", "none") != "none":
         from .release_plot import plot_in_child
 

@@ -192,7 +192,7 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                 c.run_dir.mkdir(parents=True)
                 try:
                     res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda,
-                                  verbose=verbose)
+                                  verbose=verbose, label_counts=pre.label_counts)
                 except KeyboardInterrupt:
                     c.status, c.error = "interrupted", "interrupted by the user"
                     raise

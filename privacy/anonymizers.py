@@ -48,6 +48,25 @@ from .accounting import auto_delta
 from .distances import sq_dists
 from .mechanisms import gaussian_sigma
 
+# Anonymizers whose every released row is a function of one original record (and of
+# randomness that does not depend on the data): a neighbouring dataset changes one
+# released row, so DP-SGD on the release is DP per original record. The others (k-Same's
+# and DBSCAN's data-dependent groups, PCA's fitted basis, the CVAE, the per-feature std of
+# `random`) let one record change every released row.
+ROWWISE = frozenset({"none", "identity", "gaussian", "laplace", "mask", "permutation",
+                     "hashing"})
+
+
+def dp_sgd_unit(anonymizer: str, train_data: str) -> str:
+    """What local DP-SGD's epsilon protects: "record" or "released row".
+
+    ``train_data`` is ``released`` (DP-SGD trains on the anonymizer's output) or
+    ``original`` (on the client's own records).
+    """
+    if train_data == "original" or anonymizer in ROWWISE:
+        return "record"
+    return "released row"
+
 
 class AnonymizationError(ValueError):
     """The anonymizer cannot produce a usable release with these parameters."""

@@ -19,10 +19,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from privacy.anonymizers import public_transform
+from privacy.disclosure import policy
 from strategies import Observed, RoundLog, build_strategy
-from strategies.central_dp import CentralAccountant, CentralDP, PrivacyBudgetReached
+from strategies.central_dp import CentralDP, CentralPrivacy, PrivacyBudgetReached
 from strategies.observed import short_reason
-from strategies.secure import SecureRounds
+from strategies.secure import SecureRounds, secure_central
 from tasks.config import validate
 from tasks.models import count_parameters, model_for
 from tasks.splits import Split, dataset_for, feature_shape, test_split
@@ -159,6 +160,18 @@ class RunRecorder:
         self.last_plot = time.perf_counter()
 
 
+def secagg_max_weight(cfg: Mapping[str, Any], sizes: list[int], train_size: int) -> float:
+    """SecAgg+'s bound on one client's weight: 1 under central DP (equal weights); else
+    ``secagg-max-weight``, or the largest client when sizes are disclosed (local DP),
+    or the training set's size, which bounds every client without asking any."""
+    if cfg["dp"] == "central":
+        return 1.0
+    if cfg["secagg-max-weight"]:
+        return float(cfg["secagg-max-weight"])
+    return float(max(sizes)) if len(sizes) == int(cfg["num-clients"]) and sizes else float(
+        train_size)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -204,24 +217,34 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
                                        "num-classes": data.num_classes, "clients": partitions})
     title = (f"{cfg['dataset']} · {model_name} · {cfg['strategy']} · {n_clients} clients "
              f"({cfg['partitioner']})")
-    plot_label_distribution(run.path / "plots" / "label_distribution.png", partitions,
-                            f"label distribution — {title}")
-    sizes = [c.num_examples for c in clients]
+    if all(c.label_counts is not None for c in clients):
+        plot_label_distribution(run.path / "plots" / "label_distribution.png", partitions,
+                                f"label distribution — {title}")
+    sizes = [c.num_examples for c in clients if c.num_examples is not None]
+    size_text = (f"sizes {min(sizes)}–{max(sizes)}" if len(sizes) == n_clients
+                 else "sizes not disclosed")
     say(f"model: {model_name} ({info['parameters']:,} parameters) · strategy {cfg['strategy']}"
-        f" · {n_clients} clients ({cfg['partitioner']}, sizes {min(sizes)}–{max(sizes)}) · "
+        f" · {n_clients} clients ({cfg['partitioner']}, {size_text}) · "
         f"{cfg['num-server-rounds']} rounds")
+    disclosure = policy(str(cfg["dp"]), bool(cfg["secure-aggregation"]),
+                        bool(cfg["report-client-metrics"]))
+    if disclosure.restricted:
+        say(f"clients send in the clear only: {', '.join(sorted(disclosure.allowed or ()))} "
+            f"({disclosure.reason})")
 
     partition_of = {c.node_id: c.partition_id for c in clients}
     if cfg["anonymizer"] == "cvae-federated":
         info["cvae-phase"] = run_cvae_phase(grid, cfg, partition_of, int(test.x.shape[1]),
                                             data.num_classes, run)
-    central: CentralAccountant | None = None
+    central: CentralPrivacy | None = None
     if cfg["secure-aggregation"]:
-        central = CentralAccountant(cfg, n_clients) if cfg["dp"] == "central" else None
-        max_weight = 1.0 if cfg["dp"] == "central" else float(max(sizes))
-        rounds: Any = SecureRounds(cfg, grid, context, partition_of, max_weight, central)
+        central = (secure_central(cfg, n_clients, info["parameters"])
+                   if cfg["dp"] == "central" else None)
+        rounds: Any = SecureRounds(cfg, grid, context, partition_of,
+                                   secagg_max_weight(cfg, sizes, len(data.y_train)), central)
         info["aggregation"] = {
             "protocol": "SecAgg+", "individual-updates-visible": False,
+            **disclosure.describe(),
             "num-shares": cfg["secagg-num-shares"],
             "reconstruction-threshold": cfg["secagg-reconstruction-threshold"],
             "clipping-range": cfg["secagg-clipping-range"],
@@ -231,7 +254,8 @@ def run_federation(grid: Grid, context: Context, cfg: Mapping[str, Any],
         if isinstance(strategy, CentralDP):
             central = strategy.privacy
         rounds = Observed(strategy, int(cfg["seed"]), partition_of)
-        info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True}
+        info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True,
+                               **disclosure.describe()}
     privacy = PrivacyLog(cfg, central, n_clients)
     anonymization = AnonymizationLog(str(cfg["anonymizer"]))
     if "cvae-phase" in info:  # every client scored its release when it sampled it

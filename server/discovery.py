@@ -2,7 +2,9 @@
 
 The answers map Flower's random node ids to stable partition ids, which makes
 sampling reproducible, and give each client's size and label histogram as the
-client itself sees them (true in simulation and on real SuperNodes alike).
+client itself sees them (true in simulation and on real SuperNodes alike) — when the
+run's disclosure policy lets the client send them (:mod:`privacy.disclosure`: not
+under secure aggregation, and only the size under local DP).
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ class ClientInfo:
     node_id: int
     partition_id: int
     num_partitions: int
-    num_examples: int
-    label_counts: list[int]
+    num_examples: int | None  # None: not disclosed by the client
+    label_counts: list[int] | None
 
     def as_json(self) -> dict:
-        return {"partition-id": self.partition_id, "node-id": self.node_id,
-                "num-examples": self.num_examples, "label-counts": self.label_counts}
+        out: dict = {"partition-id": self.partition_id, "node-id": self.node_id}
+        if self.num_examples is not None:
+            out["num-examples"] = self.num_examples
+        if self.label_counts is not None:
+            out["label-counts"] = self.label_counts
+        return out
 
 
 class DiscoveryError(RuntimeError):
@@ -42,9 +48,10 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
             errors.append(reply.error.reason)
             continue
         m = reply.content["metrics"]
+        size = int(m["num-examples"]) if "num-examples" in m else None
+        labels = [int(c) for c in m["label-counts"]] if "label-counts" in m else None
         infos.append(ClientInfo(reply.metadata.src_node_id, int(m["partition-id"]),
-                                int(m["num-partitions"]), int(m["num-examples"]),
-                                [int(c) for c in m["label-counts"]]))
+                                int(m["num-partitions"]), size, labels))
     if errors:
         raise DiscoveryError(f"{len(errors)} client(s) failed to load their data. First "
                              f"error: {errors[0]}")

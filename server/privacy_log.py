@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from privacy.anonymizers import dp_sgd_unit
 from strategies import RoundLog
-from strategies.central_dp import CentralAccountant
+from strategies.central_dp import CentralPrivacy
 
 
 def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
@@ -74,9 +75,10 @@ class AnonymizationLog:
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 
-    def __init__(self, cfg: Mapping[str, Any], central: CentralAccountant | None,
+    def __init__(self, cfg: Mapping[str, Any], central: CentralPrivacy | None,
                  num_clients: int) -> None:
         self.mode = str(cfg["dp"])
+        self.unit = dp_sgd_unit(str(cfg["anonymizer"]), str(cfg["dp-train-data"]))
         self.target = float(cfg["target-epsilon"])
         self.num_clients = num_clients
         self.central = central
@@ -123,4 +125,5 @@ class PrivacyLog:
         """Max and mean over all clients (a client never sampled has spent 0)."""
         spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
         return {"mode": "local", "epsilon-max": max(spent), "epsilon-mean": sum(spent) / len(spent),
-                "delta-max": max(self.delta.values(), default=0.0), "target-epsilon": self.target}
+                "delta-max": max(self.delta.values(), default=0.0), "target-epsilon": self.target,
+                "unit": self.unit, "neighbours": f"add or remove one {self.unit} of a client"}

@@ -23,6 +23,55 @@ def outcome(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
+                  cfg: Mapping[str, Any]) -> list[str]:
+    """What the run's epsilon covers, under which neighbouring relation, and what the
+    server could read in the clear."""
+    lines = []
+    if privacy.get("mode") == "local":
+        unit = privacy.get("unit", "record")
+        lines.append(
+            f"- privacy: local DP-SGD ({unit}-level, per client; neighbours: "
+            f"{privacy.get('neighbours', 'add or remove one record')}): epsilon max "
+            f"**{privacy['epsilon-max']:.3f}**, mean {privacy['epsilon-mean']:.3f} over all "
+            f"clients at delta <= {privacy['delta-max']:.2g}; target-epsilon "
+            f"{privacy['target-epsilon'] or 'none'}; {privacy['clients-out-of-budget']} "
+            "client(s) ran out of budget"
+            + (f" (first in round {privacy['first-out-of-budget-round']})"
+               if privacy.get("first-out-of-budget-round") else ""))
+        if unit != "record":
+            lines.append(
+                f"- **the epsilon is per released row, not per person**: DP-SGD trained on "
+                f"what `{cfg['anonymizer']}` released, and one original record can change "
+                "every released row of it (data-dependent groups or fit), so no per-record "
+                "guarantee follows. Set dp-train-data = 'original' for a per-record epsilon.")
+    elif privacy.get("mode") == "central":
+        lines.append(
+            f"- privacy: central DP-FedAvg (client-level; neighbours: "
+            f"{privacy.get('neighbours')}): epsilon **{privacy['epsilon']:.3f}** at delta "
+            f"{privacy['delta']:.2g} after {privacy['releases']} releases; noise multiplier "
+            f"{privacy['noise-multiplier']}, {privacy['clipping']} clipping (norm "
+            f"{privacy['clipping-norm']:.3g}), {privacy['sampling']} client sampling, sum "
+            f"divided by {privacy['denominator']:g} of {privacy['population']} clients; "
+            f"{privacy['accounting']}. It protects the released model from its users: the "
+            "server still sees raw updates"
+            + (" (secure aggregation hides them)" if aggregation.get("protocol") == "SecAgg+"
+               else "") + ".")
+    seen = aggregation.get("client-values-in-clear")
+    if seen is not None:
+        what = ("every metric a client computes" if seen == "all"
+                else ", ".join(f"`{k}`" for k in seen))
+        lines.append(f"- what the server could read of each client besides the "
+                     f"{'secure sum' if aggregation.get('protocol') == 'SecAgg+' else 'update'}"
+                     f": {what} — {aggregation.get('why')}.")
+        if cfg.get("report-client-metrics") and (cfg.get("dp") == "local"
+                                                 or cfg.get("secure-aggregation")):
+            lines.append("- **report-client-metrics = true**: the clients' training and "
+                         "evaluation metrics, label histograms and release scores in this "
+                         "run were sent in the clear and are covered by no epsilon.")
+    return lines
+
+
 def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any],
                   records: Sequence[Mapping[str, Any]]) -> None:
     res = outcome(records)
@@ -38,23 +87,7 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
         f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
     ]
     privacy = info.get("privacy", {})
-    if privacy.get("mode") == "local":
-        lines.append(
-            f"- privacy: local DP-SGD (record-level, per client): epsilon max "
-            f"**{privacy['epsilon-max']:.3f}**, mean {privacy['epsilon-mean']:.3f} over all "
-            f"clients at delta <= {privacy['delta-max']:.2g}; target-epsilon "
-            f"{privacy['target-epsilon'] or 'none'}; {privacy['clients-out-of-budget']} "
-            "client(s) ran out of budget"
-            + (f" (first in round {privacy['first-out-of-budget-round']})"
-               if privacy.get("first-out-of-budget-round") else ""))
-    elif privacy.get("mode") == "central":
-        lines.append(
-            f"- privacy: central DP-FedAvg (client-level): epsilon **{privacy['epsilon']:.3f}** "
-            f"at delta {privacy['delta']:.2g} after {privacy['releases']} releases; noise "
-            f"multiplier {privacy['noise-multiplier']}, {privacy['clipping']} clipping "
-            f"(norm {privacy['clipping-norm']:.3g}), {privacy['sampled']} of "
-            f"{privacy['population']} clients per round; {privacy['accounting']}. The server "
-            "still sees raw updates.")
+    lines += privacy_lines(privacy, info.get("aggregation", {}), cfg)
     anon = info.get("anonymization")
     if anon:
         m = anon["mean"]
@@ -96,9 +129,14 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
     lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
     if privacy.get("mode") in ("local", "central"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
-    lines += [
-              "![label distribution](plots/label_distribution.png)", "",
-              "Files: `config.toml` (resolved config), `metrics.jsonl` (one record per round), "
-              "`partitions.json` (client sizes and label counts), `run.json` (status, timings, "
-              "versions), `model.pt` (final global model).", ""]
+    if (run.path / "plots" / "label_distribution.png").exists():
+        lines += ["![label distribution](plots/label_distribution.png)", ""]
+    else:
+        lines += ["The clients did not disclose their label histograms to the server; `fedpriv "
+                  "run` draws the partitioner's ground truth as "
+                  "`plots/label_distribution.png`.", ""]
+    lines += ["Files: `config.toml` (resolved config), `metrics.jsonl` (one record per round), "
+              "`partitions.json` (what clients disclosed about their partitions), `run.json` "
+              "(status, timings, versions)"
+              + (", `model.pt` (final global model)" if cfg.get("save-model") else "") + ".", ""]
     run.write_text("summary.md", "\n".join(lines))

@@ -23,13 +23,15 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+
+from privacy.dpfedavg import poisson_sample
 
 
 def short_reason(reason: str) -> str:
@@ -41,6 +43,20 @@ def short_reason(reason: str) -> str:
 def sampling_seed(seed: int, server_round: int, phase: int) -> int:
     """The seed of Python's ``random`` when clients are sampled (phase 0 train, 1 evaluate)."""
     return seed * 1_000_003 + server_round * 2 + phase
+
+
+def sample_cohort(ordered: Sequence[int], rng: Any, size: int = 0,
+                  rate: float | None = None) -> list[int]:
+    """The clients of one round, from node ids ordered by partition.
+
+    A fixed-size cohort is ``rng.sample(ordered, size)``, exactly Flower's rule; with a
+    ``rate`` each client is taken independently with that probability (Poisson
+    sampling, :func:`privacy.dpfedavg.poisson_sample`). ``rng`` is Python's ``random``
+    seeded with :func:`sampling_seed` (or a ``random.Random`` of that seed).
+    """
+    if rate is not None:
+        return poisson_sample(ordered, rate, rng)
+    return rng.sample(list(ordered), min(size or len(ordered), len(ordered)))
 
 
 class RoundFailed(RuntimeError):
@@ -94,7 +110,7 @@ class RoundLog:
     evaluated: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _metrics_of(msg: Message) -> dict[str, Any]:
+def metrics_of(msg: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for record in msg.content.metric_records.values():
         out.update(record)
@@ -134,8 +150,8 @@ class Observed(Strategy):
             if msg.has_error():
                 failures.append({"partition-id": pid, "node-id": msg.metadata.src_node_id,
                                  "error": msg.error.reason})
-            elif _metrics_of(msg).get("dp-skipped"):
-                skipped.append({"partition-id": pid, **_metrics_of(msg)})
+            elif metrics_of(msg).get("dp-skipped"):
+                skipped.append({"partition-id": pid, **metrics_of(msg)})
             else:
                 ok.append(msg)
         ok.sort(key=lambda m: (self._partition(m.metadata.src_node_id), m.metadata.src_node_id))
@@ -148,7 +164,7 @@ class Observed(Strategy):
         ok, skipped, failures = self._split_replies(replies)
         log.failures, log.skipped = failures, skipped
         log.clients = [{"partition-id": self._partition(m.metadata.src_node_id),
-                        **_metrics_of(m)} for m in ok]
+                        **metrics_of(m)} for m in ok]
         if not ok and failures:
             reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"
                                 for f in failures[:3])
@@ -169,7 +185,7 @@ class Observed(Strategy):
         ok, _, failures = self._split_replies(replies)
         if self.current is not None:
             self.current.evaluated = [{"partition-id": self._partition(m.metadata.src_node_id),
-                                       **_metrics_of(m)} for m in ok]
+                                       **metrics_of(m)} for m in ok]
             self.current.failures += [{**f, "phase": "evaluate"} for f in failures]
         return self.inner.aggregate_evaluate(server_round, ok)
 

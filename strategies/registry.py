@@ -43,16 +43,14 @@ def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord
 def build_strategy(cfg: Mapping[str, Any], num_clients: int) -> Strategy:
     """Instantiate the strategy named by ``cfg['strategy']`` for ``num_clients`` clients.
 
-    With ``dp = "central"`` the strategy is an equal-weight FedAvg inside Flower's DP-FedAvg
-    wrapper, with a client-level accountant (:class:`strategies.central_dp.CentralDP`).
+    With ``dp = "central"`` training rounds are DP-FedAvg with a client-level accountant
+    (:class:`strategies.central_dp.CentralDP`); a plain FedAvg serves client evaluation.
     """
     name = cfg["strategy"]
     if cfg["dp"] == "central":
-        from .central_dp import DP_WEIGHT_KEY, CentralDP
+        from .central_dp import CentralDP
 
-        equal = build_strategy({**cfg, "dp": "none"}, num_clients)
-        equal.weighted_by_key = DP_WEIGHT_KEY
-        return CentralDP(equal, cfg, num_clients)
+        return CentralDP(build_strategy({**cfg, "dp": "none"}, num_clients), cfg, num_clients)
     fraction_evaluate = float(cfg["fraction-evaluate"])
     common: dict[str, Any] = {
         "fraction_train": float(cfg["fraction-train"]),

@@ -6,22 +6,27 @@ round and hands it a small legacy strategy that
 
 * samples the same clients, in the same way, as :class:`strategies.Observed` does for
   plain rounds (partition order, Python's ``random`` seeded per round),
-* receives from the workflow only the unmasked **weighted average** (every client's
-  parameters are quantized, masked with pairwise and private masks and summed; no
-  individual update is ever visible to the server), plus each client's metrics,
-* for central DP (client-side clipping) adds N(0, (z S / m)^2) noise to that average
-  and accounts the release, as DP-FedAvg does without secure aggregation.
+* receives from the workflow only the unmasked **weighted average** of the clients'
+  updates (every client's update is quantized, masked with pairwise and private masks
+  and summed; no individual update is ever visible to the server), plus whatever
+  the disclosure policy lets clients send in the clear (:mod:`privacy.disclosure`:
+  their partition id, and with local DP their DP status; nothing data-dependent),
+* for central DP (client-side clipping) turns the average back into the clipped sum
+  (times the number of clients, which the server knows) and releases it through the
+  same DP-FedAvg mechanism as the plain path (:mod:`privacy.dpfedavg`).
 
 It produces the same :class:`strategies.observed.RoundLog` as ``Observed`` so the
 server's ledger is written by one piece of code.
 
-Quantization: SecAgg+ clips each *parameter* to [-clipping-range, clipping-range] and
-quantizes it to ``quantization-range`` levels; the aggregate differs from the plain
-average by at most about clipping-range / quantization-range per parameter.
+Quantization: SecAgg+ clips each coordinate of an update to [-r, r] (r =
+``secagg-clipping-range``), which never lengthens it, and rounds it stochastically to a
+grid of step 2r / L (L = ``secagg-quantization-range``), which can lengthen it by up to
+sqrt(D) 2r / L for D parameters. Central DP accounts that slack as extra sensitivity.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -30,10 +35,26 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
-from .central_dp import CentralAccountant, sampled_per_round
-from .observed import RoundLog, sampling_seed
+from privacy.accounting import clients_per_round
+from privacy.dpfedavg import CLIP_KEY
+
+from .central_dp import CentralPrivacy, central_params
+from .observed import RoundLog, sample_cohort, sampling_seed
+
+
+def quantization_slack(cfg: Mapping[str, Any], num_parameters: int) -> float:
+    """The most SecAgg+'s stochastic rounding can lengthen one update (L2)."""
+    step = 2 * float(cfg["secagg-clipping-range"]) / int(cfg["secagg-quantization-range"])
+    return math.sqrt(num_parameters) * step
+
+
+def secure_central(cfg: Mapping[str, Any], num_clients: int,
+                   num_parameters: int) -> CentralPrivacy:
+    """Central DP over SecAgg+ rounds: DP-FedAvg with quantization's slack accounted."""
+    return CentralPrivacy(central_params(cfg, num_clients,
+                                         quantization_slack(cfg, num_parameters)),
+                          str(cfg["central-clipping"]), int(cfg["seed"]))
 
 
 class SecureRounds:
@@ -41,7 +62,7 @@ class SecureRounds:
 
     def __init__(self, cfg: Mapping[str, Any], grid: Grid, context: Context,
                  partition_of: Mapping[int, int], max_weight: float,
-                 central: CentralAccountant | None = None) -> None:
+                 central: CentralPrivacy | None = None) -> None:
         from flwr.server import LegacyContext, ServerConfig
         from flwr.server.workflow import SecAggPlusWorkflow
 
@@ -51,7 +72,8 @@ class SecureRounds:
         self.partition_of = dict(partition_of)
         self.central = central
         n = len(self.partition_of)
-        self.per_round = sampled_per_round(cfg, n)
+        self.per_round = clients_per_round(n, float(cfg["fraction-train"]),
+                                           int(cfg["min-train-clients"]))
         self.workflow = SecAggPlusWorkflow(
             num_shares=int(cfg["secagg-num-shares"]),
             reconstruction_threshold=int(cfg["secagg-reconstruction-threshold"]),
@@ -61,13 +83,14 @@ class SecureRounds:
         self.legacy = LegacyContext(context, config=ServerConfig(
             num_rounds=int(cfg["num-server-rounds"])), strategy=_SecureFedAvg(self))
         self.current: RoundLog | None = None
+        self._global: list[np.ndarray] = []
         self._result: list[np.ndarray] | None = None
 
     def sample(self, server_round: int) -> list[int]:
         """Node ids of this round's clients: Observed's rule, so both paths pick the same."""
         ordered = sorted(self.partition_of, key=lambda nid: self.partition_of[nid])
-        return random.Random(sampling_seed(self.seed, server_round, 0)).sample(
-            ordered, self.per_round)
+        return sample_cohort(ordered, random.Random(sampling_seed(self.seed, server_round, 0)),
+                             self.per_round)
 
     def run_round(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord | None:
         """Train, securely aggregate and (for central DP) noise one round; None if it halted."""
@@ -77,10 +100,10 @@ class SecureRounds:
 
         if self.central is not None:
             self.central.check(server_round)
-            self.central.last_round_released = False
         self.current = RoundLog(server_round)
         self._result = None
         keys = list(arrays.keys())
+        self._global = arrays.to_numpy_ndarrays()
         self.legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
             ndarrays_to_parameters(arrays.to_numpy_ndarrays()), keep_input=True)
         self.legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
@@ -96,7 +119,7 @@ class SecureRounds:
         config: dict[str, Any] = {"server-round": server_round,
                                   "local-epochs": int(self.cfg["local-epochs"])}
         if self.central is not None:
-            config[KEY_CLIPPING_NORM] = self.central.clipping_norm
+            config[CLIP_KEY] = self.central.clipping_norm
         return config
 
     def aggregated(self, server_round: int, average: list[np.ndarray],
@@ -111,18 +134,12 @@ class SecureRounds:
         log.failures = [{"partition-id": -1, "error": f} for f in failures]
         if not log.clients:
             return  # nobody trained (the workflow divided by a total weight of 0)
-        if self.central is not None:
-            if len(clients) != self.central.sampled:
-                return  # no under-noised release (see strategies.central_dp)
-            from flwr.supercore.differential_privacy import (
-                add_gaussian_noise_inplace,
-                compute_stdv,
-            )
-
-            add_gaussian_noise_inplace(average, compute_stdv(
-                self.central.noise_multiplier, self.central.clipping_norm, self.central.sampled))
-            self.central.release()
-        self._result = average
+        if self.central is not None:  # equal weights: the sum is k times the average
+            total = [a.astype(np.float64) * len(clients) for a in average]
+            self._result = self.central.release(server_round, self._global, total)
+        else:
+            self._result = [(g + a).astype(g.dtype) for g, a in
+                            zip(self._global, average, strict=True)]
 
 
 def _secure_fedavg_class():

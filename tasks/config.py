@@ -29,6 +29,8 @@ DP_MODES = ("none", "local", "central")
 ACCOUNTANTS = ("rdp", "prv")
 GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost")
 CENTRAL_CLIPPING = ("server-fixed", "client-fixed", "server-adaptive", "client-adaptive")
+CLIENT_SAMPLING = ("fixed", "poisson")
+DP_TRAIN_DATA = ("released", "original")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -143,12 +145,27 @@ SCHEMA: tuple[Key, ...] = (
          0),
     _num("noise-multiplier", 1.0, "dp = local: DP-SGD noise multiplier sigma (when "
          "target-epsilon = 0). dp = central: DP-FedAvg noise multiplier z (noise std = "
-         "z * clipping-norm / clients per round).", "privacy", 0),
+         "z * clipping-norm on the sum of clipped updates, which is divided by the expected "
+         "number of clients per round).", "privacy", 0),
     _num("max-grad-norm", 1.0, "dp = local: per-sample gradient clipping norm C.", "privacy",
          0, None, lo_open=True),
     _num("delta", 0.0, "Target delta. 0 = automatic: 1/(10 n) for a client with n records "
-         "(local), 1/(10 N) for N clients (central). Must be below 1/n (1/N).", "privacy",
-         0, 1, hi_open=True),
+         "(local); min(1e-5, N^-1.1) for N clients (central). Must be below 1/n (1/N).",
+         "privacy", 0, 1, hi_open=True),
+    Key("dp-train-data", "released", "dp = local with an anonymizer: DP-SGD trains on the "
+        "released (anonymized) rows, or on the client's original records (the release is "
+        "then only scored). With released rows epsilon is per released row; it is per "
+        "original record only when each released row comes from one record (identity, "
+        "gaussian, laplace, mask, permutation, hashing).", "privacy", DP_TRAIN_DATA),
+    Key("report-client-metrics", False, "Let clients send their training loss/accuracy, "
+        "timings, evaluation results, label histograms and release scores even when dp = "
+        "local or secure-aggregation is on. These values are computed on private data and "
+        "are NOT covered by the client's epsilon nor hidden by SecAgg+; the summary says "
+        "so.", "privacy"),
+    Key("secure-rng", False, "Draw DP noise (and DP-SGD's Poisson batches) from an "
+        "unpredictable OS-seeded generator with Opacus' secure-mode sampling (sum of 4 "
+        "Gaussians, robust to floating-point attacks). Runs are then not reproducible.",
+        "privacy"),
     Key("accountant", "rdp", "Privacy accountant: rdp (Renyi DP, Mironov 2017) or prv "
         "(privacy random variables, Gopi et al. 2021; tighter, slower).", "privacy",
         ACCOUNTANTS),
@@ -160,6 +177,10 @@ SCHEMA: tuple[Key, ...] = (
         "secure aggregation.", "privacy", CENTRAL_CLIPPING),
     _num("clipping-norm", 1.0, "dp = central: L2 norm S each client update is clipped to "
          "(the initial norm for adaptive clipping).", "privacy", 0, None, lo_open=True),
+    Key("client-sampling", "fixed", "dp = central: how each round's clients are chosen. "
+        "fixed: Flower's cohort of fraction-train x N clients (no amplification claimed); "
+        "poisson: each client independently with probability fraction-train (McMahan et "
+        "al. 2018; epsilon is amplified by the sampling).", "privacy", CLIENT_SAMPLING),
     _num("max-epsilon", 0.0, "dp = central: stop the run before a round would exceed this "
          "client-level epsilon. 0 = no limit.", "privacy", 0),
     Key("secure-aggregation", False, "Run Flower's SecAgg+ so the server only learns the "
@@ -173,6 +194,9 @@ SCHEMA: tuple[Key, ...] = (
          "quantization.", "privacy", 0, None, lo_open=True),
     _num("secagg-quantization-range", 4194304, "SecAgg+: quantization levels over the "
          "clipping range (rounding error = range / levels).", "privacy", 2),
+    _num("secagg-max-weight", 0, "SecAgg+: upper bound on a client's aggregation weight "
+         "(its number of examples; 1 under central DP). 0 = automatic: the size of the "
+         "training set, which bounds every client without asking any.", "privacy", 0),
     # --- embeddings -------------------------------------------------------------------------
     Key("features", "raw", "What clients train on: raw inputs, or embeddings from a frozen "
         "backbone (then the model is a head: mlp or linear).", "embeddings", FEATURES),
@@ -343,6 +367,26 @@ def _privacy_checks(cfg: Mapping[str, Scalar]) -> list[str]:
         if cfg["noise-multiplier"] == 0:
             errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
                           "infinite). Use a positive noise-multiplier, e.g. 1.0.")
+    if cfg["client-sampling"] == "poisson":
+        if dp != "central":
+            errors.append("client-sampling = 'poisson' is for dp = 'central', where it gives "
+                          "amplification by sampling; other modes sample a fixed cohort. Use "
+                          "client-sampling = 'fixed' or dp = 'central'.")
+        elif cfg["secure-aggregation"]:
+            errors.append("client-sampling = 'poisson' with secure-aggregation is not "
+                          "supported: a Poisson round can sample fewer clients than SecAgg+ "
+                          "needs, and skipping such rounds would depend on who was sampled "
+                          "(a leak the accounting does not cover). Use client-sampling = "
+                          "'fixed'.")
+    restricted = dp == "local" or cfg["secure-aggregation"]
+    if restricted and cfg["fraction-evaluate"] > 0 and not cfg["report-client-metrics"]:
+        why = "dp = 'local'" if dp == "local" else "secure-aggregation"
+        errors.append(f"fraction-evaluate = {cfg['fraction-evaluate']} with {why}: client "
+                      "evaluation sends each client's loss and accuracy on its own data in the "
+                      "clear, which its epsilon does not cover and SecAgg+ does not hide. Set "
+                      "fraction-evaluate = 0 (the server still evaluates on its test set), or "
+                      "report-client-metrics = true to accept the disclosure (the summary "
+                      "will say so).")
     if cfg["secure-aggregation"]:
         if strategy != "fedavg":
             errors.append(f"secure-aggregation needs strategy = 'fedavg' (got {strategy!r}): "

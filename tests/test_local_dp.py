@@ -2,9 +2,11 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from clients.app import derive_seed
 from clients.local_dp import LocalDPError, new_ledger, steps_per_epoch
 from privacy.accounting import (
     BudgetTooSmall,
@@ -14,9 +16,11 @@ from privacy.accounting import (
     merge,
     planned_rounds,
 )
+from privacy.anonymizers import ROWWISE, anonymize, dp_sgd_unit
 from privacy.dpsgd import check_model, make_private, resolve_mode
 from tasks.config import ConfigError, validate
 from tasks.models import build_model
+from tasks.splits import Split
 from tasks.training import make_loader, sgd, train_epochs
 
 from .conftest import fresh_epsilon
@@ -177,3 +181,71 @@ def test_auto_mode_choice():
     assert resolve_mode("auto", "small-cnn") == "hooks"
     assert resolve_mode("hooks", "cnn") == "hooks"
     assert math.isclose(1 / steps_per_epoch(60, 8), 0.125)
+
+
+@pytest.mark.parametrize("name", sorted(ROWWISE - {"none"}) + ["ksame", "density", "pca",
+                                                               "random"])
+def test_rowwise_anonymizers_change_one_released_row_per_changed_record(name):
+    # The classification behind dp_sgd_unit: replace one original record (same seed) and
+    # count the released rows that change. Row-wise: exactly one; the others: more.
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 1, (60, 16)), rng.normal(6, 1, (60, 16))]).astype(
+        np.float32)
+    y = np.repeat([0, 1], 60)
+    params = {**validate({}), "k": 5, "dbscan-eps": 3.0, "dbscan-min-samples": 3,
+              "pca-components": 4, "num-classes": 2}
+    neighbour = x.copy()
+    neighbour[7] = rng.normal(3, 1, 16)
+    a = anonymize(name, x, y, params, seed=1)
+    b = anonymize(name, neighbour, y, params, seed=1)
+    changed = int((np.abs(a.x - b.x).max(axis=1) > 1e-6).sum())
+    if name in ROWWISE:
+        assert changed == 1 and dp_sgd_unit(name, "released") == "record"
+    else:
+        assert changed > 1 and dp_sgd_unit(name, "released") == "released row"
+        assert dp_sgd_unit(name, "original") == "record"
+
+
+def test_dp_train_data_chooses_between_the_release_and_the_original_records():
+    from flwr.app import Context, RecordDict
+
+    from clients.anonymized import holdout_split
+    from clients.app import _training_data
+
+    rng = np.random.default_rng(0)
+    split = Split(torch.from_numpy(rng.normal(size=(80, 8)).astype(np.float32)),
+                  torch.from_numpy(np.repeat(np.arange(4), 20)), 4)
+    base = {"features": "embeddings", "anonymizer": "ksame", "k": 4, "dp": "local"}
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                  run_config={})
+    x_rel, _, scores = _training_data(validate(base), ctx, split, 0)
+    x_org, y_org, _ = _training_data(validate({**base, "dp-train-data": "original"}), ctx,
+                                     split, 0)
+    members, _ = holdout_split(80, 0.1, derive_seed(42, 0))
+    torch.testing.assert_close(x_org, split.x[members])
+    torch.testing.assert_close(y_org, split.y[members])
+    assert len(x_rel) == len(members) and not torch.allclose(x_rel, x_org)
+    assert "anon-reid-top1" in scores  # the release is still produced and scored
+
+
+def test_secure_rng_draws_unpredictable_noise_of_the_right_scale():
+    private, _ = _private_step("hooks", 1.0)
+    assert not private.optimizer.secure_mode
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    model = build_model("small-cnn", (1, 28, 28), 10)
+    secure = make_private(model, sgd(model, 1.0), make_loader(x, y, 8, 0), noise_multiplier=2.0,
+                          max_grad_norm=0.5, seed=0, secure=True)
+    opt = secure.optimizer
+    assert opt.secure_mode and opt.generator is not None
+    assert secure.loader.batch_sampler.generator is opt.generator  # batches too
+
+    def noise():
+        for p in opt.params:
+            p.summed_grad = torch.zeros_like(p)
+        opt.add_noise()
+        return torch.cat([p.grad.flatten() for p in opt.params])  # N(0, (sigma C)^2)
+
+    a, b = noise(), noise()
+    assert float(a.std()) == pytest.approx(2.0 * 0.5, rel=0.03)  # sigma C
+    assert not torch.allclose(a, b)

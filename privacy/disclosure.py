@@ -1,0 +1,74 @@
+"""What a client may send the server in the clear, beside its (possibly private) update.
+
+Every value in a client's reply is one of:
+
+- **identity**: which partition the node holds (``partition-id``, ``num-partitions``):
+  node configuration, not data; the server knows whom it talks to anyway.
+- **a function of the record count n and the config**: ``num-examples`` and what local
+  DP-SGD derives from n (``epsilon``, ``delta``, ``noise-multiplier``, ``sample-rate``,
+  ``dp-steps``, ``dp-skipped``, ``train-steps``). DP-SGD's accounting treats n as public
+  (the sampling rate q = B / n is part of the mechanism, as in Abadi et al. 2016 and
+  Opacus), so under local DP these are disclosed and documented as such.
+- **data-dependent** (everything else: training loss and accuracy, evaluation results,
+  label histograms, update norms and clipping bits, timings, release scores): computed
+  on private records and covered by no epsilon.
+
+The policy (:func:`policy`): with ``dp = "local"`` a client discloses identity and
+n-derived values only; under secure aggregation only identity (plus the n-derived DP
+status with local DP), so the server learns nothing per client beyond who took part;
+``report-client-metrics = true`` lifts the restriction and the run says so. Without
+either, nothing is claimed about what clients send (central DP trusts the server with
+raw updates), so everything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+IDENTITY = frozenset({"partition-id", "num-partitions"})
+RECORD_COUNT = frozenset({"num-examples", "train-steps", "epsilon", "delta",
+                          "noise-multiplier", "sample-rate", "dp-steps", "dp-skipped"})
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """Which reply values a client sends in the clear (``allowed`` None: all of them)."""
+
+    allowed: frozenset[str] | None
+    reason: str
+
+    @property
+    def restricted(self) -> bool:
+        return self.allowed is not None
+
+    def permits(self, key: str) -> bool:
+        return self.allowed is None or key in self.allowed
+
+    def filter(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if self.permits(k)}
+
+    def describe(self) -> dict[str, Any]:
+        """For run.json: what the server could read of each client besides the update."""
+        return {"client-values-in-clear": "all" if self.allowed is None
+                else sorted(self.allowed), "why": self.reason}
+
+
+def policy(dp: str, secure_aggregation: bool, report_all: bool) -> Disclosure:
+    """The disclosure rule for a run (see the module docstring)."""
+    if report_all:
+        return Disclosure(None, "report-client-metrics = true: clients send all their metrics; "
+                                "values computed on their data are covered by no epsilon")
+    if secure_aggregation:
+        allowed = IDENTITY | (RECORD_COUNT if dp == "local" else frozenset())
+        return Disclosure(allowed, "secure aggregation: the server learns only the sum and who "
+                          "took part" + (" (and, with local DP, each client's DP status, a "
+                                        "function of its record count)" if dp == "local" else ""))
+    if dp == "local":
+        return Disclosure(IDENTITY | RECORD_COUNT,
+                          "local DP: only the DP-SGD update and values derived from the record "
+                          "count (treated as public, as DP-SGD's accounting does)")
+    return Disclosure(None, "no client-side privacy claim, so clients send all their metrics"
+                      + ("; central DP protects the released model, and the server sees raw "
+                         "updates" if dp == "central" else ""))
