@@ -172,9 +172,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("grad-sample-mode", "auto", "How Opacus computes per-sample gradient norms: hooks "
         "or ghost (ghost clipping). auto = the faster for the model (measured).", "privacy",
         GRAD_SAMPLE_MODES),
-    Key("central-clipping", "server-fixed", "dp = central: where and how client updates "
-        "are clipped (Flower's DP wrappers). Client-side clipping is needed with "
-        "secure aggregation.", "privacy", CENTRAL_CLIPPING),
+    Key("central-clipping", "server-fixed", "dp = central: where client updates are clipped "
+        "(the server re-clips what it can see either way; client-side clipping is needed "
+        "with secure aggregation) and whether the norm is fixed or adapts to the median "
+        "update norm (Andrew et al. 2021).", "privacy", CENTRAL_CLIPPING),
     _num("clipping-norm", 1.0, "dp = central: L2 norm S each client update is clipped to "
          "(the initial norm for adaptive clipping).", "privacy", 0, None, lo_open=True),
     Key("client-sampling", "fixed", "dp = central: how each round's clients are chosen. "

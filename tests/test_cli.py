@@ -104,3 +104,14 @@ def test_docs_config_reference_is_current():
 
     assert (REPO / "docs" / "CONFIG.md").read_text() == config_markdown(), \
         "regenerate with: fedpriv keys --markdown > docs/CONFIG.md"
+
+
+def test_the_final_line_lists_what_the_run_wrote(tmp_path):
+    from experiments.cli import list_results
+
+    for name in ("summary.md", "run.json", "flwr.log", "plots/accuracy.png", "plots/loss.png"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    line = list_results(tmp_path)
+    assert line == "run.json, summary.md, plots/{accuracy,loss}.png"
+    assert "model.pt" not in line  # save-model = false wrote none

@@ -35,11 +35,13 @@ MODES = ("hooks", "ghost")
 
 
 def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
-    """Median seconds for one local epoch of client 0, plain and per DP mode."""
+    """Median seconds for one local epoch of client 0, plain and per DP mode (and hooks
+    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise)."""
     torch.set_num_threads(1)
     split = client_split(cfg, 0, int(cfg["num-clients"]))
     out: dict[str, float] = {}
-    for mode in ("none", *MODES):
+    for variant in ("none", *MODES, "hooks+secure-rng"):
+        mode = variant.split("+")[0]
         times = []
         for r in range(repeats + 1):  # the first run warms up
             torch.manual_seed(r)
@@ -49,13 +51,13 @@ def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
             criterion = None
             if mode != "none":
                 p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
-                                 grad_sample_mode=mode, seed=r)
+                                 grad_sample_mode=mode, seed=r, secure=variant != mode)
                 model, opt, loader, criterion = p.model, p.optimizer, p.loader, p.criterion
             t0 = time.perf_counter()
             train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion)
             if r:
                 times.append(time.perf_counter() - t0)
-        out[mode] = statistics.median(times)
+        out[variant] = statistics.median(times)
     return out
 
 
