@@ -2,42 +2,34 @@
 
 The client splits its embeddings into members (anonymized, released, trained on) and
 a holdout (``privacy-holdout``: never released, only used to score the release),
-runs the anonymizer once, and scores the release with :mod:`privacy.metrics`. The
-release and its scores are cached on disk (keyed by the embeddings, the anonymizer's
-parameters and the seed), so every round and every Ray actor uses the same release.
+runs the anonymizer once, and scores the release with
+:mod:`privacy.analysis.release_metrics`. The release and its scores are cached (keyed
+by the embeddings, the anonymizer's parameter dataclass, the seed, the holdout share
+and the code that computes them), so every round and every Ray actor uses the same
+release.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context
 
-from privacy.anonymizers import Release, anonymize
-from privacy.metrics import evaluate
-from tasks.datasets import cache_dir
+from privacy.analysis.release_metrics import evaluate
+from privacy.anonymize import Release, anonymize
+from tasks.cache import array_digest, cache_path, save_atomic
+from tasks.config import AnonymizationConfig
 from tasks.splits import Split
 
-# The run-config keys each anonymizer reads (its cache key).
-PARAMS = {
-    "identity": (), "none": (), "permutation": (),
-    "ksame": ("k", "ksame-classwise"),
-    "density": ("dbscan-eps", "dbscan-min-samples", "density-outliers", "density-classwise",
-                "density-noise"),
-    "gaussian": ("noise-epsilon", "noise-delta", "noise-clip"),
-    "laplace": ("noise-epsilon", "noise-clip"),
-    "random": ("noise-scale",), "mask": ("mask-fraction",), "pca": ("pca-components",),
-    "hashing": ("hash-salt",),
-    "cvae": ("cvae-latent", "cvae-hidden", "cvae-beta", "cvae-epochs", "cvae-patience",
-             "cvae-lr", "cvae-batch-size", "cvae-epsilon"),
-}
+CODE = ["privacy.anonymize.registry", "privacy.anonymize.ksame", "privacy.anonymize.density",
+        "privacy.anonymize.noise", "privacy.anonymize.transforms", "privacy.anonymize.cvae",
+        "privacy.analysis.release_metrics", "privacy.analysis.distances",
+        "clients.anonymized"]
 
 
 @dataclass
@@ -68,48 +60,42 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
     return np.sort(order[cut:]), np.sort(order[:cut])
 
 
-def _key(cfg: Mapping[str, Any], x: np.ndarray, seed: int) -> str:
-    name = str(cfg["anonymizer"])
-    params = {k: cfg[k] for k in PARAMS.get(name, ())}
-    h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
-    h.update(json.dumps([name, params, seed, cfg["privacy-holdout"]], sort_keys=True).encode())
-    return h.hexdigest()[:32]
+def _path(a: AnonymizationConfig, x: np.ndarray, seed: int, extra: str = "") -> Path:
+    parts = [a.anonymizer, a.params(), seed, a.privacy_holdout, array_digest(x), extra]
+    return cache_path("releases", ".npz", parts, CODE)
 
 
-def _save(path, release: Release, scores: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-        np.savez(tmp, x=release.x, y=release.y,
-                 meta=np.frombuffer(json.dumps({"scores": scores, "info": release.info},
-                                               default=float).encode(), dtype=np.uint8))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+def _save(path: Path, release: Release, scores: dict) -> None:
+    meta = json.dumps({"scores": scores, "info": release.info}, default=float).encode()
+    save_atomic(path, lambda tmp: np.savez(tmp, x=release.x, y=release.y,
+                                           meta=np.frombuffer(meta, dtype=np.uint8)))
 
 
-def _load_cached(path) -> Released:
+def _load_cached(path: Path) -> Released:
     with np.load(path) as f:
         meta = json.loads(f["meta"].tobytes().decode())
         return Released(torch.from_numpy(f["x"]), torch.from_numpy(f["y"]), meta["scores"],
                         meta["info"])
 
 
-def released_data(cfg: Mapping[str, Any], split: Split, seed: int) -> Released:
-    """Anonymize this client's embeddings once (cached) and score the release."""
-    x = split.x.numpy()
-    y = split.y.numpy()
-    key = _key(cfg, x, seed)
-    path = cache_dir() / "releases" / f"{key}.npz"
-    if path.is_file():
-        return _load_cached(path)
-    members, holdout = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
-    params = {**cfg, "num-classes": split.num_classes}
-    release = anonymize(str(cfg["anonymizer"]), x[members], y[members], params, seed)
+def _scored(x: np.ndarray, members: np.ndarray, holdout: np.ndarray, release: Release,
+            seed: int, path: Path) -> Released:
     scores = evaluate(x[members], release, x[holdout] if len(holdout) else None, seed)
     _save(path, release, scores)
     return Released(torch.from_numpy(release.x), torch.from_numpy(release.y.astype(np.int64)),
                     scores, release.info)
+
+
+def released_data(a: AnonymizationConfig, split: Split, seed: int) -> Released:
+    """Anonymize this client's embeddings once (cached) and score the release."""
+    x, y = split.x.numpy(), split.y.numpy()
+    path = _path(a, x, seed)
+    if path.is_file():
+        return _load_cached(path)
+    members, holdout = holdout_split(len(y), a.privacy_holdout, seed)
+    release = anonymize(a.anonymizer, x[members], y[members], a.params(), seed,
+                        split.num_classes)
+    return _scored(x, members, holdout, release, seed, path)
 
 
 # --------------------------------------------------------------------------- federated CVAE
@@ -118,19 +104,19 @@ ENCODER_KEY = "cvae-encoder"  # this client's encoder: kept in Context.state, ne
 DECODER_KEY = "cvae-decoder"  # the final shared decoder, once phase 1 is over
 
 
-def federated_cvae_round(cfg: Mapping[str, Any], context: Context, split: Split, seed: int,
+def federated_cvae_round(a: AnonymizationConfig, context: Context, split: Split, seed: int,
                          decoder: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
     """Phase 1: train the CVAE locally from the global decoder; return only the decoder."""
-    from privacy.cvae import Scaler, train_cvae
+    # the CVAE module loads scikit-learn's scaler: only runs with a CVAE import it
+    from privacy.anonymize.cvae import fit_scaler, train_cvae
 
     x, y = split.x.numpy(), split.y.numpy()
-    members, _ = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
+    members, _ = holdout_split(len(y), a.privacy_holdout, seed)
     encoder = (context.state.array_records[ENCODER_KEY].to_torch_state_dict()
                if ENCODER_KEY in context.state.array_records else None)
-    trained = train_cvae(x[members], y[members], split.num_classes, cfg, seed,
-                         epochs=int(cfg["cvae-local-epochs"]),
-                         decoder_state=decoder.to_torch_state_dict(), encoder_state=encoder,
-                         scaler=Scaler.fit(x[members]))
+    trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
+                         epochs=a.cvae_local_epochs, decoder_state=decoder.to_torch_state_dict(),
+                         encoder_state=encoder, scaler=fit_scaler(x[members]))
     state = trained.model.state_dict()
     context.state.array_records[ENCODER_KEY] = ArrayRecord(
         {k: v for k, v in state.items() if not k.startswith("decoder.")})
@@ -138,10 +124,10 @@ def federated_cvae_round(cfg: Mapping[str, Any], context: Context, split: Split,
             {"num-examples": len(members), "cvae-loss": trained.info["train-loss"]})
 
 
-def federated_cvae_release(cfg: Mapping[str, Any], context: Context, split: Split,
+def federated_cvae_release(a: AnonymizationConfig, context: Context, split: Split,
                            seed: int, decoder: ArrayRecord | None = None) -> Released:
     """Sample this client's release from the shared decoder (cached) and score it."""
-    from privacy.cvae import CVAE, Scaler, TrainedCVAE, sample_release
+    from privacy.anonymize.cvae import CVAE, TrainedCVAE, fit_scaler, sample_release  # as above
 
     if decoder is not None:
         context.state.array_records[DECODER_KEY] = decoder
@@ -150,16 +136,13 @@ def federated_cvae_release(cfg: Mapping[str, Any], context: Context, split: Spli
                            "did not reach it")
     decoder_state = context.state.array_records[DECODER_KEY].to_torch_state_dict()
     x, y = split.x.numpy(), split.y.numpy()
-    digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in decoder_state.values()))
-    path = cache_dir() / "releases" / f"{_key(cfg, x, seed)}-{digest.hexdigest()[:16]}.npz"
+    digest = array_digest(np.concatenate([v.numpy().ravel() for v in decoder_state.values()]))
+    path = _path(a, x, seed, digest)
     if path.is_file():
         return _load_cached(path)
-    members, holdout = holdout_split(len(y), float(cfg["privacy-holdout"]), seed)
-    model = CVAE(x.shape[1], split.num_classes, int(cfg["cvae-latent"]), int(cfg["cvae-hidden"]))
+    members, holdout = holdout_split(len(y), a.privacy_holdout, seed)
+    model = CVAE(x.shape[1], split.num_classes, a.cvae_latent, a.cvae_hidden)
     model.decoder.load_state_dict(decoder_state)
-    trained = TrainedCVAE(model.eval(), Scaler.fit(x[members]), {"federated": True})
-    release = sample_release(trained, y[members], seed + 1)
-    scores = evaluate(x[members], release, x[holdout] if len(holdout) else None, seed)
-    _save(path, release, scores)
-    return Released(torch.from_numpy(release.x), torch.from_numpy(release.y.astype(np.int64)),
-                    scores, release.info)
+    trained = TrainedCVAE(model.eval(), fit_scaler(x[members]), {"federated": True})
+    return _scored(x, members, holdout, sample_release(trained, y[members], seed + 1), seed,
+                   path)

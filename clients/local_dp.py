@@ -9,23 +9,22 @@ not sampled cost nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context
 
-from privacy.accounting import (
+from privacy.dp.accounting import (
     BudgetTooSmall,
     ClientLedger,
     auto_delta,
     calibrate_noise,
     planned_rounds,
 )
-from privacy.dpsgd import make_private, resolve_mode
-from tasks.models import resolve_model_name
-from tasks.splits import feature_shape
+from privacy.dp.dpsgd import make_private, resolve_mode
+from tasks.config import RunConfig
+from tasks.splits import model_name
 from tasks.training import TrainResult, make_loader, sgd, train_epochs
 
 STATE_KEY = "dp-sgd"
@@ -40,28 +39,28 @@ def steps_per_epoch(num_records: int, batch_size: int) -> int:
     return math.ceil(num_records / batch_size)
 
 
-def new_ledger(cfg: Mapping[str, Any], num_records: int, num_clients: int) -> ClientLedger:
+def new_ledger(cfg: RunConfig, num_records: int, num_clients: int) -> ClientLedger:
     """Fix this client's (sigma, q, delta) for the whole run, before its first round."""
-    per_epoch = steps_per_epoch(num_records, int(cfg["batch-size"]))
+    p, fed = cfg.privacy, cfg.federation
+    per_epoch = steps_per_epoch(num_records, cfg.training.batch_size)
     q = 1.0 / per_epoch
-    delta = float(cfg["delta"]) or auto_delta(num_records)
+    delta = p.delta or auto_delta(num_records)
     if delta >= 1.0 / num_records:
         raise LocalDPError(
             f"delta = {delta:g} is not below 1/n = {1 / num_records:g} for a client with "
             f"{num_records} records: such a delta allows leaking a whole record. Use delta = 0 "
             "(automatic 1/(10 n)) or a smaller value.")
-    budget = float(cfg["target-epsilon"])
-    if budget > 0:
-        rounds = planned_rounds(int(cfg["num-server-rounds"]), float(cfg["fraction-train"]),
-                                int(cfg["min-train-clients"]), num_clients)
-        steps = rounds * int(cfg["local-epochs"]) * per_epoch
+    if p.target_epsilon > 0:
+        rounds = planned_rounds(fed.num_server_rounds, fed.fraction_train,
+                                fed.min_train_clients, num_clients)
+        steps = rounds * cfg.training.local_epochs * per_epoch
         try:
-            sigma = calibrate_noise(budget, delta, q, steps, str(cfg["accountant"]))
+            sigma = calibrate_noise(p.target_epsilon, delta, q, steps, p.accountant)
         except BudgetTooSmall as exc:
             raise LocalDPError(str(exc)) from exc
     else:
-        sigma = float(cfg["noise-multiplier"])
-    return ClientLedger(sigma, q, delta, str(cfg["accountant"]), budget)
+        sigma = p.noise_multiplier
+    return ClientLedger(sigma, q, delta, p.accountant, p.target_epsilon)
 
 
 def load_ledger(context: Context) -> ClientLedger | None:
@@ -91,30 +90,29 @@ class DPRound:
         return out
 
 
-def dp_round(cfg: Mapping[str, Any], context: Context, model: torch.nn.Module,
-             x: torch.Tensor, y: torch.Tensor, num_clients: int, seed: int,
-             device: torch.device) -> DPRound:
+def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.Tensor,
+             y: torch.Tensor, num_clients: int, seed: int, device: torch.device) -> DPRound:
     """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget."""
+    t = cfg.training
     ledger = load_ledger(context) or new_ledger(cfg, len(y), num_clients)
-    per_epoch = steps_per_epoch(len(y), int(cfg["batch-size"]))
-    planned = int(cfg["local-epochs"]) * per_epoch
+    per_epoch = steps_per_epoch(len(y), t.batch_size)
+    planned = t.local_epochs * per_epoch
     if ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
-    optimizer = sgd(model, float(cfg["lr"]), float(cfg["momentum"]), float(cfg["weight-decay"]))
-    mode = resolve_mode(str(cfg["grad-sample-mode"]),
-                        resolve_model_name(str(cfg["model"]), feature_shape(cfg)))
-    private = make_private(model, optimizer, make_loader(x, y, int(cfg["batch-size"]), seed),
+    optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
+    mode = resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg))
+    private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed),
                            noise_multiplier=ledger.noise_multiplier,
-                           max_grad_norm=float(cfg["max-grad-norm"]), grad_sample_mode=mode,
+                           max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,
                            seed=seed, accountant=ledger.accountant,
-                           secure=bool(cfg["secure-rng"]))
+                           secure=cfg.privacy.secure_rng)
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "
                            f"{private.sample_rate}, expected {per_epoch} at {ledger.sample_rate}")
-    result = train_epochs(private.model, private.loader, private.optimizer,
-                          int(cfg["local-epochs"]), device, criterion=private.criterion)
+    result = train_epochs(private.model, private.loader, private.optimizer, t.local_epochs,
+                          device, criterion=private.criterion)
     taken = private.history()
     if [(s, q) for s, q, _ in taken] != [(ledger.noise_multiplier, ledger.sample_rate)] or \
             sum(n for _, _, n in taken) != planned:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import shutil
 import tempfile
 import tomllib
 from pathlib import Path
+
+from tasks.config import defaults, to_toml
 
 APP_PACKAGES = ("tasks", "server", "clients", "strategies", "privacy")
 
@@ -33,9 +36,9 @@ def app_dir() -> Path:
 
 
 def stage_app() -> Path:
-    from tasks.config import defaults, to_toml
-
+    """The app packages and a pyproject.toml in a temporary folder, removed at exit."""
     stage = Path(tempfile.mkdtemp(prefix="fedpriv-app-"))
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
     for name in APP_PACKAGES:
         src = Path(importlib.import_module(name).__file__).parent  # type: ignore[arg-type]
         shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, parse_assignment, validate
+from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
@@ -43,15 +44,27 @@ def read_preset(name: str) -> dict[str, Any]:
         raise ConfigError(f"preset {path} has tables {tables}; a preset is a flat list of "
                           "run-config keys (key = value).")
     try:
-        return validate(values, partial=True)
+        return validate_partial(values)
     except ConfigError as exc:
         raise ConfigError(f"in preset {path}: {exc}") from None
 
 
-def resolve(preset: str | None, assignments: Iterable[str]) -> dict[str, Any]:
-    """Defaults <- preset <- --set key=value, validated as a whole."""
+def resolve(preset: str | None, assignments: Iterable[str]) -> RunConfig:
+    """Defaults <- preset <- --set key=value, validated as a whole; folders made absolute
+    (the ServerApp runs in another process and another working directory)."""
     values: dict[str, Any] = read_preset(preset) if preset else {}
     for text in assignments:
         key, value = parse_assignment(text)
         values[key] = value
-    return validate(values)
+    return absolutize(validate(values))
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve()) if path else path
+
+
+def absolutize(cfg: RunConfig) -> RunConfig:
+    """The config with data-dir, results-dir and run-dir as absolute paths."""
+    return replace(cfg, data=replace(cfg.data, data_dir=_absolute(cfg.data.data_dir)),
+                   results=replace(cfg.results, results_dir=_absolute(cfg.results.results_dir),
+                                   run_dir=_absolute(cfg.results.run_dir)))

@@ -18,26 +18,28 @@ from pathlib import Path
 
 
 def release_scatter(run_dir: Path, client: int = 0) -> Path:
+    # torch, scikit-learn and matplotlib: this runs in a child process (plot_in_child)
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from sklearn.decomposition import PCA
 
     from clients.anonymized import holdout_split, released_data
-    from clients.app import derive_seed
     from server.results import read_run_info
     from tasks.config import validate
+    from tasks.seeding import derive_seed
     from tasks.splits import client_split
 
     with open(run_dir / "config.toml", "rb") as f:
         cfg = validate(tomllib.load(f))
-    n = int(read_run_info(run_dir).get("num-clients", cfg["num-clients"]))
+    anon = cfg.anonymization
+    n = int(read_run_info(run_dir).get("num-clients", cfg.federation.num_clients))
     split = client_split(cfg, client, n)
-    seed = derive_seed(int(cfg["seed"]), client)
-    if cfg["anonymizer"] == "cvae-federated":
-        released = _federated_release(run_dir, cfg, split, seed)
+    seed = derive_seed(cfg.training.seed, client)
+    if anon.anonymizer == "cvae-federated":
+        released = _federated_release(run_dir, anon, split, seed)
     else:
-        released = released_data(cfg, split, seed)
-    members, _ = holdout_split(len(split), float(cfg["privacy-holdout"]), seed)
+        released = released_data(anon, split, seed)
+    members, _ = holdout_split(len(split), anon.privacy_holdout, seed)
     x, y = split.x.numpy()[members], split.y.numpy()[members]
     pca = PCA(n_components=2, random_state=0).fit(x)
     a, b = pca.transform(x), pca.transform(released.x.numpy())
@@ -46,7 +48,7 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
     cmap = colormaps["tab10" if split.num_classes <= 10 else "tab20"]
     for ax, pts, labels, title in ((axes[0], a, y, f"client {client}: original ({len(x)})"),
                                    (axes[1], b, released.y.numpy(),
-                                    f"released by {cfg['anonymizer']} ({len(b)})")):
+                                    f"released by {anon.anonymizer} ({len(b)})")):
         ax.scatter(pts[:, 0], pts[:, 1], c=[cmap(int(c) % cmap.N) for c in labels], s=6,
                    alpha=0.7, linewidths=0)
         ax.set_title(title, fontsize=10)
@@ -62,7 +64,7 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
     return out
 
 
-def _federated_release(run_dir: Path, cfg: dict, split, seed: int):
+def _federated_release(run_dir: Path, anon, split, seed: int):
     import torch
     from flwr.app import ArrayRecord, Context, RecordDict
 
@@ -70,7 +72,7 @@ def _federated_release(run_dir: Path, cfg: dict, split, seed: int):
 
     decoder = torch.load(run_dir / "cvae_decoder.pt", weights_only=True)
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    return federated_cvae_release(cfg, context, split, seed, ArrayRecord(decoder))
+    return federated_cvae_release(anon, context, split, seed, ArrayRecord(decoder))
 
 
 def plot_in_child(run_dir: Path, client: int = 0) -> bool:

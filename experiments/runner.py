@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from server.console import PREFIX
+from server.plots import plot_label_distribution
 from server.results import RunFolder, read_run_info
+from tasks.config import RunConfig
 
+from .release_plot import plot_in_child
 from .superlink import LocalSuperLink
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -32,12 +35,12 @@ class RunOutcome:
         return self.status == "finished"
 
 
-def federation_config(cfg: Mapping[str, Any], cuda: bool) -> dict[str, Any]:
+def federation_config(cfg: RunConfig, cuda: bool) -> dict[str, Any]:
     """The simulation federation for a run config: clients and their resources."""
-    gpus = float(cfg["client-gpus"]) if cfg["device"] != "cpu" and cuda else 0.0
-    return {"num-supernodes": int(cfg["num-clients"]),
-            "client-resources-num-cpus": int(cfg["client-cpus"]),
-            "client-resources-num-gpus": gpus}
+    r = cfg.resources
+    gpus = r.client_gpus if r.device != "cpu" and cuda else 0.0
+    return {"num-supernodes": cfg.federation.num_clients,
+            "client-resources-num-cpus": r.client_cpus, "client-resources-num-gpus": gpus}
 
 
 class LogFilter:
@@ -69,7 +72,7 @@ class LogFilter:
         self.log.close()
 
 
-def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Path, *,
+def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
             cuda: bool = False, verbose: bool = False,
             echo: Callable[[str], None] = print,
             label_counts: list[list[int]] | None = None) -> RunOutcome:
@@ -82,7 +85,8 @@ def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Pa
     log = LogFilter(run_dir / "flwr.log", verbose, echo)
     status, error = "crashed", None
     try:
-        link.submit(app, {**cfg, "run-dir": str(run_dir)}, federation_config(cfg, cuda), log)
+        link.submit(app, {**cfg.flat(), "run-dir": str(run_dir)}, federation_config(cfg, cuda),
+                    log)
         info = read_run_info(run_dir)
         status = info.get("status", "crashed")
         if status == "running":
@@ -105,15 +109,11 @@ def execute(link: LocalSuperLink, app: Path, cfg: Mapping[str, Any], run_dir: Pa
     wall_s = time.perf_counter() - t0  # the run itself, not the plots below
     plot = run_dir / "plots" / "label_distribution.png"
     if label_counts and status == "finished" and not plot.exists():
-        from server.plots import plot_label_distribution
-
         plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
                                        for i, c in enumerate(label_counts)],
                                 "label distribution (ground truth from the partitioner; "
                                 "the clients did not disclose it to the server)")
-    if status == "finished" and cfg.get("anonymizer", "none") != "none":
-        from .release_plot import plot_in_child
-
+    if status == "finished" and cfg.anonymization.enabled:
         if plot_in_child(run_dir):
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")
     return RunOutcome(run_dir, status, error, read_run_info(run_dir), wall_s)

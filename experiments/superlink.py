@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tasks.config import to_toml
+
 from . import procs
 
 
@@ -146,8 +148,6 @@ class LocalSuperLink:
     def submit(self, app_dir: Path, run_config: Mapping[str, Any],
                federation: Mapping[str, Any], on_line: Callable[[str], None]) -> int:
         """Run ``flwr run APP fedpriv --stream`` with this config; pass each output line on."""
-        from tasks.config import to_toml
-
         assert self.home is not None
         self._runs += 1
         overrides = self.home / f"run-{self._runs}.toml"

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from server.ledger import outcome as run_outcome
+from server.ledger import read_ledger
 from server.privacy_log import headline_epsilon
-from server.results import new_run_dir, read_metrics, read_run_info
-from server.summary import outcome as run_outcome
-from tasks.config import ConfigError, parse_assignment, validate
+from server.results import new_run_dir, read_run_info
+from tasks.config import ConfigError, RunConfig, parse_assignment, validate
 
-from .configs import SWEEPS, find_file, read_preset, read_toml
+from .app_bundle import app_dir
+from .configs import SWEEPS, absolutize, find_file, read_preset, read_toml
+from .preflight import preflight_isolated
+from .runner import execute
+from .superlink import LocalSuperLink
 from .sweep_plots import sweep_plots
 
 
@@ -53,7 +58,7 @@ class SweepSpec:
 class Cell:
     index: int
     params: dict[str, Any]
-    config: dict[str, Any]
+    config: RunConfig | None
     status: str = "pending"
     error: str | None = None
     run_dir: Path | None = None
@@ -153,11 +158,6 @@ def _fmt(x: Any, digits: int = 4) -> str:
 def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
               verbose: bool = False) -> int:
     """Run a sweep file; returns the process exit code (0 when every cell finished)."""
-    from .app_bundle import app_dir
-    from .preflight import absolutize, preflight_isolated
-    from .runner import execute
-    from .superlink import LocalSuperLink
-
     spec = load_sweep(name, overrides)
     cells = [Cell(i + 1, p, absolutize(validate({**spec.base, **p})))
              for i, p in enumerate(spec.cells())]
@@ -166,7 +166,7 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
         print(f"  {c.index:>3}. {c.label}")
     if dry_run:
         return 0
-    results_dir = cells[0].config["results-dir"]
+    results_dir = cells[0].config.results.results_dir
     out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
     (out / "plots").mkdir()
     (out / "sweep.json").write_text(json.dumps(
@@ -201,7 +201,7 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
                     print(f"  cell {c.index} crashed: {c.error}")
                     continue
                 c.status, c.error = res.status, res.error
-                ledger = read_metrics(c.run_dir)
+                ledger = read_ledger(c.run_dir)
                 c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
                             "target-reached-round": res.info.get("target-reached-round", ""),
                             "privacy": res.info.get("privacy", {}),
@@ -226,11 +226,11 @@ def replot(out: Path) -> None:
     with open(out / "sweep.csv", newline="") as f:
         for row in csv.DictReader(f):
             params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
-            cell = Cell(int(row["cell"]), params, {}, row["status"], row["error"] or None,
+            cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
                         out / row["run-dir"] if row["run-dir"] else None)
             if cell.run_dir:
                 info = read_run_info(cell.run_dir)
-                cell.result = {**run_outcome(read_metrics(cell.run_dir)),
+                cell.result = {**run_outcome(read_ledger(cell.run_dir)),
                                "privacy": info.get("privacy", {}),
                                "anonymization": info.get("anonymization")}
             cells.append(cell)

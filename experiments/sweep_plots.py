@@ -8,9 +8,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from server.ledger import read_ledger
 from server.plots import line_plot
 from server.privacy_log import headline_epsilon
-from server.results import read_metrics
 
 
 def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
@@ -18,10 +18,9 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     epsilon_vs_round."""
     out.mkdir(parents=True, exist_ok=True)
     ledgers = {c.label: ledger for c in cells
-               if c.run_dir and (ledger := read_metrics(c.run_dir))}
+               if c.run_dir and (ledger := read_ledger(c.run_dir))}
     line_plot(out / "accuracy_vs_round.png",
-              {k: ([r["round"] for r in v], [r["test"]["accuracy"] for r in v])
-               for k, v in ledgers.items()},
+              {k: ([r.round for r in v], [r.accuracy for r in v]) for k, v in ledgers.items()},
               "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
     fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
     ax = fig.subplots()
@@ -63,7 +62,7 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     fig.savefig(out / "privacy_accuracy.png", dpi=110, bbox_inches="tight")
     curves = {}
     for label, records in ledgers.items():
-        pts = [(r["round"], headline_epsilon(r.get("privacy"))) for r in records]
+        pts = [(r.round, headline_epsilon(r.privacy)) for r in records]
         pts = [(x, y) for x, y in pts if y is not None]
         if pts:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])

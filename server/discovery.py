@@ -3,7 +3,7 @@
 The answers map Flower's random node ids to stable partition ids, which makes
 sampling reproducible, and give each client's size and label histogram as the
 client itself sees them (true in simulation and on real SuperNodes alike) — when the
-run's disclosure policy lets the client send them (:mod:`privacy.disclosure`: not
+run's disclosure policy lets the client send them (:mod:`privacy.dp.disclosure`: not
 under secure aggregation, and only the size under local DP).
 """
 

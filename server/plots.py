@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
+
+from .ledger import RoundRecord, read_ledger
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -47,9 +52,10 @@ def _series(records: Sequence[Mapping[str, Any]], *path: str) -> tuple[list[int]
     return xs, ys
 
 
-def plot_run(out_dir: Path, records: Sequence[Mapping[str, Any]],
+def plot_run(out_dir: Path, ledger: Sequence[RoundRecord],
              initial: Mapping[str, Any] | None, title: str) -> list[Path]:
-    """Accuracy and loss against round; returns the files written."""
+    """Accuracy and loss (and epsilon with DP) against round; returns the files written."""
+    records = [r.to_json() for r in ledger]
     rows = ([{"round": 0, "test": initial}] if initial else []) + list(records)
     acc = out_dir / "accuracy.png"
     line_plot(acc, {"test (server, held-out)": _series(rows, "test", "accuracy"),
@@ -73,11 +79,30 @@ def plot_run(out_dir: Path, records: Sequence[Mapping[str, Any]],
     return files
 
 
+class PlotHook:
+    """Redraws a run's plots from its ledger: at most every ``every_s`` seconds, and at the end."""
+
+    def __init__(self, run_dir: Path, info: Mapping[str, Any], title: str,
+                 every_s: float = 10.0) -> None:
+        self.run_dir = run_dir
+        self.info = info
+        self.title = title
+        self.every_s = every_s
+        self.last = 0.0
+
+    def after_round(self, record: RoundRecord, arrays: Any, result: Any) -> None:
+        if time.perf_counter() - self.last >= self.every_s:
+            self.finish()
+
+    def finish(self) -> None:
+        plot_run(self.run_dir / "plots", read_ledger(self.run_dir), self.info.get("initial"),
+                 self.title)
+        self.last = time.perf_counter()
+
+
 def plot_label_distribution(path: Path, partitions: Sequence[Mapping[str, Any]],
                             title: str) -> None:
     """Stacked bars: how many examples of each class every client holds."""
-    import numpy as np
-    from matplotlib import colormaps
 
     counts = np.array([p["label-counts"] for p in partitions], dtype=float)
     n_clients, n_classes = counts.shape

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from privacy.anonymizers import dp_sgd_unit
-from strategies import RoundLog
+from privacy.anonymize import dp_sgd_unit
 from strategies.central_dp import CentralPrivacy
+from strategies.rounds import RoundLog
+from tasks.config import RunConfig
 
 
 def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
@@ -75,11 +76,10 @@ class AnonymizationLog:
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 
-    def __init__(self, cfg: Mapping[str, Any], central: CentralPrivacy | None,
-                 num_clients: int) -> None:
-        self.mode = str(cfg["dp"])
-        self.unit = dp_sgd_unit(str(cfg["anonymizer"]), str(cfg["dp-train-data"]))
-        self.target = float(cfg["target-epsilon"])
+    def __init__(self, cfg: RunConfig, central: CentralPrivacy | None, num_clients: int) -> None:
+        self.mode = cfg.privacy.dp
+        self.unit = dp_sgd_unit(cfg.anonymization.anonymizer, cfg.privacy.dp_train_data)
+        self.target = cfg.privacy.target_epsilon
         self.num_clients = num_clients
         self.central = central
         self.epsilon: dict[int, float] = {}
@@ -109,8 +109,12 @@ class PrivacyLog:
             "exhausted": sorted(self.exhausted),
         }
 
-    def all_exhausted(self) -> bool:
-        return self.mode == "local" and len(self.exhausted) >= self.num_clients
+    def stop_reason(self, server_round: int) -> str | None:
+        """Why the run cannot go on: every client has spent its budget."""
+        if self.mode == "local" and len(self.exhausted) >= self.num_clients:
+            return (f"every client has spent its privacy budget (target-epsilon {self.target}) "
+                    f"by round {server_round}")
+        return None
 
     def summary(self) -> dict[str, Any]:
         """For run.json and summary.md."""

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, to_toml
+from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
 
-METRICS = "metrics.jsonl"
+from .ledger import METRICS, RoundRecord
+
 RUN_INFO = "run.json"
 
 
@@ -31,8 +32,8 @@ def new_run_dir(results_dir: str | Path, name: str) -> Path:
     raise RuntimeError(f"could not create a new run folder under {root}")
 
 
-def default_run_name(cfg: Mapping[str, Any]) -> str:
-    return f"{cfg['dataset']}-{cfg['strategy']}-{cfg['partitioner']}"
+def default_run_name(cfg: RunConfig) -> str:
+    return f"{cfg.data.dataset}-{cfg.federation.strategy}-{cfg.data.partitioner}"
 
 
 class RunFolder:
@@ -43,10 +44,10 @@ class RunFolder:
         (path / "plots").mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def open(cls, cfg: Mapping[str, Any]) -> RunFolder:
+    def open(cls, results: ResultsConfig, name: str) -> RunFolder:
         """Use ``run-dir`` if given (it must not hold a finished run) or make a new folder."""
-        if cfg["run-dir"]:
-            path = Path(str(cfg["run-dir"])).expanduser().resolve()
+        if results.run_dir:
+            path = Path(results.run_dir).expanduser().resolve()
             if (path / METRICS).exists() or (path / RUN_INFO).exists():
                 raise ConfigError(
                     f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites "
@@ -54,7 +55,7 @@ class RunFolder:
                 )
             path.mkdir(parents=True, exist_ok=True)
         else:
-            path = new_run_dir(str(cfg["results-dir"]), default_run_name(cfg))
+            path = new_run_dir(results.results_dir, name)
         return cls(path)
 
     def file(self, name: str) -> Path:
@@ -68,15 +69,15 @@ class RunFolder:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
-    def write_config(self, cfg: Mapping[str, Any]) -> None:
+    def write_config(self, cfg: RunConfig) -> None:
         self.write_text("config.toml", "# Fully resolved run config of this run.\n"
                         + to_toml(cfg))
 
-    def append_metrics(self, record: Mapping[str, Any]) -> None:
-        """Append one round to metrics.jsonl and force it to disk."""
-        self.append_named(METRICS, record)
+    def append_round(self, record: RoundRecord) -> None:
+        """Append one round to the ledger and force it to disk."""
+        self.append_jsonl(METRICS, record.to_json())
 
-    def append_named(self, name: str, record: Mapping[str, Any]) -> None:
+    def append_jsonl(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one JSON line to ``name`` and force it to disk."""
         with open(self.path / name, "a") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
@@ -90,14 +91,6 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The ledger of a run, one dict per finished round."""
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def read_run_info(run_dir: str | Path) -> dict[str, Any]:

@@ -5,26 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tasks.config import RunConfig
+
+from .ledger import RoundRecord, outcome
 from .results import RunFolder
 
 
-def outcome(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Final and best test accuracy of a ledger, plus steady-state round time."""
-    if not records:
-        return {}
-    best = max(records, key=lambda r: r["test"]["accuracy"])
-    times = [r["time"]["round-s"] for r in records]
-    steady = times[1:] if len(times) > 1 else times
-    return {
-        "final": {"round": records[-1]["round"], **records[-1]["test"]},
-        "best": {"round": best["round"], **best["test"]},
-        "mean-round-s": sum(times) / len(times),
-        "steady-round-s": sum(steady) / len(steady),
-    }
-
-
 def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
-                  cfg: Mapping[str, Any]) -> list[str]:
+                  cfg: RunConfig) -> list[str]:
     """What the run's epsilon covers, under which neighbouring relation, and what the
     server could read in the clear."""
     lines = []
@@ -42,8 +30,8 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
         if unit != "record":
             lines.append(
                 f"- **the epsilon is per released row, not per person**: DP-SGD trained on "
-                f"what `{cfg['anonymizer']}` released, and one original record can change "
-                "every released row of it (data-dependent groups or fit), so no per-record "
+                f"what `{cfg.anonymization.anonymizer}` released, and one original record can "
+                "change every released row of it (data-dependent groups or fit), so no per-record "
                 "guarantee follows. Set dp-train-data = 'original' for a per-record epsilon.")
     elif privacy.get("mode") == "central":
         lines.append(
@@ -64,26 +52,27 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
         lines.append(f"- what the server could read of each client besides the "
                      f"{'secure sum' if aggregation.get('protocol') == 'SecAgg+' else 'update'}"
                      f": {what} — {aggregation.get('why')}.")
-        if cfg.get("report-client-metrics") and (cfg.get("dp") == "local"
-                                                 or cfg.get("secure-aggregation")):
+        if cfg.privacy.report_client_metrics and (cfg.privacy.dp == "local"
+                                                  or cfg.secagg.enabled):
             lines.append("- **report-client-metrics = true**: the clients' training and "
                          "evaluation metrics, label histograms and release scores in this "
                          "run were sent in the clear and are covered by no epsilon.")
     return lines
 
 
-def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any],
-                  records: Sequence[Mapping[str, Any]]) -> None:
+def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
+                  records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
+    fed, t = cfg.federation, cfg.training
     lines = [
-        f"# fedpriv run — {cfg['dataset']} · {info.get('model')} · {cfg['strategy']}",
+        f"# fedpriv run — {cfg.data.dataset} · {info.get('model')} · {fed.strategy}",
         "",
         f"- status: **{info.get('status')}**, {info.get('rounds-completed', 0)} of "
-        f"{cfg['num-server-rounds']} rounds; started {info.get('started')}",
+        f"{fed.num_server_rounds} rounds; started {info.get('started')}",
         f"- data: {info.get('dataset')}",
-        f"- federation: {info.get('num-clients')} clients, partitioner `{cfg['partitioner']}`, "
-        f"fraction-train {cfg['fraction-train']}, {cfg['local-epochs']} local epoch(s), "
-        f"batch {cfg['batch-size']}, lr {cfg['lr']}, seed {cfg['seed']}",
+        f"- federation: {info.get('num-clients')} clients, partitioner "
+        f"`{cfg.data.partitioner}`, fraction-train {fed.fraction_train}, {t.local_epochs} local "
+        f"epoch(s), batch {t.batch_size}, lr {t.lr}, seed {t.seed}",
         f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
     ]
     privacy = info.get("privacy", {})
@@ -121,11 +110,11 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
             "|---:|---:|---:|---:|---:|---:|",
         ]
         for r in records:
-            train_loss = r["train"].get("loss")
+            train_loss = r.train.get("loss")
             lines.append(
-                f"| {r['round']} | {r['test']['accuracy']:.4f} | {r['test']['loss']:.4f} | "
+                f"| {r.round} | {r.test['accuracy']:.4f} | {r.test['loss']:.4f} | "
                 f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
-                f"{len(r['clients'])}/{len(r['sampled'])} | {r['time']['round-s']:.2f} |")
+                f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
     lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
     if privacy.get("mode") in ("local", "central"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
@@ -138,5 +127,5 @@ def write_summary(run: RunFolder, cfg: Mapping[str, Any], info: Mapping[str, Any
     lines += ["Files: `config.toml` (resolved config), `metrics.jsonl` (one record per round), "
               "`partitions.json` (what clients disclosed about their partitions), `run.json` "
               "(status, timings, versions)"
-              + (", `model.pt` (final global model)" if cfg.get("save-model") else "") + ".", ""]
+              + (", `model.pt` (final global model)" if cfg.results.save_model else "") + ".", ""]
     run.write_text("summary.md", "\n".join(lines))

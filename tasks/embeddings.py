@@ -23,17 +23,21 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError
-from .datasets import DatasetBundle, cache_dir, load_dataset, public_mask
+from .cache import array_digest, cache_path, save_atomic
+from .config import DataConfig, EmbeddingsConfig
+from .datasets import DatasetBundle, load_dataset, public_mask
+from .errors import ConfigError
+from .registry import BACKBONES
+from .training import evaluate, make_loader, sgd, train_epochs
+
+CODE = ["tasks.embeddings", "tasks.models", "tasks.training", "tasks.datasets"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,11 @@ class BackboneSpec:
     weights: str  # path of a weights file, or ""
     trained_on: str = ""  # fingerprint of the images the backbone learns from
 
-    def key(self) -> str:
+    def key_parts(self) -> list:
+        """What the backbone's content depends on (its cache key, with the code version)."""
         extra = _file_digest(self.weights) if self.weights else ""
-        text = json.dumps([*self.dataset[:2], self.arch, self.dim, self.data,
-                           self.public_fraction, self.epochs, extra, self.trained_on])
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
+        return [*self.dataset[:2], self.arch, self.dim, self.data, self.public_fraction,
+                self.epochs, extra, self.trained_on]
 
 
 def _file_digest(path: str) -> str:
@@ -74,10 +78,10 @@ def _fingerprint(data: DatasetBundle) -> str:
     return f"{data.source}|{len(data.y_train)}|{labels}"
 
 
-def backbone_spec(cfg: Mapping[str, Any]) -> BackboneSpec:
-    weights = str(cfg["backbone-weights"])
-    arch = str(cfg["backbone"])
-    dataset = (str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]))
+def backbone_spec(emb: EmbeddingsConfig, data: DataConfig) -> BackboneSpec:
+    weights = emb.backbone_weights
+    arch = emb.backbone
+    dataset = (data.dataset, data.data_dir, data.download)
     raw = load_dataset(*dataset)
     dataset = (raw.name, *dataset[1:])
     if arch == "auto":
@@ -95,11 +99,10 @@ def backbone_spec(cfg: Mapping[str, Any]) -> BackboneSpec:
             raise ConfigError(f"backbone-weights is read as a torchvision ResNet-18; backbone = "
                               f"{arch!r} cannot load it. Use backbone = 'resnet18' or 'auto'.")
         return BackboneSpec(dataset, arch, 512, "weights", 0.0, 0, str(path.resolve()))
-    source = str(cfg["backbone-data"])
+    source = emb.backbone_data
     learns_from = raw if source == "public-split" else load_dataset(source, *dataset[1:])
-    return BackboneSpec(dataset, arch, int(cfg["embedding-dim"]), source,
-                        float(cfg["public-fraction"]), int(cfg["backbone-epochs"]), "",
-                        _fingerprint(learns_from))
+    return BackboneSpec(dataset, arch, emb.embedding_dim, source, emb.public_fraction,
+                        emb.backbone_epochs, "", _fingerprint(learns_from))
 
 
 # --------------------------------------------------------------------------- backbones
@@ -110,18 +113,7 @@ class EmbeddingNet(nn.Module):
 
     def __init__(self, arch: str, in_shape: tuple[int, ...], dim: int, num_classes: int):
         super().__init__()
-        from .models import McMahanCNN, SmallCNN, resnet18
-
-        if arch == "cnn":
-            trunk = McMahanCNN(in_shape, num_classes).features  # type: ignore[arg-type]
-        elif arch == "small-cnn":
-            trunk = SmallCNN(in_shape, num_classes).features  # type: ignore[arg-type]
-        elif arch == "resnet18":
-            net = resnet18(in_shape, num_classes)  # type: ignore[arg-type]
-            net.fc = nn.Identity()
-            trunk = net
-        else:
-            raise ConfigError(f"unknown backbone {arch!r}; choose cnn, small-cnn or resnet18.")
+        trunk = BACKBONES.load(arch)(in_shape, num_classes)
         with torch.no_grad():
             flat = trunk(torch.zeros(2, *in_shape)).flatten(1).shape[1]
         self.trunk = trunk
@@ -142,7 +134,7 @@ class TorchvisionResNet18(nn.Module):
 
     def __init__(self, weights: str, data: DatasetBundle):
         super().__init__()
-        from torchvision.models import resnet18
+        from torchvision.models import resnet18  # the ImageNet architecture, not tasks.models'
 
         self.net = resnet18()
         state = torch.load(weights, map_location="cpu", weights_only=True)
@@ -172,8 +164,6 @@ def _progress(text: str) -> None:
 
 def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, dict]:
     """Train an EmbeddingNet on data no client holds; return it with a description."""
-    from .training import evaluate, make_loader, sgd, train_epochs
-
     if spec.data == "public-split":
         if spec.public_fraction <= 0:
             raise ConfigError("backbone-data = 'public-split' needs public-fraction > 0 (the "
@@ -208,7 +198,7 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
 
 
 def _cache_path(spec: BackboneSpec) -> Path:
-    return cache_dir() / "backbones" / f"{spec.key()}.pt"
+    return cache_path("backbones", ".pt", spec.key_parts(), CODE)
 
 
 def _weights_info(spec: BackboneSpec) -> dict:
@@ -239,17 +229,9 @@ def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
         net.load_state_dict(saved["state"])
         return net.eval(), saved["info"]
     net, info = _train_backbone(spec, raw)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.pt")
-        torch.save({"state": net.state_dict(), "classes": net.head.out_features, "info": info},
-                   tmp)
-        os.replace(tmp, path)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.json")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, path.with_suffix(".json"))
-    except OSError:
-        pass
+    save_atomic(path, lambda tmp: torch.save(
+        {"state": net.state_dict(), "classes": net.head.out_features, "info": info}, tmp))
+    save_atomic(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(info)))
     return net, info
 
 
@@ -260,20 +242,12 @@ def embed(net: nn.Module, data: DatasetBundle, x: np.ndarray, batch: int = 512) 
     return np.concatenate(out) if out else np.zeros((0, 1), np.float32)
 
 
-def cached_embeddings(spec: BackboneSpec, data: DatasetBundle, x: np.ndarray, tag: str
-                      ) -> np.ndarray:
+def cached_embeddings(spec: BackboneSpec, data: DatasetBundle, x: np.ndarray) -> np.ndarray:
     """Embeddings of ``x`` (a client's partition, or the test set), computed once."""
-    digest = hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
-    path = cache_dir() / "embeddings" / f"{spec.key()}-{tag}-{digest}.npy"
+    path = cache_path("embeddings", ".npy", [spec.key_parts(), array_digest(x)], CODE)
     if path.is_file():
         return np.load(path)
     net, _ = load_backbone(spec)
     emb = embed(net, data, x)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
-        np.save(tmp, emb)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    save_atomic(path, lambda tmp: np.save(tmp, emb))
     return emb

@@ -5,14 +5,13 @@ All are Opacus-compatible: no BatchNorm, only layers Opacus computes per-sample 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
 
-from .config import ConfigError, parse_hidden
+from .errors import ConfigError
+from .registry import MODELS
 
 
 class McMahanCNN(nn.Module):
@@ -58,7 +57,7 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def mlp(in_features: int, hidden: tuple[int, ...], num_classes: int) -> nn.Sequential:
+def mlp_net(in_features: int, hidden: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """A ReLU MLP (McMahan's 2NN is hidden=(200, 200)); flattens its input first."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_features
@@ -69,14 +68,12 @@ def mlp(in_features: int, hidden: tuple[int, ...], num_classes: int) -> nn.Seque
     return nn.Sequential(*layers)
 
 
-def resnet18(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def resnet18_gn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """torchvision's ResNet-18 with GroupNorm (DP-friendly) and a CIFAR stem (3x3, no max-pool).
 
     The residual blocks add without in-place ops: Opacus' backward hooks cannot follow
     torchvision's ``out += identity`` and in-place ReLU.
     """
-    from torchvision.models.resnet import BasicBlock, ResNet
-
     class Block(BasicBlock):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             identity = x if self.downsample is None else self.downsample(x)
@@ -91,6 +88,61 @@ def resnet18(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return model
 
 
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(
+            f"model {name!r} needs image input (channels, height, width) but the dataset "
+            f"gives vectors of shape {input_shape}. Use model = 'mlp' for tabular data.")
+    if min(input_shape[1:]) < 16:
+        raise ConfigError(f"model {name!r} needs images of at least 16x16, got {input_shape}.")
+    return input_shape  # type: ignore[return-value]
+
+
+# The registered models (tasks.registry.MODELS): (input shape, classes, MLP widths) -> module.
+
+def mcmahan_cnn(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+                ) -> nn.Module:
+    return McMahanCNN(_image_shape("cnn", input_shape), num_classes)
+
+
+def small_cnn(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+              ) -> nn.Module:
+    return SmallCNN(_image_shape("small-cnn", input_shape), num_classes)
+
+
+def resnet18(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+             ) -> nn.Module:
+    return resnet18_gn(_image_shape("resnet18", input_shape), num_classes)
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)
+        ) -> nn.Module:
+    return mlp_net(int(np.prod(input_shape)), hidden, num_classes)
+
+
+def linear(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+           ) -> nn.Module:
+    """A linear probe (an MLP without hidden layers)."""
+    return mlp_net(int(np.prod(input_shape)), (), num_classes)
+
+
+# Trunks for frozen embedding networks (tasks.registry.BACKBONES): the model without its
+# classifier, built whole first so that a seeded trunk is initialised as the model is.
+
+def mcmahan_cnn_trunk(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return mcmahan_cnn(input_shape, num_classes).features
+
+
+def small_cnn_trunk(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return small_cnn(input_shape, num_classes).features
+
+
+def resnet18_trunk(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    net = resnet18(input_shape, num_classes)
+    net.fc = nn.Identity()
+    return net
+
+
 def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
     """Turn 'auto' into a concrete model for the input shape."""
     if name != "auto":
@@ -101,39 +153,9 @@ def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
-                mlp_hidden: str = "200,200") -> nn.Module:
-    """Build a model by name for inputs of ``input_shape`` (without the batch dimension)."""
-    name = resolve_model_name(name, input_shape)
-    if name == "linear":  # a linear probe
-        return mlp(int(np.prod(input_shape)), (), num_classes)
-    if name == "mlp":
-        in_features = 1
-        for d in input_shape:
-            in_features *= d
-        return mlp(in_features, parse_hidden(mlp_hidden), num_classes)
-    if len(input_shape) != 3:
-        raise ConfigError(
-            f"model {name!r} needs image input (channels, height, width) but the dataset "
-            f"gives vectors of shape {input_shape}. Use model = 'mlp' for tabular data."
-        )
-    if min(input_shape[1:]) < 16:
-        raise ConfigError(f"model {name!r} needs images of at least 16x16, got {input_shape}.")
-    if name == "cnn":
-        return McMahanCNN(input_shape, num_classes)  # type: ignore[arg-type]
-    if name == "small-cnn":
-        return SmallCNN(input_shape, num_classes)  # type: ignore[arg-type]
-    if name == "resnet18":
-        return resnet18(input_shape, num_classes)  # type: ignore[arg-type]
-    raise ConfigError(f"unknown model {name!r}; choose cnn, small-cnn, resnet18 or mlp.")
-
-
-def model_for(cfg: Mapping[str, Any]) -> tuple[nn.Module, str]:
-    """The model a run config asks for, sized for what the clients train on."""
-    from .splits import dataset_for, feature_shape
-
-    shape = feature_shape(cfg)
-    name = resolve_model_name(str(cfg["model"]), shape)
-    return build_model(name, shape, dataset_for(cfg).num_classes, str(cfg["mlp-hidden"])), name
+                hidden: tuple[int, ...] = (200, 200)) -> nn.Module:
+    """Build a registered model (or 'auto') for inputs of ``input_shape`` (no batch dim)."""
+    return MODELS.load(resolve_model_name(name, input_shape))(input_shape, num_classes, hidden)
 
 
 def count_parameters(model: nn.Module) -> int:

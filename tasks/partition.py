@@ -8,20 +8,29 @@ and the image bytes are never copied. Every split is seeded and reproducible.
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import warnings
-from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 import numpy as np
 
-from .config import ConfigError
+from .cache import array_digest, cache_path, save_atomic
+from .config import DataConfig
+from .errors import ConfigError
+from .registry import PARTITIONERS
+
+
+def _flwr_partitioners() -> Any:
+    """flwr-datasets' partitioners. Imported only to partition: they load Hugging Face
+    ``datasets`` (about 220 MB and 1.7 s), which clients skip when the split is cached."""
+    from flwr_datasets import partitioner
+
+    return partitioner
 
 
 def _labels_dataset(labels: np.ndarray, seed: int | None):
-    import datasets
+    import datasets  # see _flwr_partitioners
 
     datasets.disable_progress_bars()
     ds = datasets.Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
@@ -31,28 +40,46 @@ def _labels_dataset(labels: np.ndarray, seed: int | None):
     return ds
 
 
-def make_partitioner(scheme: str, num_partitions: int, *, alpha: float, min_size: int,
-                     shards_per_client: int, classes_per_client: int, seed: int) -> Any:
-    """Build the flwr-datasets partitioner for a scheme name."""
-    from flwr_datasets import partitioner as P
+@dataclass(frozen=True)
+class PartitionArgs:
+    """What a partitioner needs (everything that changes the split, hence its cache key)."""
 
-    if scheme == "iid":
-        return P.IidPartitioner(num_partitions=num_partitions)
-    if scheme == "dirichlet":
-        return P.DirichletPartitioner(num_partitions=num_partitions, partition_by="label",
-                                      alpha=alpha, min_partition_size=min_size,
-                                      self_balancing=False, shuffle=True, seed=seed)
-    if scheme == "shard":
-        return P.ShardPartitioner(num_partitions=num_partitions, partition_by="label",
-                                  num_shards_per_partition=shards_per_client,
-                                  shuffle=True, seed=seed)
-    if scheme == "pathological":
-        return P.PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
-                                         num_classes_per_partition=classes_per_client,
-                                         class_assignment_mode="first-deterministic",
-                                         shuffle=True, seed=seed)
-    raise ConfigError(f"unknown partitioner {scheme!r}; choose iid, dirichlet, shard or "
-                      "pathological.")
+    scheme: str
+    alpha: float
+    min_size: int
+    shards_per_client: int
+    classes_per_client: int
+    seed: int
+
+    @classmethod
+    def of(cls, data: DataConfig, seed: int) -> PartitionArgs:
+        return cls(data.partitioner, data.dirichlet_alpha, data.min_partition_size,
+                   data.shards_per_client, data.classes_per_client, seed)
+
+
+# The registered partitioners (tasks.registry.PARTITIONERS): flwr-datasets, configured.
+
+def iid(num_partitions: int, a: PartitionArgs) -> Any:
+    return _flwr_partitioners().IidPartitioner(num_partitions=num_partitions)
+
+
+def dirichlet(num_partitions: int, a: PartitionArgs) -> Any:
+    return _flwr_partitioners().DirichletPartitioner(
+        num_partitions=num_partitions, partition_by="label", alpha=a.alpha,
+        min_partition_size=a.min_size, self_balancing=False, shuffle=True, seed=a.seed)
+
+
+def shard(num_partitions: int, a: PartitionArgs) -> Any:
+    return _flwr_partitioners().ShardPartitioner(
+        num_partitions=num_partitions, partition_by="label",
+        num_shards_per_partition=a.shards_per_client, shuffle=True, seed=a.seed)
+
+
+def pathological(num_partitions: int, a: PartitionArgs) -> Any:
+    return _flwr_partitioners().PathologicalPartitioner(
+        num_partitions=num_partitions, partition_by="label",
+        num_classes_per_partition=a.classes_per_client,
+        class_assignment_mode="first-deterministic", shuffle=True, seed=a.seed)
 
 
 def _check_feasible(scheme: str, n: int, num_partitions: int, num_classes: int,
@@ -74,18 +101,14 @@ def _check_feasible(scheme: str, n: int, num_partitions: int, num_classes: int,
         )
 
 
-def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *,
-                      num_classes: int, alpha: float = 0.5, min_size: int = 10,
-                      shards_per_client: int = 2, classes_per_client: int = 2,
-                      seed: int = 42) -> list[np.ndarray]:
+def partition_indices(labels: np.ndarray, num_partitions: int, args: PartitionArgs, *,
+                      num_classes: int) -> list[np.ndarray]:
     """Return, for each client, the indices of its training examples."""
     labels = np.asarray(labels)
-    _check_feasible(scheme, len(labels), num_partitions, num_classes, shards_per_client,
-                    classes_per_client)
-    part = make_partitioner(scheme, num_partitions, alpha=alpha, min_size=min_size,
-                            shards_per_client=shards_per_client,
-                            classes_per_client=classes_per_client, seed=seed)
-    part.dataset = _labels_dataset(labels, seed if scheme == "iid" else None)
+    _check_feasible(args.scheme, len(labels), num_partitions, num_classes,
+                    args.shards_per_client, args.classes_per_client)
+    part = PARTITIONERS.load(args.scheme)(num_partitions, args)
+    part.dataset = _labels_dataset(labels, args.seed if args.scheme == "iid" else None)
     try:
         with warnings.catch_warnings():
             # Failed Dirichlet attempts are retried (and a final failure is reported below);
@@ -96,61 +119,52 @@ def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str, *,
                    for i in range(num_partitions)]
     except ValueError as exc:
         hint = ""
-        if scheme == "dirichlet":
+        if args.scheme == "dirichlet":
             hint = (" The Dirichlet partitioner could not give every client at least "
-                    f"min-partition-size = {min_size} examples: raise dirichlet-alpha, "
+                    f"min-partition-size = {args.min_size} examples: raise dirichlet-alpha, "
                     "lower min-partition-size or lower num-clients.")
         raise ConfigError(f"partitioning failed: {exc}.{hint}") from exc
     empty = [i for i, idx in enumerate(out) if len(idx) == 0]
     if empty:
         raise ConfigError(
-            f"{scheme} partitioning left clients {empty[:10]} with no data. Lower "
-            "num-clients or change the partitioner's parameters."
-        )
+            f"{args.scheme} partitioning left clients {empty[:10]} with no data. Lower "
+            "num-clients or change the partitioner's parameters.")
     return out
 
 
-def partition_args(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The partitioner keyword arguments held in a run config."""
-    return {"scheme": str(cfg["partitioner"]), "alpha": float(cfg["dirichlet-alpha"]),
-            "min_size": int(cfg["min-partition-size"]),
-            "shards_per_client": int(cfg["shards-per-client"]),
-            "classes_per_client": int(cfg["classes-per-client"]), "seed": int(cfg["seed"])}
-
-
 @functools.lru_cache(maxsize=4)
-def cached_partitions(dataset_key: tuple, num_partitions: int, scheme: str, alpha: float,
-                      min_size: int, shards_per_client: int, classes_per_client: int,
-                      seed: int) -> tuple[np.ndarray, ...]:
-    """Every client's indices for a dataset, computed once and kept in memory and on disk.
+def cached_partitions(labels: LabelsKey, num_classes: int, num_partitions: int,
+                      args: PartitionArgs) -> tuple[np.ndarray, ...]:
+    """Every client's indices, computed once and kept in memory and in fedpriv's cache.
 
-    The disk copy (in fedpriv's cache folder, keyed by a hash of the labels, every
-    partitioner argument and the flwr-datasets version) lets simulated clients skip
-    importing Hugging Face ``datasets`` after the CLI's pre-flight check has partitioned.
+    The disk copy (keyed by the labels, the partitioner's arguments, the flwr-datasets
+    version and this module's code) lets simulated clients skip importing Hugging Face
+    ``datasets`` after the CLI's pre-flight check has partitioned.
     """
-    from .datasets import cache_dir, client_dataset
-
-    data = client_dataset(*dataset_key)
-    args = dict(scheme=scheme, alpha=alpha, min_size=min_size,
-                shards_per_client=shards_per_client, classes_per_client=classes_per_client,
-                seed=seed)
-    digest = hashlib.sha256(np.ascontiguousarray(data.y_train).tobytes())
-    digest.update(repr((num_partitions, sorted(args.items()), version("flwr-datasets"),
-                        version("datasets"))).encode())
-    path = cache_dir() / "partitions" / f"{digest.hexdigest()[:32]}.npz"
+    path = cache_path("partitions", ".npz",
+                      [labels.digest, num_partitions, args, version("flwr-datasets"),
+                       version("datasets")], ["tasks.partition"])
     if path.is_file():
         with np.load(path) as f:
             return tuple(f[f"p{i}"] for i in range(num_partitions))
-    parts = tuple(partition_indices(data.y_train, num_partitions, num_classes=data.num_classes,
-                                    **args))
-    try:  # only a speed-up: a read-only cache folder must not stop a run
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-        np.savez(tmp, **{f"p{i}": p for i, p in enumerate(parts)})
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    parts = tuple(partition_indices(labels.array, num_partitions, args,
+                                    num_classes=num_classes))
+    save_atomic(path, lambda tmp: np.savez(tmp, **{f"p{i}": p for i, p in enumerate(parts)}))
     return parts
+
+
+class LabelsKey:
+    """A label array that hashes by content (so :func:`cached_partitions` can be cached)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = np.asarray(array)
+        self.digest = array_digest(self.array)
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LabelsKey) and other.digest == self.digest
 
 
 def label_histogram(labels: np.ndarray, num_classes: int) -> list[int]:

@@ -9,15 +9,17 @@ frozen backbone's embeddings instead, cached on disk per partition.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from .config import RunConfig
 from .datasets import DatasetBundle, client_dataset
-from .partition import cached_partitions, label_histogram, partition_args
+from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
+from .models import build_model, resolve_model_name
+from .partition import LabelsKey, PartitionArgs, cached_partitions, label_histogram
 
 
 @dataclass(frozen=True)
@@ -35,63 +37,66 @@ class Split:
         return label_histogram(self.y.numpy(), self.num_classes)
 
 
-def _embeddings(cfg: Mapping[str, Any]) -> bool:
-    return cfg["features"] == "embeddings"
-
-
-def public_fraction(cfg: Mapping[str, Any]) -> float:
+def public_fraction(cfg: RunConfig) -> float:
     """The share of the training set held back as public data (0 unless a backbone uses it)."""
-    if _embeddings(cfg) and not cfg["backbone-weights"] and cfg["backbone-data"] == "public-split":
-        return float(cfg["public-fraction"])
+    emb = cfg.embeddings
+    if emb.enabled and not emb.backbone_weights and emb.backbone_data == "public-split":
+        return emb.public_fraction
     return 0.0
 
 
-def dataset_key(cfg: Mapping[str, Any]) -> tuple[str, str, bool, float]:
-    return (str(cfg["dataset"]), str(cfg["data-dir"]), bool(cfg["download"]),
-            public_fraction(cfg))
-
-
-def dataset_for(cfg: Mapping[str, Any]) -> DatasetBundle:
+def dataset_for(cfg: RunConfig) -> DatasetBundle:
     """The (raw) dataset the clients split, without any public split."""
-    return client_dataset(*dataset_key(cfg))
+    d = cfg.data
+    return client_dataset(d.dataset, d.data_dir, d.download, public_fraction(cfg))
 
 
-def feature_shape(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+def _backbone(cfg: RunConfig) -> BackboneSpec:
+    return backbone_spec(cfg.embeddings, cfg.data)
+
+
+def feature_shape(cfg: RunConfig) -> tuple[int, ...]:
     """What the model reads: image shape, tabular width, or the embedding width."""
-    if _embeddings(cfg):
-        from .embeddings import backbone_spec
-
-        return (backbone_spec(cfg).dim,)
+    if cfg.embeddings.enabled:
+        return (_backbone(cfg).dim,)
     return dataset_for(cfg).input_shape
 
 
-def partitions_for(cfg: Mapping[str, Any], num_partitions: int) -> tuple[np.ndarray, ...]:
+def model_name(cfg: RunConfig) -> str:
+    """The concrete model a run trains ('auto' resolved for what the clients read)."""
+    return resolve_model_name(cfg.training.model, feature_shape(cfg))
+
+
+def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:
+    """The model a run config asks for, sized for what the clients train on."""
+    name = model_name(cfg)
+    return (build_model(name, feature_shape(cfg), dataset_for(cfg).num_classes,
+                        cfg.training.hidden), name)
+
+
+def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
     """Every client's training indices for this config (computed once per process)."""
-    return cached_partitions(dataset_key(cfg), num_partitions, **partition_args(cfg))
+    data = dataset_for(cfg)
+    return cached_partitions(LabelsKey(data.y_train), data.num_classes, num_partitions,
+                             PartitionArgs.of(cfg.data, cfg.training.seed))
 
 
-def client_split(cfg: Mapping[str, Any], partition_id: int, num_partitions: int) -> Split:
+def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Split:
     """The training examples held by one client (pixels, or their embeddings)."""
     data = dataset_for(cfg)
     idx = partitions_for(cfg, num_partitions)[partition_id]
-    if _embeddings(cfg):
-        from .embeddings import backbone_spec, cached_embeddings
-
-        emb = cached_embeddings(backbone_spec(cfg), data, data.x_train[idx],
-                                f"p{partition_id}of{num_partitions}")
-        x = torch.from_numpy(emb)
+    if cfg.embeddings.enabled:
+        x = torch.from_numpy(cached_embeddings(_backbone(cfg), data, data.x_train[idx]))
     else:
         x = data.to_tensor(data.x_train[idx])
     return Split(x, torch.from_numpy(data.y_train[idx]), data.num_classes)
 
 
-def test_split(cfg: Mapping[str, Any]) -> Split:
+def heldout_split(cfg: RunConfig) -> Split:
     """The held-out test set (server side only; never sent to clients)."""
     data = dataset_for(cfg)
-    if _embeddings(cfg):
-        from .embeddings import backbone_spec, cached_embeddings
-
-        x = torch.from_numpy(cached_embeddings(backbone_spec(cfg), data, data.x_test, "test"))
+    if cfg.embeddings.enabled:
+        x = torch.from_numpy(cached_embeddings(_backbone(cfg), data, data.x_test))
     else:
         x = data.to_tensor(data.x_test)
     return Split(x, torch.from_numpy(data.y_test), data.num_classes)

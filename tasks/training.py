@@ -8,14 +8,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .errors import ConfigError
+
 
 def resolve_device(name: str) -> torch.device:
     """'auto' -> cuda when available, else cpu."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from .config import ConfigError
-
         raise ConfigError("device = 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'.")
     return torch.device(name)
 

@@ -54,6 +54,26 @@ def write_cifar_batch(path: Path, images_nchw: np.ndarray, labels: np.ndarray,
         pickle.dump(entry, f)
 
 
+def write_cifar_meta(path: Path, key: str, classes: int) -> None:
+    """CIFAR's meta pickle (class names), which torchvision reads too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump({key: [f"class{i}" for i in range(classes)]}, f)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Every test (and every process a test starts) uses a temporary cache, never the
+    user's: a stale entry there must not be able to make a test pass."""
+    saved = os.environ.get("FEDPRIV_CACHE")
+    os.environ["FEDPRIV_CACHE"] = str(tmp_path_factory.mktemp("fedpriv-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("FEDPRIV_CACHE", None)
+    else:
+        os.environ["FEDPRIV_CACHE"] = saved
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `fedpriv ARGS` as a user would, in a subprocess."""
@@ -83,3 +103,10 @@ def fresh_epsilon(history, delta: float, kind: str = "rdp") -> float:
 def results(tmp_path: Path) -> Path:
     path = tmp_path / "results"
     return path
+
+
+def ledger_json(run_dir: Path) -> list[dict]:
+    """A run's ledger as the JSON objects of metrics.jsonl (dashed keys)."""
+    from server.ledger import read_ledger
+
+    return [r.to_json() for r in read_ledger(run_dir)]

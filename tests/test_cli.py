@@ -5,8 +5,10 @@ import uuid
 import psutil
 import pytest
 
-from experiments.cli import keys_reference
-from tasks.config import SCHEMA
+from experiments.checks import preflight
+from experiments.configs import PRESETS, SWEEPS, read_preset, resolve
+from experiments.sweep import load_sweep
+from tasks.config import SCHEMA, ConfigError, defaults, validate
 
 from .conftest import REPO, run_cli
 
@@ -33,12 +35,21 @@ def test_run_help_documents_every_key_with_default_and_allowed_values():
     assert "fraction-train = 1.0    [(0, 1]]" in res.stdout
 
 
-def test_keys_command_matches_reference():
-    res = run_cli("keys")
-    assert res.returncode == 0 and res.stdout.strip() == keys_reference().strip()
+def test_keys_command_prints_the_schema_as_toml_and_text():
+    import tomllib
+
+    res = run_cli("keys", "--toml")
+    assert res.returncode == 0
+    assert tomllib.loads(res.stdout) == defaults()  # what pyproject.toml must hold
+    with open(REPO / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["tool"]["flwr"]["app"]["config"] == tomllib.loads(res.stdout)
+    text = run_cli("keys").stdout
+    for group in {k.group for k in SCHEMA}:
+        assert f"\n{group}:\n" in f"\n{text}"
+    assert '  client-sampling = "fixed"    [fixed | poisson]' in text
 
 
-@pytest.mark.parametrize("args, fragment", [
+BAD_INPUT = [
     (["--set", "dataset=imagenet"], "dataset = 'imagenet' must be one of"),
     (["--set", "model=vgg"], "model = 'vgg' must be one of"),
     (["--set", "strategy=fedfoo"], "strategy = 'fedfoo' must be one of"),
@@ -63,7 +74,24 @@ def test_keys_command_matches_reference():
     (["--set", "dp=local", "--set", "target-epsilon=0.0001"], "cannot be met"),
     (["--set", "dp=local", "--set", "delta=0.01"], "is not below 1/n"),
     (["--set", "dp=central", "--set", "secure-aggregation=true"], "needs client-side clipping"),
-])
+    (["--set", "seed=1e20"], "seed = 1e+20 must be at most 2^63 - 1"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD_INPUT)
+def test_bad_input_is_refused_with_one_paragraph(tmp_path, args, fragment):
+    # What `fedpriv run` checks before starting anything, in this process: the schema,
+    # then the pre-flight check on the data (the subprocess test below runs the CLI).
+    preset = args[1] if args[0] == "--config" else None
+    sets = [a for a in args[1::2]] if preset is None else []
+    with pytest.raises(ConfigError) as err:
+        cfg = resolve(preset, [*sets, f"results-dir={tmp_path / 'results'}"])
+        preflight(cfg)
+    assert fragment in str(err.value)
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+@pytest.mark.parametrize("args, fragment", [BAD_INPUT[0], BAD_INPUT[9], BAD_INPUT[19]])
 def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
     marker = uuid.uuid4().hex
     res = run_cli("run", "--set", f"results-dir={tmp_path / 'results'}", *args, cwd=tmp_path,
@@ -78,11 +106,28 @@ def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
     assert not results.exists() or not any(results.iterdir())  # no run folder was made
 
 
-def test_presets_all_validate():
+def test_every_bundled_preset_and_sweep_is_valid():
+    presets = sorted(p.stem for p in PRESETS.glob("*.toml"))
+    sweeps = sorted(p.stem for p in SWEEPS.glob("*.toml"))
+    assert {"mnist", "fashion-mnist", "cifar10", "breast-cancer"} <= set(presets)
+    for name in presets:
+        validate(read_preset(name))  # a whole run config, cross-checks included
+    for name in sweeps:
+        assert load_sweep(name).cells()  # load_sweep validates every cell
     res = run_cli("presets")
     assert res.returncode == 0
-    for name in ("mnist", "fashion-mnist", "cifar10", "breast-cancer", "clients-partitioning"):
-        assert name in res.stdout
+    assert all(name in res.stdout for name in presets + sweeps)
+
+
+def test_presets_command_flags_an_invalid_preset(tmp_path, monkeypatch):
+    import experiments.configs as configs
+    from experiments.cli import main
+
+    (tmp_path / "good.toml").write_text("num-clients = 4\n")
+    (tmp_path / "bad.toml").write_text("num-clients = 0\n")
+    monkeypatch.setattr(configs, "PRESETS", tmp_path)
+    monkeypatch.setattr(configs, "SWEEPS", tmp_path / "none")
+    assert main(["presets"]) == 2
 
 
 def test_sweep_dry_run_lists_the_grid():

@@ -1,8 +1,21 @@
+import dataclasses
 import tomllib
 
 import pytest
 
-from tasks.config import KEYS, SCHEMA, ConfigError, defaults, parse_assignment, to_toml, validate
+from privacy.anonymize import ANONYMIZERS
+from tasks.config import (
+    KEYS,
+    SCHEMA,
+    AnonymizationConfig,
+    ConfigError,
+    RunConfig,
+    defaults,
+    parse_assignment,
+    to_toml,
+    validate,
+    validate_partial,
+)
 
 from .conftest import REPO
 
@@ -16,15 +29,49 @@ def test_pyproject_run_config_matches_schema_defaults():
 
 def test_defaults_validate_and_keep_types():
     cfg = validate({})
-    assert cfg == defaults()
+    assert isinstance(cfg, RunConfig) and cfg.flat() == defaults()
+    flat = cfg.flat()
     for key in SCHEMA:
-        assert type(cfg[key.name]) is key.type
+        assert type(flat[key.name]) is key.type
+    assert validate(flat) == cfg and hash(validate(flat)) == hash(cfg)  # frozen, hashable
 
 
-def test_override_is_typed():
-    cfg = validate({"num-clients": 20, "lr": 1, "download": "true", "dataset": "cifar10"})
-    assert cfg["num-clients"] == 20 and isinstance(cfg["lr"], float) and cfg["lr"] == 1.0
-    assert cfg["download"] is True and cfg["dataset"] == "cifar10"
+def test_override_is_typed_and_lands_in_its_section():
+    cfg = validate({"num-clients": 20, "lr": 1, "download": "true", "dataset": "cifar10",
+                    "secagg-num-shares": 5, "dp": "central"})
+    assert cfg.federation.num_clients == 20
+    assert isinstance(cfg.training.lr, float) and cfg.training.lr == 1.0
+    assert cfg.data.download is True and cfg.data.dataset == "cifar10"
+    assert cfg.secagg.num_shares == 5 and cfg.privacy.dp == "central"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.training.lr = 2.0  # type: ignore[misc]
+
+
+def test_every_key_belongs_to_exactly_one_section():
+    names = [k.name for k in SCHEMA]
+    assert len(names) == len(set(names)) == len(defaults())
+    groups = {k.group for k in SCHEMA}
+    assert {"data", "federation", "privacy", "secure aggregation", "embeddings",
+            "anonymization", "training", "resources", "results"} == groups
+
+
+def test_anonymizer_parameters_are_read_off_their_dataclass():
+    # Each anonymizer's parameters are the keys its dataclass names: no second list.
+    for name, spec in ANONYMIZERS.items():
+        for f in dataclasses.fields(spec.params):
+            assert f.name.replace("_", "-") in KEYS, (name, f.name)
+            assert f.name in {g.name for g in dataclasses.fields(AnonymizationConfig)}
+    cfg = validate({"features": "embeddings", "anonymizer": "density", "dbscan-eps": 2.5})
+    params = cfg.anonymization.params()
+    assert params.dbscan_eps == 2.5 and params.density_outliers == "merge"
+    assert KEYS["anonymizer"].choices == tuple(ANONYMIZERS)
+
+
+def test_integers_beyond_int64_are_refused():
+    for key, value in (("seed", 10 ** 20), ("pca-components", 2 ** 63),
+                       ("secagg-quantization-range", 1e30)):
+        with pytest.raises(ConfigError, match=f"{key} = .* must be at most 2\\^63 - 1"):
+            validate({key: value})
 
 
 @pytest.mark.parametrize("values, fragment", [
@@ -73,7 +120,7 @@ def test_cross_key_checks():
 
 
 def test_partial_validation_only_checks_given_keys():
-    assert validate({"num-clients": 4}, partial=True) == {"num-clients": 4}
+    assert validate_partial({"num-clients": 4}) == {"num-clients": 4}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -94,8 +141,8 @@ def test_parse_assignment_needs_equals():
 
 
 def test_to_toml_round_trips():
-    cfg = validate({"data-dir": 'we"ird\\path', "lr": 0.125})
-    assert tomllib.loads(to_toml(cfg)) == cfg
+    cfg = validate({"data-dir": 'we"ird\\path', "lr": 0.125, "hash-salt": "a\nb\tc\x01"})
+    assert validate(tomllib.loads(to_toml(cfg))) == cfg
 
 
 def test_every_key_has_help_and_group():

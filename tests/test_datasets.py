@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from tasks.config import ConfigError
-from tasks.datasets import load_dataset, read_idx
+from tasks.datasets import load_dataset
 
-from .conftest import write_cifar_batch, write_idx, write_mnist_like
+from .conftest import write_cifar_batch, write_cifar_meta, write_mnist_like
 
 
 @pytest.fixture(autouse=True)
@@ -13,24 +13,6 @@ def _fresh_cache():
     load_dataset.cache_clear()
     yield
     load_dataset.cache_clear()
-
-
-@pytest.mark.parametrize("compress", [False, True])
-def test_idx_round_trip(tmp_path, compress):
-    arr = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-    path = write_idx(tmp_path / "x-idx3-ubyte", arr, compress)
-    np.testing.assert_array_equal(read_idx(path), arr)
-
-
-def test_idx_rejects_garbage(tmp_path):
-    bad = tmp_path / "bad"
-    bad.write_bytes(b"\x01\x02\x08\x01" + b"\x00" * 8)
-    with pytest.raises(ValueError, match="not an IDX file"):
-        read_idx(bad)
-    short = write_idx(tmp_path / "short", np.zeros((4, 2), np.uint8))
-    short.write_bytes(short.read_bytes()[:-3])
-    with pytest.raises(ValueError, match="header says"):
-        read_idx(short)
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -62,12 +44,41 @@ def test_fashion_mnist_from_torchvision_layout(tmp_path):
     assert str(tmp_path) in data.source
 
 
+def test_corrupt_or_truncated_idx_files_are_explained(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    write_mnist_like(raw, 50, 20)
+    labels = raw / "train-labels-idx1-ubyte"
+    labels.write_bytes(b"\x01\x02\x08\x01" + b"\x00" * 8)  # not an IDX header
+    with pytest.raises(ConfigError, match="malformed"):
+        load_dataset("mnist", str(tmp_path))
+    load_dataset.cache_clear()
+    gz = tmp_path / "g" / "MNIST" / "raw"
+    write_mnist_like(gz, 50, 20, compress=True)
+    path = gz / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(ConfigError, match="truncated or corrupt"):
+        load_dataset("mnist", str(tmp_path / "g"))
+
+
+@pytest.fixture
+def synthetic_cifar(monkeypatch):
+    """torchvision checks CIFAR's files against the real ones' MD5 sums, which synthetic
+    files cannot match: only the sum is skipped (a file must still exist), the real
+    reader runs."""
+    import os
+
+    import torchvision.datasets.cifar as tv_cifar
+
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda path, md5=None: os.path.isfile(path))
+
+
 def _cifar_images(n, seed):
     return np.random.default_rng(seed).integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
 
 
-def test_cifar10_pickles(tmp_path):
+def test_cifar10_pickles(tmp_path, synthetic_cifar):
     folder = tmp_path / "cifar-10-batches-py"
+    write_cifar_meta(folder / "batches.meta", "label_names", 10)
     batches = []
     for i in range(1, 6):
         imgs, labels = _cifar_images(4, i), np.arange(4) + i
@@ -87,8 +98,9 @@ def test_cifar10_pickles(tmp_path):
     assert t[1, 2, 5, 6].item() == pytest.approx(expected, rel=1e-5)
 
 
-def test_cifar100_pickles_use_fine_labels(tmp_path):
+def test_cifar100_pickles_use_fine_labels(tmp_path, synthetic_cifar):
     folder = tmp_path / "cifar-100-python"
+    write_cifar_meta(folder / "meta", "fine_label_names", 100)
     write_cifar_batch(folder / "train", _cifar_images(6, 1), np.array([0, 99, 5, 6, 7, 8]),
                       "fine_labels")
     write_cifar_batch(folder / "test", _cifar_images(2, 2), np.array([42, 43]), "fine_labels")
@@ -111,9 +123,21 @@ def test_cifar_without_data_dir_explains_layout():
         load_dataset("cifar100", "")
 
 
+def test_corrupt_cifar_files_fail_torchvisions_checksum(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        write_cifar_batch(folder / name, _cifar_images(2, 0), np.array([1, 2]), "labels")
+    write_cifar_meta(folder / "batches.meta", "label_names", 10)
+    with pytest.raises(ConfigError, match="missing, truncated or corrupt"):
+        load_dataset("cifar10", str(tmp_path))
+
+
 def test_missing_data_dir_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_dataset("mnist", str(tmp_path / "nope"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        load_dataset("mnist", str(tmp_path / "file"))
 
 
 def test_download_needs_a_data_dir():

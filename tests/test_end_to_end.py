@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from experiments.superlink import LocalSuperLink, flower_executable
-from server.results import read_metrics, read_run_info
+from server.results import read_run_info
 
-from .conftest import REPO, only_run, run_cli
+from .conftest import REPO, ledger_json, only_run, run_cli
 from .test_cli import _processes_with
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_cli_run_end_to_end(tmp_path, results):
     res = run_cli("run", *SMALL, "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run = only_run(results)
-    records = read_metrics(run)
+    records = ledger_json(run)
     assert [r["round"] for r in records] == [1, 2]
     info = read_run_info(run)
     assert info["status"] == "finished" and info["num-clients"] == 3
@@ -71,7 +71,7 @@ partitioner = ["iid", "pathological"]
     rows = list(csv.DictReader(open(out / "sweep.csv")))
     assert [r["status"] for r in rows] == ["finished", "invalid"] * 3
     assert "only 10 classes" in rows[1]["error"]
-    first = [read_metrics(out / r["run-dir"])[0] for r in rows if r["status"] == "finished"]
+    first = [ledger_json(out / r["run-dir"])[0] for r in rows if r["status"] == "finished"]
     a, b, c = first
     assert len(a["sampled"]) == 2
     assert a["sampled"] == b["sampled"]
@@ -79,6 +79,13 @@ partitioner = ["iid", "pathological"]
     assert c["test"] != a["test"]
     for name in ("sweep.md", "plots/accuracy_vs_round.png", "plots/final_accuracy.png"):
         assert (out / name).is_file()
+    # --replot redraws the comparison plots of a finished sweep from its folder
+    for plot in (out / "plots").glob("*.png"):
+        plot.unlink()
+    res = run_cli("sweep", str(out), "--replot", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {p.name for p in (out / "plots").glob("*.png")} == {"accuracy_vs_round.png",
+                                                               "final_accuracy.png"}
 
 
 def test_flwr_run_native_uses_the_same_apps(tmp_path):
@@ -96,7 +103,7 @@ def test_flwr_run_native_uses_the_same_apps(tmp_path):
     assert info["status"] == "finished"
     assert "the federation has 3 clients" in out  # num-clients=10 default, 3 supernodes
     # target-accuracy stops the run at the first round that reaches it
-    accs = [r["test"]["accuracy"] for r in read_metrics(run)]
+    accs = [r["test"]["accuracy"] for r in ledger_json(run)]
     assert len(accs) == info["target-reached-round"] < 6
     assert accs[-1] >= 0.3 and all(a < 0.3 for a in accs[:-1])
     assert "reached target-accuracy" in info["stopped-early"]
@@ -122,7 +129,7 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
     assert not alive, [p.cmdline() for p in alive]
     run = only_run(results)
     assert read_run_info(run)["status"] == "interrupted"
-    assert len(read_metrics(run)) >= 2
+    assert len(ledger_json(run)) >= 2
 
 
 def test_real_supernodes_on_loopback(tmp_path, results):
@@ -136,7 +143,7 @@ def test_real_supernodes_on_loopback(tmp_path, results):
     run = only_run(results)
     info = read_run_info(run)
     assert info["status"] == "finished" and info["num-clients"] == 2
-    (record,) = read_metrics(run)
+    (record,) = ledger_json(run)
     assert record["sampled"] == [0, 1] and record["test"]["accuracy"] > 0.5
     time.sleep(2)  # SuperExec processes notice their parent is gone within a second
     assert _processes_with(marker) == []

@@ -13,11 +13,11 @@ import torch
 from dp_accounting import GaussianDpEvent, NeighboringRelation
 from dp_accounting.rdp import RdpAccountant
 
-from privacy.disclosure import IDENTITY, RECORD_COUNT
-from server.results import read_metrics, read_run_info
-from strategies.observed import sampling_seed
+from privacy.dp.disclosure import IDENTITY, RECORD_COUNT
+from server.results import read_run_info
+from tasks.seeding import sampling_seed
 
-from .conftest import fresh_epsilon, only_run, run_cli
+from .conftest import fresh_epsilon, ledger_json, only_run, run_cli
 from .dp_reference import gaussian_epsilon
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def test_local_dp_accounting_budget_and_exhaustion(tmp_path, results):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "privacy: local DP-SGD" in res.stdout and "epsilon" in res.stdout
     run = only_run(results)
-    records = read_metrics(run)
+    records = ledger_json(run)
     assert len(records) == 5 and read_run_info(run)["status"] == "finished"
     trained: Counter = Counter()
     last = {}
@@ -92,7 +92,7 @@ def test_central_dp_accounting_and_max_epsilon_stop(tmp_path, results):
                   "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run = only_run(results)
-    records = read_metrics(run)
+    records = ledger_json(run)
     assert [r["privacy"]["epsilon"] for r in records] == pytest.approx(eps[:2])
     assert all(r["privacy"]["cohort"] == 2 and r["privacy"]["delta"] == 1e-5 for r in records)
     for r in records:  # client evaluation works under central DP, weighted per example
@@ -119,8 +119,11 @@ target-epsilon = 5.0
 seed = 5
 results-dir = "{results}"
 [grid]
-dp = ["none", "local", "central"]
+dp = ["none", "local"]
 secure-aggregation = [false, true]
+[[cells]]
+dp = "central"
+secure-aggregation = true
 """)
     res = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -147,13 +150,13 @@ secure-aggregation = [false, true]
             # only identity (and, with local DP, the record-count-derived DP status)
             allowed = IDENTITY | (RECORD_COUNT if dp == "local" else set())
             assert set(info["aggregation"]["client-values-in-clear"]) == allowed
-            for record in read_metrics(out / row["run-dir"]):
+            for record in ledger_json(out / row["run-dir"]):
                 for client in record["clients"]:
                     assert set(client) <= allowed, (dp, set(client) - allowed)
             parts = json.loads((out / row["run-dir"] / "partitions.json").read_text())
             assert all("label-counts" not in p for p in parts["clients"])
             assert (out / row["run-dir"] / "plots" / "label_distribution.png").is_file()
-    central = read_metrics(out / rows[("central", "True")]["run-dir"])[0]
+    central = ledger_json(out / rows[("central", "True")]["run-dir"])[0]
     assert central["privacy"]["releases"] == 1 and central["privacy"]["epsilon"] > 0
     assert "quantization" in central["privacy"]["accounting"]
 
@@ -170,7 +173,7 @@ def test_secure_aggregation_records_clients_out_of_local_dp_budget(tmp_path, res
                   "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run = only_run(results)
-    records = read_metrics(run)
+    records = ledger_json(run)
     assert len(records) == 4 and read_run_info(run)["status"] == "finished"
     for r, sampled in zip(records[:3], picks[:3], strict=True):
         assert [c["partition-id"] for c in r["clients"]] == sampled and "skipped" not in r

@@ -2,8 +2,9 @@ import pytest
 import torch
 from opacus.validators import ModuleValidator
 
-from tasks.config import ConfigError
+from tasks.config import KEYS, ConfigError
 from tasks.models import McMahanCNN, build_model, count_parameters, resolve_model_name
+from tasks.registry import BACKBONES, MODELS
 
 
 def test_mcmahan_cnn_has_the_papers_parameter_count():
@@ -13,12 +14,13 @@ def test_mcmahan_cnn_has_the_papers_parameter_count():
 def test_mlp_default_is_mcmahans_2nn():
     # 784*200+200 + 200*200+200 + 200*10+10
     assert count_parameters(build_model("mlp", (1, 28, 28), 10)) == 199_210
+    assert count_parameters(build_model("linear", (64,), 10)) == 650
 
 
 @pytest.mark.parametrize("name, shape, classes", [
     ("cnn", (1, 28, 28), 10), ("small-cnn", (1, 28, 28), 10), ("small-cnn", (3, 32, 32), 10),
     ("resnet18", (3, 32, 32), 100), ("resnet18", (1, 28, 28), 10), ("mlp", (30,), 2),
-    ("cnn", (3, 32, 32), 10),
+    ("cnn", (3, 32, 32), 10), ("linear", (64,), 10),
 ])
 def test_models_forward_and_are_opacus_compatible(name, shape, classes):
     torch.manual_seed(0)
@@ -29,13 +31,28 @@ def test_models_forward_and_are_opacus_compatible(name, shape, classes):
     assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+def test_every_registered_name_is_allowed_by_the_schema_and_builds():
+    assert KEYS["model"].choices == ("auto", *MODELS)
+    assert KEYS["backbone"].choices == ("auto", *BACKBONES)
+    for name in MODELS:
+        shape = (64,) if name in ("mlp", "linear") else (1, 28, 28)
+        assert build_model(name, shape, 3)(torch.randn(2, *shape)).shape == (2, 3)
+    for name in BACKBONES:
+        trunk = BACKBONES.load(name)((3, 32, 32), 10)
+        assert trunk(torch.randn(2, 3, 32, 32)).flatten(1).shape[0] == 2
+
+
 def test_auto_model_choice():
     assert resolve_model_name("auto", (1, 28, 28)) == "small-cnn"
     assert resolve_model_name("auto", (3, 32, 32)) == "resnet18"
     assert resolve_model_name("auto", (30,)) == "mlp"
-    assert resolve_model_name("cnn", (30,)) == "cnn"
+    assert resolve_model_name("auto", (64,)) == "mlp"  # embeddings
 
 
 def test_image_model_on_tabular_data_is_explained():
     with pytest.raises(ConfigError, match="needs image input.*Use model = 'mlp'"):
         build_model("cnn", (30,), 2)
+    with pytest.raises(ConfigError, match="at least 16x16"):
+        build_model("small-cnn", (1, 8, 8), 2)
+    with pytest.raises(ConfigError, match="unknown model 'vgg'.*linear"):
+        MODELS.load("vgg")

@@ -2,9 +2,15 @@ import json
 
 import pytest
 
-from server.results import RunFolder, new_run_dir, read_metrics, read_run_info
-from server.summary import outcome
+from server.ledger import RoundRecord, outcome, read_ledger
+from server.results import RunFolder, new_run_dir, read_run_info
 from tasks.config import ConfigError, validate
+
+
+def _record(r: int, accuracy: float = 0.5, **extra) -> RoundRecord:
+    return RoundRecord(round=r, test={"accuracy": accuracy, "loss": 1.0}, train={},
+                       sampled=[0], clients=[{"partition-id": 0}], failures=[],
+                       time={"round-s": 1.0 + r}, **extra)
 
 
 def test_new_run_dirs_never_collide(tmp_path):
@@ -15,23 +21,27 @@ def test_new_run_dirs_never_collide(tmp_path):
 
 def test_run_folder_refuses_an_existing_run(tmp_path):
     cfg = validate({"run-dir": str(tmp_path / "r")})
-    run = RunFolder.open(cfg)
-    run.append_metrics({"round": 1})
+    run = RunFolder.open(cfg.results, "x")
+    run.append_round(_record(1))
     (tmp_path / "r" / "keep.txt").write_text("precious")
     with pytest.raises(ConfigError, match="already holds a run"):
-        RunFolder.open(cfg)
+        RunFolder.open(cfg.results, "x")
     assert (tmp_path / "r" / "keep.txt").read_text() == "precious"
-    assert read_metrics(tmp_path / "r") == [{"round": 1}]
+    assert read_ledger(tmp_path / "r") == [_record(1)]
 
 
-def test_metrics_are_appended_one_line_per_round(tmp_path):
-    run = RunFolder.open(validate({"results-dir": str(tmp_path)}))
+def test_ledger_is_appended_one_typed_line_per_round(tmp_path):
+    run = RunFolder.open(validate({"results-dir": str(tmp_path)}).results, "x")
     for r in (1, 2, 3):
-        run.append_metrics({"round": r, "test": {"accuracy": r / 10, "loss": 1.0},
-                            "time": {"round-s": 1.0 + r}})
-    lines = (run.path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3]
-    res = outcome(read_metrics(run.path))
+        run.append_round(_record(r, r / 10, privacy={"mode": "central", "epsilon": r},
+                                 client_eval={"accuracy": 0.5}))
+    lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [1, 2, 3]
+    assert "client-eval" in lines[0] and "skipped" not in lines[0]  # the file's own keys
+    ledger = read_ledger(run.path)
+    assert ledger[2].privacy == {"mode": "central", "epsilon": 3}
+    assert ledger[0].client_eval == {"accuracy": 0.5}
+    res = outcome(ledger)
     assert res["final"]["round"] == 3 and res["best"]["accuracy"] == 0.3
     assert res["steady-round-s"] == pytest.approx(3.5)
     run.write_json("run.json", {"status": "finished"})

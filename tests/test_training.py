@@ -16,7 +16,7 @@ def _toy(n=256, seed=0):
 def test_training_learns_a_separable_problem():
     torch.manual_seed(0)
     x, y = _toy()
-    model = build_model("mlp", (10,), 2, "16")
+    model = build_model("mlp", (10,), 2, (16,))
     before = evaluate(model, x, y, 64, CPU)
     result = train_epochs(model, make_loader(x, y, 32, 0), sgd(model, 0.1, 0.5), 10, CPU)
     after = evaluate(model, x, y, 64, CPU)
@@ -37,7 +37,7 @@ def test_fedprox_term_keeps_weights_near_the_global_model():
 
     def drift(mu):
         torch.manual_seed(0)
-        model = build_model("mlp", (10,), 2, "16")
+        model = build_model("mlp", (10,), 2, (16,))
         start = [p.detach().clone() for p in model.parameters()]
         train_epochs(model, make_loader(x, y, 32, 0), sgd(model, 0.1), 5, CPU, proximal_mu=mu)
         pairs = zip(model.parameters(), start, strict=True)

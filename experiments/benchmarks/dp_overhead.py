@@ -26,19 +26,20 @@ import torch
 
 from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv, print_table
 from experiments.configs import resolve
-from privacy.dpsgd import make_private
-from tasks.models import model_for
-from tasks.splits import client_split
+from privacy.dp.dpsgd import make_private
+from tasks.config import RunConfig
+from tasks.splits import client_split, model_for
 from tasks.training import make_loader, sgd, train_epochs
 
 MODES = ("hooks", "ghost")
 
 
-def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
+def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
     """Median seconds for one local epoch of client 0, plain and per DP mode (and hooks
     with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise)."""
     torch.set_num_threads(1)
-    split = client_split(cfg, 0, int(cfg["num-clients"]))
+    split = client_split(cfg, 0, cfg.federation.num_clients)
+    t = cfg.training
     out: dict[str, float] = {}
     for variant in ("none", *MODES, "hooks+secure-rng"):
         mode = variant.split("+")[0]
@@ -46,8 +47,8 @@ def epoch_times(cfg: dict, repeats: int = 5) -> dict[str, float]:
         for r in range(repeats + 1):  # the first run warms up
             torch.manual_seed(r)
             model, _ = model_for(cfg)
-            opt = sgd(model, float(cfg["lr"]), float(cfg["momentum"]))
-            loader = make_loader(split.x, split.y, int(cfg["batch-size"]), r)
+            opt = sgd(model, t.lr, t.momentum)
+            loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
             if mode != "none":
                 p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,

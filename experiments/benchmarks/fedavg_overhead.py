@@ -31,8 +31,11 @@ from pathlib import Path
 
 import psutil
 
+from experiments.configs import resolve
 from experiments.procs import tree
-from server.results import read_metrics, read_run_info
+from experiments.superlink import LocalSuperLink
+from server.ledger import read_ledger
+from server.results import read_run_info
 
 DEFAULT_SET = ["num-clients=10", "num-server-rounds=5", "local-epochs=1"]
 
@@ -77,11 +80,10 @@ def bench_fedpriv(args: list[str], results: Path) -> dict:
     wall, rss, pss, _ = measured([sys.executable, "-m", "experiments.cli", "run", *args,
                                   "--set", f"results-dir={results}"])
     run = max(results.iterdir(), key=lambda p: p.stat().st_mtime)
-    recs = read_metrics(run)
+    recs = read_ledger(run)
     info = read_run_info(run)
-    rounds = [r["time"]["round-s"] for r in recs]
-    return {"total-s": wall, "rounds-s": rounds, "accuracy": [r["test"]["accuracy"] for r in recs],
-            "loss": [r["test"]["loss"] for r in recs],
+    return {"total-s": wall, "rounds-s": [r.time["round-s"] for r in recs],
+            "accuracy": [r.accuracy for r in recs], "loss": [r.test["loss"] for r in recs],
             "setup-s (server)": info.get("setup-s"), "peak-rss": rss, "peak-pss": pss,
             "run-dir": str(run)}
 
@@ -120,8 +122,6 @@ def train(msg, context):
 
 def bench_bare_flower(n: int, rounds: int) -> dict:
     """Flower's floor: the same federation size, clients that return the model untouched."""
-    from experiments.superlink import LocalSuperLink
-
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "bare"
         (app / "bareapp").mkdir(parents=True)
@@ -206,12 +206,10 @@ def main() -> None:
     report["fedpriv"] = fp = _merge(fps)
     pl = report["plain"] = _merge(pls) if pls else None
     if args.bare_flower:
-        from experiments.configs import resolve
-
         cfg = resolve(args.config, sets)
         print("bare Flower app ...", flush=True)
-        report["bare-flower"] = bench_bare_flower(int(cfg["num-clients"]),
-                                                  int(cfg["num-server-rounds"]))
+        report["bare-flower"] = bench_bare_flower(cfg.federation.num_clients,
+                                                  cfg.federation.num_server_rounds)
 
     def col(key: str, fmt: str) -> list[str]:
         return [fmt.format(fp[key]), fmt.format(pl[key]) if pl else ""]

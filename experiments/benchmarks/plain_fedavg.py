@@ -17,34 +17,35 @@ import time
 import numpy as np
 import torch
 
-from clients.app import derive_seed
 from experiments.configs import resolve
-from strategies.observed import sampling_seed
-from tasks.models import model_for
-from tasks.splits import client_split, test_split
+from privacy.dp.accounting import clients_per_round
+from tasks.config import RunConfig
+from tasks.seeding import derive_seed, sample_cohort, sampling_rng
+from tasks.splits import client_split, heldout_split, model_for
 from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
 
 
-def plain_fedavg(cfg: dict, threads: int | None = None) -> dict:
+def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
     """Run FedAvg for ``cfg`` in this process; return timings and accuracies."""
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)
-    seed = int(cfg["seed"])
+    fed, t = cfg.federation, cfg.training
+    seed = t.seed
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    test = test_split(cfg)
-    device = resolve_device(str(cfg["device"]))
+    test = heldout_split(cfg)
+    device = resolve_device(cfg.resources.device)
     model, _ = model_for(cfg)
-    n = int(cfg["num-clients"])
-    per_round = max(int(n * float(cfg["fraction-train"])), int(cfg["min-train-clients"]))
+    n = fed.num_clients
+    per_round = clients_per_round(n, fed.fraction_train, fed.min_train_clients)
     setup_s = time.perf_counter() - t0
     rounds = []
-    for rnd in range(1, int(cfg["num-server-rounds"]) + 1):
+    for rnd in range(1, fed.num_server_rounds + 1):
         start = time.perf_counter()
-        sampler = random.Random(sampling_seed(seed, rnd, 0))  # as Observed seeds Flower's sampling
-        chosen = sorted(sampler.sample(range(n), per_round))
+        # the same rule as fedpriv's rounds (tasks.seeding), over partition ids
+        chosen = sorted(sample_cohort(range(n), sampling_rng(seed, rnd), per_round))
         global_state = {k: v.clone() for k, v in model.state_dict().items()}
         updates = []
         for pid in chosen:
@@ -52,9 +53,9 @@ def plain_fedavg(cfg: dict, threads: int | None = None) -> dict:
             client_seed = derive_seed(seed, rnd, pid)
             torch.manual_seed(client_seed)
             model.load_state_dict(global_state)
-            opt = sgd(model, float(cfg["lr"]), float(cfg["momentum"]), float(cfg["weight-decay"]))
-            train_epochs(model, make_loader(split.x, split.y, int(cfg["batch-size"]), client_seed),
-                         opt, int(cfg["local-epochs"]), device)
+            opt = sgd(model, t.lr, t.momentum, t.weight_decay)
+            train_epochs(model, make_loader(split.x, split.y, t.batch_size, client_seed), opt,
+                         t.local_epochs, device)
             updates.append((len(split), {k: v.detach().cpu().numpy().copy()
                                          for k, v in model.state_dict().items()}))
         # Example-weighted mean in float32, in partition order: Flower's FedAvg arithmetic.
@@ -64,7 +65,7 @@ def plain_fedavg(cfg: dict, threads: int | None = None) -> dict:
             for k, v in state.items():
                 mean[k] = v * (w / total) if k not in mean else mean[k] + v * (w / total)
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in mean.items()})
-        loss, acc = evaluate(model, test.x, test.y, int(cfg["eval-batch-size"]), device)
+        loss, acc = evaluate(model, test.x, test.y, t.eval_batch_size, device)
         rounds.append({"round": rnd, "round-s": time.perf_counter() - start, "accuracy": acc,
                        "loss": loss})
     return {"setup-s": setup_s, "total-s": time.perf_counter() - t0, "rounds": rounds}

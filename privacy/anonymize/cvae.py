@@ -30,9 +30,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.preprocessing import MinMaxScaler
 from torch import nn
 
-from .anonymizers import AnonymizationError, Release
+from ..dp.accounting import auto_delta, calibrate_noise, epsilon
+from ..dp.dpsgd import import_opacus
+from .params import CVAEParams
+from .release import AnonymizationError, Release
 
 
 class CVAE(nn.Module):
@@ -70,84 +74,58 @@ def cvae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: to
     return (mse + beta * kl).mean()
 
 
-@dataclass
-class Scaler:
-    """Per-feature min-max scaling to [0, 1]."""
-
-    low: np.ndarray
-    high: np.ndarray
-
-    @classmethod
-    def fit(cls, x: np.ndarray) -> Scaler:
-        return cls(x.min(0), x.max(0))
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        span = np.where(self.high > self.low, self.high - self.low, 1.0)
-        return np.clip((x - self.low) / span, 0.0, 1.0).astype(np.float32)
-
-    def inverse(self, z: np.ndarray) -> np.ndarray:
-        return (self.low + z * (self.high - self.low)).astype(np.float32)
+def fit_scaler(x: np.ndarray) -> MinMaxScaler:
+    """Per-feature min-max scaling to [0, 1], clipped (scikit-learn)."""
+    return MinMaxScaler(clip=True).fit(x)
 
 
 @dataclass
 class TrainedCVAE:
     model: CVAE
-    scaler: Scaler
+    scaler: MinMaxScaler
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _cfg(params: Mapping[str, Any], key: str, default: Any) -> Any:
-    return params[key] if key in params else default
-
-
-def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, params: Mapping[str, Any],
+def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
                seed: int = 0, epochs: int | None = None,
                decoder_state: Mapping[str, torch.Tensor] | None = None,
                encoder_state: Mapping[str, torch.Tensor] | None = None,
-               scaler: Scaler | None = None) -> TrainedCVAE:
+               scaler: MinMaxScaler | None = None) -> TrainedCVAE:
     """Fit a CVAE on (x, y); early stopping unless DP or a fixed number of ``epochs``."""
     torch.manual_seed(seed)
-    latent = int(_cfg(params, "cvae-latent", 50))
-    hidden = int(_cfg(params, "cvae-hidden", 256))
-    beta = float(_cfg(params, "cvae-beta", 0.1))
-    batch = int(_cfg(params, "cvae-batch-size", 64))
-    target_eps = float(_cfg(params, "cvae-epsilon", 0.0))
-    max_epochs = int(epochs if epochs is not None else _cfg(params, "cvae-epochs", 200))
-    patience = int(_cfg(params, "cvae-patience", 10))
-    scaler = scaler or Scaler.fit(x)
-    xs = torch.from_numpy(scaler.transform(x))
+    max_epochs = int(epochs if epochs is not None else p.cvae_epochs)
+    scaler = scaler or fit_scaler(x)
+    xs = torch.from_numpy(scaler.transform(x).astype(np.float32))
     ys = torch.from_numpy(np.asarray(y, dtype=np.int64))
-    model = CVAE(x.shape[1], num_classes, latent, hidden)
+    model = CVAE(x.shape[1], num_classes, p.cvae_latent, p.cvae_hidden)
     if encoder_state is not None:
         model.load_state_dict(encoder_state, strict=False)
     if decoder_state is not None:
         model.decoder.load_state_dict(decoder_state)
-    early = target_eps == 0 and epochs is None and len(xs) >= 20
+    early = p.cvae_epsilon == 0 and epochs is None and len(xs) >= 20
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(xs), generator=gen)
     n_val = max(1, len(xs) // 10) if early else 0
     val, tr = order[:n_val], order[n_val:]
     train_set = torch.utils.data.TensorDataset(xs[tr], ys[tr])
-    loader = torch.utils.data.DataLoader(train_set, batch_size=min(batch, len(tr)),
+    loader = torch.utils.data.DataLoader(train_set, batch_size=min(p.cvae_batch_size, len(tr)),
                                          shuffle=True, generator=gen)
-    opt = torch.optim.Adam(model.parameters(), lr=float(_cfg(params, "cvae-lr", 1e-3)))
-    info: dict[str, Any] = {"latent": latent, "beta": beta, "dp": target_eps > 0}
+    opt = torch.optim.Adam(model.parameters(), lr=p.cvae_lr)
+    info: dict[str, Any] = {"latent": p.cvae_latent, "beta": p.cvae_beta,
+                            "dp": p.cvae_epsilon > 0}
     private = None
-    if target_eps > 0:
-        from .accounting import auto_delta, calibrate_noise, epsilon
-        from .dpsgd import import_opacus
-
+    if p.cvae_epsilon > 0:
         import_opacus()
-        from opacus import PrivacyEngine
+        from opacus import PrivacyEngine  # after import_opacus(): see its docstring
 
         delta = auto_delta(len(tr))
         steps = max_epochs * len(loader)
-        sigma = calibrate_noise(target_eps, delta, 1 / len(loader), steps)
+        sigma = calibrate_noise(p.cvae_epsilon, delta, 1 / len(loader), steps)
         private = PrivacyEngine(accountant="rdp")
         model, opt, loader = private.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma,
-            max_grad_norm=float(_cfg(params, "cvae-clip", 1.0)), poisson_sampling=True)
-        info.update({"noise-multiplier": sigma, "delta": delta})
+            max_grad_norm=p.cvae_clip, poisson_sampling=True)
+        info.update({"noise-multiplier": sigma, "delta": delta, "clip": p.cvae_clip})
     best, best_state, bad = math.inf, None, 0
     epoch, total, seen = 0, 0.0, 0
     for epoch in range(1, max_epochs + 1):
@@ -156,7 +134,7 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, params: Mapping[s
         for xb, yb in loader:
             opt.zero_grad(set_to_none=True)
             recon, mu, logvar = model(xb, yb)
-            loss = cvae_loss(recon, xb, mu, logvar, beta)
+            loss = cvae_loss(recon, xb, mu, logvar, p.cvae_beta)
             if not torch.isfinite(loss):
                 raise AnonymizationError(
                     f"the CVAE diverged (loss {loss.item()}) in epoch {epoch}; lower cvae-lr "
@@ -169,13 +147,13 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, params: Mapping[s
             model.eval()
             with torch.no_grad():
                 recon, mu, logvar = model(xs[val], ys[val])
-                v = float(cvae_loss(recon, xs[val], mu, logvar, beta))
+                v = float(cvae_loss(recon, xs[val], mu, logvar, p.cvae_beta))
             if v < best - 1e-6:
                 best, bad = v, 0
                 best_state = {k: t.clone() for k, t in model.state_dict().items()}
             else:
                 bad += 1
-                if bad >= patience:
+                if bad >= p.cvae_patience:
                     break
     plain = getattr(model, "_module", model)
     if best_state is not None:
@@ -191,12 +169,11 @@ def sample_release(trained: TrainedCVAE, y: np.ndarray, seed: int) -> Release:
     """Synthetic vectors, class by class, as many per class as the client holds."""
     gen = torch.Generator().manual_seed(seed)
     labels = torch.from_numpy(np.sort(np.asarray(y, dtype=np.int64)))
-    synthetic = trained.scaler.inverse(trained.model.sample(labels, gen).numpy())
+    synthetic = trained.scaler.inverse_transform(trained.model.sample(labels, gen).numpy())
     return Release(synthetic, labels.numpy(), None, None, dict(trained.info))
 
 
-def cvae_release(x: np.ndarray, y: np.ndarray, params: Mapping[str, Any], seed: int = 0
-                 ) -> Release:
+def cvae_release(x: np.ndarray, y: np.ndarray, p: CVAEParams, num_classes: int,
+                 seed: int = 0) -> Release:
     """Train a CVAE on one client's embeddings and release samples of it."""
-    num_classes = int(_cfg(params, "num-classes", int(np.max(y)) + 1))
-    return sample_release(train_cvae(x, y, num_classes, params, seed), y, seed + 1)
+    return sample_release(train_cvae(x, y, num_classes, p, seed), y, seed + 1)

@@ -28,9 +28,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tasks.config import ConfigError
+from .modes import GRAD_SAMPLE_MODES
 
-GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost")
+
+class UnsupportedModelError(ValueError):
+    """The model has a layer Opacus cannot compute per-sample gradients for."""
 
 # Opacus' notices that do not apply here: the non-cryptographic RNG is a documented choice
 # (research, not production), and ghost clipping's second backward pass fires full hooks.
@@ -51,7 +53,7 @@ def import_opacus() -> None:
 
 
 def check_model(model: nn.Module) -> None:
-    """Raise :class:`ConfigError` naming every layer Opacus cannot train privately."""
+    """Raise :class:`UnsupportedModelError` naming every layer Opacus cannot train privately."""
     import_opacus()
     from opacus.validators import ModuleValidator
 
@@ -61,7 +63,7 @@ def check_model(model: nn.Module) -> None:
         hint = (" Replace BatchNorm with GroupNorm (opacus.validators.ModuleValidator.fix(model)"
                 " does it) or choose another model (cnn, small-cnn, resnet18, mlp and linear "
                 "are all compatible)." if "BatchNorm" in listed else "")
-        raise ConfigError(f"the model cannot be trained with DP-SGD: {listed}.{hint}")
+        raise UnsupportedModelError(f"the model cannot be trained with DP-SGD: {listed}.{hint}")
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
@@ -74,12 +76,9 @@ FASTER_MODE = {"small-cnn": "hooks",  # hooks 2.1x, ghost 2.3x
 
 def resolve_mode(mode: str, model_name: str) -> str:
     """'auto' -> the grad-sample mode measured fastest for this model (ghost if unknown)."""
-    if mode != "auto":
-        if mode not in GRAD_SAMPLE_MODES:
-            raise ConfigError(f"grad-sample-mode must be one of {GRAD_SAMPLE_MODES}, got "
-                              f"{mode!r}")
-        return mode
-    return FASTER_MODE.get(model_name, "ghost")
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad-sample-mode must be one of {GRAD_SAMPLE_MODES}, got {mode!r}")
+    return FASTER_MODE.get(model_name, "ghost") if mode == "auto" else mode
 
 
 @dataclass

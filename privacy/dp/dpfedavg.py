@@ -56,7 +56,8 @@ from dp_accounting import (
 )
 from dp_accounting.rdp import RdpAccountant
 
-SAMPLINGS = ("fixed", "poisson")
+from .modes import CLIENT_SAMPLINGS
+
 CLIP_KEY = "clipping-norm"  # round config: the norm clients clip their own update to
 UNCLIPPED_KEY = "unclipped"  # reply: 1 if the client's update norm was <= that norm
 NEIGHBOURS = "add or remove one client (all of its data)"
@@ -105,8 +106,9 @@ class DPFedAvgParams:
     quantization_slack: float = 0.0  # L2 bound on what quantization adds to one update
 
     def __post_init__(self) -> None:
-        if self.sampling not in SAMPLINGS:
-            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if self.sampling not in CLIENT_SAMPLINGS:
+            raise ValueError(f"sampling must be one of {CLIENT_SAMPLINGS}, got "
+                             f"{self.sampling!r}")
         if self.noise_multiplier <= 0 or self.clipping_norm <= 0 or self.population < 1:
             raise ValueError("noise multiplier, clipping norm and population must be positive")
 
@@ -209,11 +211,6 @@ def noise_rng(seed: int, server_round: int, secure: bool) -> np.random.Generator
     if secure:
         return np.random.default_rng(secrets.randbits(128))
     return np.random.default_rng([seed, server_round, 0xD9])
-
-
-def poisson_sample(candidates: Sequence[int], fraction: float, rng) -> list[int]:
-    """Each candidate independently with probability ``fraction`` (``rng.random()``)."""
-    return [c for c in candidates if rng.random() < fraction]
 
 
 def clipped_sum(updates: Sequence[Sequence[np.ndarray]], norm: float,

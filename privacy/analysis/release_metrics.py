@@ -34,10 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .anonymizers import Release
-from .distances import chunks as _chunks
-from .distances import min_dist
-from .distances import sq_dists as _sq_dists
+from ..anonymize.release import Release
+from .distances import chunks, min_dist, sq_dists
 
 
 def overlap(original: np.ndarray, released: np.ndarray) -> float:
@@ -79,13 +77,14 @@ def linkage(records: np.ndarray, released: np.ndarray, top: tuple[int, ...] = (1
     """
     o = np.asarray(records, dtype=np.float64)
     r = np.asarray(released, dtype=np.float64)
-    from sklearn.metrics import pairwise_distances_argmin  # slow to import: only when used
+    # scikit-learn takes about a second to import: only releases without sources pay it
+    from sklearn.metrics import pairwise_distances_argmin
 
     nearest = pairwise_distances_argmin(o, r)
     success = {k: np.zeros(len(o)) for k in top}
-    for sl in _chunks(len(o)):
+    for sl in chunks(len(o)):
         rows = np.arange(len(o))[sl]
-        d = _sq_dists(r[nearest[rows]], o)  # each picked release vs every record
+        d = sq_dists(r[nearest[rows]], o)  # each picked release vs every record
         d_self = d[np.arange(len(rows)), rows][:, None]
         less = (d < d_self).sum(1)
         equal = (d == d_self).sum(1)
@@ -111,9 +110,9 @@ def reidentification(original: np.ndarray, release: Release, top: tuple[int, ...
     idx = np.array(sorted(own))
     rel = release.x.astype(np.float64)
     success = {k: 0.0 for k in top}
-    for sl in _chunks(len(idx)):
+    for sl in chunks(len(idx)):
         rows = idx[sl]
-        d = _sq_dists(original[rows].astype(np.float64), rel)
+        d = sq_dists(original[rows].astype(np.float64), rel)
         d_own = d[np.arange(len(rows)), [own[i] for i in rows]][:, None]
         tol = 1e-9 * np.maximum(d_own, 1.0)
         less = (d < d_own - tol).sum(1)
@@ -148,7 +147,7 @@ def dcr_share(released: np.ndarray, members: np.ndarray, holdout: np.ndarray
 def mia(released: np.ndarray, members: np.ndarray, holdout: np.ndarray,
         rng: np.random.Generator) -> dict[str, float]:
     """Distance-to-release membership inference: ROC AUC and TPR at 1% FPR."""
-    from sklearn.metrics import roc_auc_score, roc_curve
+    from sklearn.metrics import roc_auc_score, roc_curve  # lazy: about a second to import
 
     m, h = _equal_sizes(members, holdout, rng)
     scores = -np.concatenate([min_dist(m, released), min_dist(h, released)])

@@ -1,0 +1,139 @@
+"""The pre-flight checks themselves: they load the data, the model and the privacy stack.
+
+Run as ``python -m experiments.checks`` by :func:`experiments.preflight.preflight_isolated`
+(a config as JSON on stdin, the answer as JSON on the last line of stdout), so the CLI
+process never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from clients.anonymized import released_data
+from clients.local_dp import LocalDPError, new_ledger
+from privacy.anonymize import AnonymizationError, dp_sgd_unit
+from privacy.dp.dpsgd import UnsupportedModelError, check_model, resolve_mode
+from strategies.central_dp import central_params
+from tasks.config import ConfigError, RunConfig, validate
+from tasks.models import count_parameters
+from tasks.seeding import derive_seed
+from tasks.splits import client_split, dataset_for, heldout_split, model_for, partitions_for
+from tasks.training import resolve_device
+
+from .preflight import Preflight
+
+
+def preflight(cfg: RunConfig) -> Preflight:
+    """Load the dataset, build the model and partition the data exactly as the run will.
+
+    Raises :class:`ConfigError` for anything that would make the run fail: missing
+    data, a model that does not fit the data, an infeasible partitioning, an
+    unwritable results folder. The partitioning is cached on disk for the clients.
+    """
+    results = Path(cfg.results.results_dir)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"results-dir {str(results)!r} cannot be created: {exc}.") from exc
+    resolve_device(cfg.resources.device)
+    data = dataset_for(cfg)
+    model, name = model_for(cfg)
+    parts = partitions_for(cfg, cfg.federation.num_clients)
+    sizes = [len(p) for p in parts]
+    labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
+    if cfg.embeddings.enabled:  # train/load the backbone, embed every partition once
+        splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]
+        heldout_split(cfg)
+        _anonymizer_check(cfg, splits)
+    return Preflight(data.summary(), name, count_parameters(model), sizes,
+                     torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes), labels)
+
+
+def _anonymizer_check(cfg: RunConfig, splits: list) -> None:
+    """Run the anonymizer for every client now (results are cached for the run), so bad
+    parameters — k above a client's size, DBSCAN finding no cluster — stop the run before
+    it starts. The CVAEs are trained by the clients themselves, in parallel."""
+    a = cfg.anonymization
+    if a.anonymizer in ("none", "cvae", "cvae-federated"):
+        return
+    for pid, split in enumerate(splits):
+        try:
+            released_data(a, split, derive_seed(cfg.training.seed, pid))
+        except AnonymizationError as exc:
+            raise ConfigError(f"anonymizer = {a.anonymizer!r}, client {pid} "
+                              f"({len(split)} records): {exc}") from None
+
+
+def _privacy_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
+    """Check the DP settings against the model and every client's data size; describe them."""
+    if cfg.privacy.dp == "local":
+        return _local_dp_check(cfg, model, name, sizes)
+    if cfg.privacy.dp == "central":
+        return _central_dp_check(cfg, len(sizes))
+    return ""
+
+
+def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
+    try:
+        check_model(model)
+    except UnsupportedModelError as exc:
+        raise ConfigError(str(exc)) from None
+    ledgers = {}
+    for n in sorted(set(sizes)):
+        try:
+            ledgers[n] = new_ledger(cfg, n, len(sizes))
+        except LocalDPError as exc:
+            raise ConfigError(f"dp = 'local', client with {n} records: {exc}") from None
+    sigmas = [s.noise_multiplier for s in ledgers.values()]
+    lo, hi = min(sigmas), max(sigmas)
+    p = cfg.privacy
+    budget = f"target-epsilon {p.target_epsilon} per client" if p.target_epsilon else "no budget"
+    unit = dp_sgd_unit(cfg.anonymization.anonymizer, p.dp_train_data)
+    caveat = ("; NOTE: epsilon per released row, not per original record (see dp-train-data)"
+              if unit != "record" else "")
+    return (f"local DP-SGD ({unit}-level): noise multiplier {lo:.3f}"
+            + (f"–{hi:.3f}" if hi > lo else "")
+            + f", clipping {p.max_grad_norm}, {budget}, grad-sample mode "
+            f"{resolve_mode(p.grad_sample_mode, name)}{caveat}")
+
+
+def _central_dp_check(cfg: RunConfig, n: int) -> str:
+    params = central_params(cfg, n)
+    delta = params.target_delta
+    if delta >= 1.0 / n:
+        raise ConfigError(f"dp = 'central': delta = {delta:g} is not below 1/N = {1 / n:g} "
+                          f"for N = {n} clients. Use delta = 0 (automatic min(1e-5, N^-1.1)).")
+    if params.adaptive:
+        try:
+            params.update_multiplier  # noqa: B018  (raises when the noise cannot split)
+        except ValueError:
+            z, d = params.noise_multiplier, params.denominator
+            raise ConfigError(
+                f"adaptive clipping with noise-multiplier = {z} and {d:g} clients per round: "
+                f"the clipped-count noise (std d/20 = {d / 20:g}, Andrew et al.'s "
+                f"recommendation) must exceed z/2. Use more clients per round (d > "
+                f"{10 * z:g}), a smaller noise-multiplier, or fixed clipping.") from None
+    note = (f" (client-level epsilon with N = {n} clients needs much noise; DP-FedAvg is "
+            "meant for hundreds of clients per round or more)" if n < 100 else "")
+    p = cfg.privacy
+    return (f"central DP-FedAvg: noise multiplier {p.noise_multiplier}, {p.central_clipping} "
+            f"clipping at {p.clipping_norm}, {p.client_sampling} sampling, sum divided by "
+            f"{params.denominator:g}, delta {delta:.3g}; neighbours: one client added or "
+            f"removed{note}")
+
+
+def main() -> None:
+    try:
+        print(json.dumps({"result": asdict(preflight(validate(json.loads(sys.stdin.read()))))}))
+    except ConfigError as exc:
+        print(json.dumps({"error": str(exc)}))
+
+
+if __name__ == "__main__":
+    main()

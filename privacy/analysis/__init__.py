@@ -1,0 +1,1 @@
+"""Measuring what a release reveals: (originals, release, holdout) in, plain numbers out."""

@@ -1,0 +1,216 @@
+"""Everything between a validated config and a finished results folder, in steps.
+
+:func:`run_federation` assembles the server's task (test data, model, evaluator), finds
+the clients, picks the round runner (plain or SecAgg+), and hands them to the round
+loop (:mod:`server.loop`) with the recorder, the plot hook and the stop conditions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid
+
+from privacy.anonymize import public_transform
+from privacy.dp.disclosure import Disclosure, policy
+from strategies.build import build_strategy
+from strategies.central_dp import CentralDP, CentralPrivacy
+from strategies.rounds import PlainRounds, RoundRunner
+from strategies.secure import SecureRounds, secure_central
+from tasks.config import RunConfig
+from tasks.datasets import DatasetBundle
+from tasks.embeddings import backbone_info, backbone_spec
+from tasks.models import count_parameters
+from tasks.splits import Split, dataset_for, feature_shape, heldout_split, model_for
+from tasks.training import resolve_device
+
+from .console import say
+from .cvae_phase import run_cvae_phase
+from .discovery import ClientInfo, discover_clients
+from .evaluation import CentralEvaluator
+from .ledger import outcome, read_ledger
+from .loop import run_rounds, target_accuracy_reached
+from .plots import PlotHook, plot_label_distribution
+from .privacy_log import AnonymizationLog, PrivacyLog
+from .recorder import RoundRecorder
+from .results import RunFolder
+from .summary import write_summary
+
+VERSIONS = ("flwr", "torch", "ray", "opacus", "numpy")
+
+
+def now() -> str:
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+@dataclass
+class ServerTask:
+    """What the server holds of the task: the data's description, its test split, the model."""
+
+    data: DatasetBundle
+    test: Split
+    model: torch.nn.Module
+    model_name: str
+
+    @classmethod
+    def load(cls, cfg: RunConfig) -> ServerTask:
+        test = heldout_split(cfg)
+        a = cfg.anonymization
+        transform = public_transform(a.anonymizer, a.params(), int(test.x.shape[1])) \
+            if cfg.embeddings.enabled else None
+        if transform is not None:  # e.g. hashing: the head reads hashed embeddings
+            test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
+        model, name = model_for(cfg)
+        return cls(dataset_for(cfg), test, model, name)
+
+    def evaluator(self, cfg: RunConfig) -> CentralEvaluator:
+        return CentralEvaluator(self.model, self.test, cfg.training.eval_batch_size,
+                                resolve_device(cfg.resources.device))
+
+
+def secagg_max_weight(cfg: RunConfig, sizes: list[int], num_clients: int,
+                      train_size: int) -> float:
+    """SecAgg+'s bound on one client's weight: 1 under central DP (equal weights); else
+    ``secagg-max-weight``, or the largest client when sizes are disclosed (local DP),
+    or the training set's size, which bounds every client without asking any."""
+    if cfg.privacy.dp == "central":
+        return 1.0
+    if cfg.secagg.max_weight:
+        return float(cfg.secagg.max_weight)
+    return float(max(sizes)) if sizes and len(sizes) == num_clients else float(train_size)
+
+
+def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[ClientInfo],
+                 task: ServerTask, disclosure: Disclosure, info: dict[str, Any]
+                 ) -> tuple[RoundRunner, CentralPrivacy | None]:
+    """SecAgg+ rounds or plain rounds of the configured strategy (with DP-FedAvg's privacy)."""
+    partition_of = {c.node_id: c.partition_id for c in clients}
+    if cfg.secagg.enabled:
+        s = cfg.secagg
+        central = (secure_central(cfg, len(clients), count_parameters(task.model))
+                   if cfg.privacy.dp == "central" else None)
+        sizes = [c.num_examples for c in clients if c.num_examples is not None]
+        weight = secagg_max_weight(cfg, sizes, len(clients), len(task.data.y_train))
+        info["aggregation"] = {
+            "protocol": "SecAgg+", "individual-updates-visible": False, **disclosure.describe(),
+            "num-shares": s.num_shares, "reconstruction-threshold": s.reconstruction_threshold,
+            "clipping-range": s.clipping_range, "quantization-range": s.quantization_range,
+            "max-weight": weight}
+        return SecureRounds(cfg, grid, context, partition_of, weight, central), central
+    strategy = build_strategy(cfg, len(clients))
+    info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True,
+                           **disclosure.describe()}
+    central = strategy.privacy if isinstance(strategy, CentralDP) else None
+    fed = cfg.federation
+    return PlainRounds(strategy, grid, partition_of, cfg.training.seed, fed.round_timeout,
+                       {"local-epochs": cfg.training.local_epochs}), central
+
+
+def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title: str
+             ) -> list[ClientInfo]:
+    """Find every client; write partitions.json and, when disclosed, the label plot."""
+    clients = discover_clients(grid, cfg.federation.round_timeout)
+    n = len(clients)
+    if n != cfg.federation.num_clients:
+        say(f"note: the federation has {n} clients (num-partitions of its nodes) but "
+            f"num-clients = {cfg.federation.num_clients}; using {n}. With `flwr run`, pass "
+            f"--federation-config \"num-supernodes={cfg.federation.num_clients}\".")
+    partitions = [c.as_json() for c in clients]
+    run.write_json("partitions.json", {"partitioner": cfg.data.partitioner,
+                                       "num-classes": task.data.num_classes,
+                                       "clients": partitions})
+    if all(c.label_counts is not None for c in clients):
+        plot_label_distribution(run.path / "plots" / "label_distribution.png", partitions,
+                                f"label distribution — {title}")
+    return clients
+
+
+def _describe(cfg: RunConfig, task: ServerTask, info: dict[str, Any]) -> None:
+    info.update({"dataset": task.data.summary(), "dataset-source": task.data.source,
+                 "model": task.model_name, "parameters": count_parameters(task.model)})
+    if cfg.embeddings.enabled:
+        info["backbone"] = backbone_info(backbone_spec(cfg.embeddings, cfg.data))
+        b = info["backbone"]
+        say(f"features: {b.get('embedding-dim')}-d embeddings from a frozen "
+            f"{b.get('backbone')} trained on {b.get('trained-on')}")
+    say(f"data: {task.data.summary()}")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder
+                   ) -> dict[str, Any]:
+    """Run the rounds; write the ledger, plots, model, run.json and summary."""
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
+                            "versions": {name: version(name) for name in VERSIONS}}
+    run.write_json("run.json", info)
+    _seed_everything(cfg.training.seed)
+    task = ServerTask.load(cfg)
+    _describe(cfg, task, info)
+    title = (f"{cfg.data.dataset} · {task.model_name} · {cfg.federation.strategy} · "
+             f"{cfg.federation.num_clients} clients ({cfg.data.partitioner})")
+    clients = discover(grid, cfg, task, run, title)
+    info["num-clients"] = len(clients)
+    sizes = [c.num_examples for c in clients if c.num_examples is not None]
+    say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "
+        f"{cfg.federation.strategy} · {len(clients)} clients ({cfg.data.partitioner}, "
+        + (f"sizes {min(sizes)}–{max(sizes)}" if len(sizes) == len(clients)
+           else "sizes not disclosed") + f") · {cfg.federation.num_server_rounds} rounds")
+    disclosure = policy(cfg.privacy.dp, cfg.secagg.enabled, cfg.privacy.report_client_metrics)
+    if disclosure.restricted:
+        say(f"clients send in the clear only: {', '.join(sorted(disclosure.allowed or ()))} "
+            f"({disclosure.reason})")
+    anonymization = AnonymizationLog(cfg.anonymization.anonymizer)
+    if cfg.anonymization.anonymizer == "cvae-federated":
+        info["cvae-phase"] = run_cvae_phase(grid, cfg, {c.node_id: c.partition_id
+                                                        for c in clients},
+                                            int(task.test.x.shape[1]), task.data.num_classes,
+                                            run)
+        anonymization.add(info["cvae-phase"]["clients"])  # each scored the release it sampled
+    runner, central = build_runner(cfg, grid, context, clients, task, disclosure, info)
+    privacy = PrivacyLog(cfg, central, len(clients))
+    recorder = RoundRecorder(run, info, privacy, anonymization)
+    info["setup-s"] = time.perf_counter() - t0
+    evaluator = task.evaluator(cfg)
+    result = run_rounds(
+        runner, ArrayRecord(task.model.state_dict()), cfg.federation.num_server_rounds,
+        evaluator, recorder, hooks=[PlotHook(run.path, info, title)],
+        stop_before=[central.stop_reason] if central is not None else [],
+        stop_after=[lambda r: privacy.stop_reason(r.round),
+                    target_accuracy_reached(cfg.federation.target_accuracy)])
+    if result.stopped_early:
+        info["stopped-early"] = result.stopped_early
+        say(f"stopping early: {result.stopped_early}")
+    return _finish(cfg, run, info, task, evaluator, privacy, t0)
+
+
+def _finish(cfg: RunConfig, run: RunFolder, info: dict[str, Any], task: ServerTask,
+            evaluator: CentralEvaluator, privacy: PrivacyLog, t0: float) -> dict[str, Any]:
+    info["privacy"] = privacy.summary()
+    if cfg.results.save_model:  # the evaluator loaded every new model: it holds the final one
+        torch.save({"model": task.model_name, "input-shape": list(feature_shape(cfg)),
+                    "num-classes": task.data.num_classes, "mlp-hidden": cfg.training.mlp_hidden,
+                    "state-dict": evaluator.model.state_dict()}, run.file("model.pt"))
+    records = read_ledger(run.path)
+    target = cfg.federation.target_accuracy
+    if target:
+        info["target-reached-round"] = next((r.round for r in records if r.accuracy >= target),
+                                            None)
+    info.update({"status": "finished", "finished": now(), "wall-s": time.perf_counter() - t0,
+                 **outcome(records)})
+    run.write_json("run.json", info)
+    write_summary(run, cfg, info, records)
+    return info

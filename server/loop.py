@@ -1,0 +1,77 @@
+"""The server's round loop: one interface for every round runner, explicit stop conditions,
+and a place for per-round hooks (plots today; leakage observation and checkpoints next)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from flwr.app import ArrayRecord
+
+from strategies.rounds import RoundResult, RoundRunner
+
+from .ledger import RoundRecord
+from .recorder import RoundRecorder
+
+Evaluate = Callable[[ArrayRecord], dict[str, float]]
+StopBefore = Callable[[int], "str | None"]  # round about to run -> why not, or None
+StopAfter = Callable[[RoundRecord], "str | None"]  # round just recorded -> why stop, or None
+
+
+class RoundHook(Protocol):
+    """Called after every recorded round, and once when the loop ends."""
+
+    def after_round(self, record: RoundRecord, arrays: ArrayRecord,
+                    result: RoundResult) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@dataclass
+class LoopOutcome:
+    arrays: ArrayRecord  # the final global model
+    stopped_early: str | None  # why the loop ended before its last round, if it did
+
+
+def run_rounds(runner: RoundRunner, initial: ArrayRecord, num_rounds: int,
+               evaluate: Evaluate, recorder: RoundRecorder, *,
+               hooks: Sequence[RoundHook] = (), stop_before: Sequence[StopBefore] = (),
+               stop_after: Sequence[StopAfter] = ()) -> LoopOutcome:
+    """Evaluate the initial model, then run, evaluate and record rounds until done or stopped."""
+    arrays = initial
+    recorder.initial(evaluate(arrays))
+    reason = None
+    try:
+        for rnd in range(1, num_rounds + 1):
+            if reason := _first(stop(rnd) for stop in stop_before):
+                break
+            result = runner.run_round(rnd, arrays)
+            arrays = result.arrays or arrays
+            start = time.perf_counter()
+            test = evaluate(arrays)
+            record = recorder.record(result.log, test, time.perf_counter() - start)
+            for hook in hooks:
+                hook.after_round(record, arrays, result)
+            if reason := _first(stop(record) for stop in stop_after):
+                break
+    finally:
+        for hook in hooks:
+            hook.finish()
+    return LoopOutcome(arrays, reason)
+
+
+def _first(reasons) -> str | None:
+    return next((r for r in reasons if r), None)
+
+
+def target_accuracy_reached(target: float) -> StopAfter:
+    """Stop once the server's test accuracy reaches ``target`` (0: never)."""
+    def stop(record: RoundRecord) -> str | None:
+        if target and record.accuracy >= target:
+            return (f"test accuracy {record.accuracy:.4f} reached target-accuracy {target} at "
+                    f"round {record.round}")
+        return None
+
+    return stop

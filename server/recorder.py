@@ -1,0 +1,91 @@
+"""Turns what a round runner observed, plus the server's evaluation, into ledger records."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from strategies.rounds import RoundLog, short_reason
+
+from .console import say, table_header, table_row
+from .ledger import RoundRecord
+from .privacy_log import AnonymizationLog, PrivacyLog, headline_epsilon
+from .results import RunFolder
+
+
+def weighted_mean(clients: list[dict[str, Any]], key: str) -> float | None:
+    """Example-weighted mean of one client metric over the clients that reported it."""
+    pairs = [(int(c["num-examples"]), float(c[key])) for c in clients
+             if key in c and "num-examples" in c]
+    total = sum(w for w, _ in pairs)
+    return sum(w * v for w, v in pairs) / total if total else None
+
+
+def train_summary(log: RoundLog) -> dict[str, Any]:
+    """Example-weighted train loss/accuracy over the clients that trained this round.
+
+    Computed from the per-client metrics rather than taken from the strategy, because
+    DP-FedAvg and SecAgg+ aggregate no metrics, and they are absent when the clients do
+    not disclose them (:mod:`privacy.dp.disclosure`).
+    """
+    out: dict[str, Any] = {"num-examples": sum(int(c.get("num-examples", 0))
+                                               for c in log.clients),
+                           "clients": len(log.clients)}
+    for key in ("loss", "accuracy"):
+        if (value := weighted_mean(log.clients, f"train-{key}")) is not None:
+            out[key] = value
+    return out
+
+
+class RoundRecorder:
+    """Writes one ledger record per round, prints the progress table, keeps run.json's
+    running fields (``info``) up to date."""
+
+    def __init__(self, run: RunFolder, info: dict[str, Any], privacy: PrivacyLog,
+                 anonymization: AnonymizationLog) -> None:
+        self.run = run
+        self.info = info
+        self.privacy = privacy
+        self.anonymization = anonymization
+        self.t_first_round: float | None = None
+
+    def initial(self, test: dict[str, float]) -> None:
+        self.info["initial"] = test
+        self.run.write_json("run.json", self.info)
+        say(table_header(self.privacy.enabled))
+        say(table_row(0, test, None, "-", None, 0.0 if self.privacy.enabled else None))
+
+    def record(self, log: RoundLog, test: dict[str, float], eval_s: float) -> RoundRecord:
+        now = time.perf_counter()
+        if self.t_first_round is None:
+            self.t_first_round = log.started
+        record = RoundRecord(
+            round=log.round, test=test, train=train_summary(log), sampled=log.sampled,
+            clients=log.clients, failures=log.failures,
+            time={"round-s": now - log.started,
+                  "train-s": (log.train_done or now) - log.started,
+                  "central-eval-s": eval_s, "elapsed-s": now - self.t_first_round},
+            privacy=self.privacy.update(log.round, log),
+            anonymization=self.anonymization.entry(log.clients), skipped=log.skipped)
+        if record.anonymization is not None:
+            self.info["anonymization"] = {k: v for k, v in record.anonymization.items()
+                                          if k != "clients"}
+        if log.evaluated:
+            record.client_eval = {"loss": weighted_mean(log.evaluated, "eval-loss"),
+                                  "accuracy": weighted_mean(log.evaluated, "eval-accuracy"),
+                                  "clients": log.evaluated}
+        self.run.append_round(record)
+        self.info["rounds-completed"] = log.round
+        self._print(record, log)
+        return record
+
+    def _print(self, record: RoundRecord, log: RoundLog) -> None:
+        say(table_row(record.round, record.test, record.train,
+                      f"{len(log.clients)}/{len(log.sampled)}", record.time["round-s"],
+                      headline_epsilon(record.privacy)))
+        if log.skipped:
+            say(f"  round {log.round}: {len(log.skipped)} client(s) out of privacy budget, "
+                f"skipped: {[c['partition-id'] for c in log.skipped]}")
+        if log.failures:
+            say(f"  round {log.round}: {len(log.failures)} client error(s), e.g. client "
+                f"{log.failures[0]['partition-id']}: {short_reason(log.failures[0]['error'])}")

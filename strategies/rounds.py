@@ -1,0 +1,189 @@
+"""One round at a time: the interface every round runner implements, and the plain runner.
+
+A :class:`RoundRunner` takes the global model and returns the next one with a
+:class:`RoundLog` of what the server observed. :class:`PlainRounds` drives any Flower
+Message-API strategy (FedAvg, FedProx, FedAdam..., fedpriv's DP-FedAvg) through one
+round; :class:`strategies.secure.SecureRounds` runs a SecAgg+ round instead. Both:
+
+* **sample reproducibly**: node ids are handed over ordered by partition id and
+  Python's ``random`` is seeded per round (:mod:`tasks.seeding`), so the same seed
+  samples the same clients whatever ids the runtime gave the nodes;
+* **aggregate in a fixed order**: replies sorted by partition id, so floating-point
+  sums do not depend on arrival order;
+* **log the round**: who was sampled, what each client sent, which replies were
+  errors, and how long training took.
+
+A round in which every sampled client failed raises :class:`RoundFailed` with the
+clients' error messages instead of silently keeping the old model. Clients that decline
+to train (``dp-skipped``: their privacy budget is spent) are logged and left out of the
+aggregate.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from tasks import messages
+from tasks.seeding import seed_sampling
+
+
+def short_reason(reason: str) -> str:
+    """The innermost 'SomeError: message' line of a client error reported through Ray."""
+    found = re.findall(r"^\s*((?:\w+\.)*\w*(?:Error|Exception)\b[^:\n]*: .+)$", reason, re.M)
+    return (found[-1] if found else reason.strip().splitlines()[-1][:500]).strip().rstrip("'>")
+
+
+class RoundFailed(RuntimeError):
+    """Every client sampled in a round replied with an error."""
+
+
+@dataclass
+class RoundLog:
+    """What the server observed in one round."""
+
+    round: int
+    started: float = field(default_factory=time.perf_counter)
+    train_done: float | None = None
+    sampled: list[int] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # e.g. DP budget exhausted
+    evaluated: list[dict[str, Any]] = field(default_factory=list)
+
+    def check_not_all_failed(self) -> None:
+        if not self.clients and self.failures:
+            reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"
+                                for f in self.failures[:3])
+            raise RoundFailed(f"round {self.round}: all {len(self.failures)} sampled clients "
+                              f"failed. First errors: {reasons}")
+
+
+@dataclass
+class RoundResult:
+    arrays: ArrayRecord | None  # the new global model; None when the round produced none
+    log: RoundLog
+
+
+class RoundRunner(Protocol):
+    def run_round(self, server_round: int, arrays: ArrayRecord) -> RoundResult: ...
+
+
+def metrics_of(msg: Message) -> dict[str, Any]:
+    """Every metric a reply carries, merged."""
+    out: dict[str, Any] = {}
+    for record in msg.content.metric_records.values():
+        out.update(record)
+    return out
+
+
+class PartitionOrderedGrid(Grid):
+    """A view of a Grid whose node ids come out ordered by partition id."""
+
+    def __init__(self, grid: Grid, partition_of: Mapping[int, int]) -> None:
+        self._grid = grid
+        self._rank = partition_of
+
+    def get_node_ids(self) -> Iterable[int]:
+        ids = list(self._grid.get_node_ids())
+        return sorted(ids, key=lambda n: (self._rank.get(n, len(self._rank)), n))
+
+    # Everything else is the wrapped grid's.
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self._grid.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+class PlainRounds:
+    """Rounds of a Flower Message-API strategy, one :meth:`run_round` at a time.
+
+    Training messages are typed ``action`` (:mod:`tasks.messages`) so the ClientApp
+    routes them to the right handler.
+    """
+
+    def __init__(self, strategy: Strategy, grid: Grid, partition_of: Mapping[int, int],
+                 seed: int, timeout: float, train_config: Mapping[str, Any],
+                 action: str = messages.FIT) -> None:
+        self.strategy = strategy
+        self.grid = PartitionOrderedGrid(grid, partition_of)
+        self.partition_of = dict(partition_of)
+        self.seed = seed
+        self.timeout = timeout
+        self.train_config = dict(train_config)
+        self.action = action
+
+    def _partition(self, node_id: int) -> int:
+        return self.partition_of.get(node_id, -1)
+
+    def _split(self, replies: Iterable[Message]) -> tuple[list[Message], list[dict], list[dict]]:
+        """(updates to aggregate, clients that declined to train, error replies)."""
+        ok, skipped, failures = [], [], []
+        for msg in replies:
+            pid = self._partition(msg.metadata.src_node_id)
+            if msg.has_error():
+                failures.append({"partition-id": pid, "node-id": msg.metadata.src_node_id,
+                                 "error": msg.error.reason})
+            elif metrics_of(msg).get("dp-skipped"):
+                skipped.append({"partition-id": pid, **metrics_of(msg)})
+            else:
+                ok.append(msg)
+        ok.sort(key=lambda m: (self._partition(m.metadata.src_node_id), m.metadata.src_node_id))
+        skipped.sort(key=lambda c: c["partition-id"])
+        return ok, skipped, failures
+
+    def _logged(self, replies: list[Message]) -> list[dict[str, Any]]:
+        return [{"partition-id": self._partition(m.metadata.src_node_id), **metrics_of(m)}
+                for m in replies]
+
+    def run_round(self, server_round: int, arrays: ArrayRecord) -> RoundResult:
+        log = RoundLog(server_round)
+        seed_sampling(self.seed, server_round, 0)  # Flower samples with `random`
+        out = list(self.strategy.configure_train(server_round, arrays,
+                                                 ConfigRecord(dict(self.train_config)),
+                                                 self.grid))
+        for msg in out:
+            msg.metadata.message_type = self.action
+        log.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in out)
+        ok, log.skipped, log.failures = self._split(
+            self.grid.send_and_receive(out, timeout=self.timeout))
+        log.clients = self._logged(ok)
+        log.check_not_all_failed()
+        new, _ = self.strategy.aggregate_train(server_round, ok)
+        log.train_done = time.perf_counter()
+        self._evaluate(server_round, new or arrays, log)
+        return RoundResult(new, log)
+
+    def _evaluate(self, server_round: int, arrays: ArrayRecord, log: RoundLog) -> None:
+        """Federated evaluation on the clients' own data (when the strategy samples any)."""
+        seed_sampling(self.seed, server_round, 1)
+        out = list(self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(),
+                                                    self.grid))
+        if not out:
+            return
+        ok, _, failures = self._split(self.grid.send_and_receive(out, timeout=self.timeout))
+        log.evaluated = self._logged(ok)
+        log.failures += [{**f, "phase": "evaluate"} for f in failures]
+        self.strategy.aggregate_evaluate(server_round, ok)

@@ -1,0 +1,111 @@
+"""Checks across keys: combinations that cannot work, each explained in one paragraph."""
+
+from __future__ import annotations
+
+from .sections import RunConfig, parse_hidden
+
+
+def cross_checks(cfg: RunConfig) -> list[str]:
+    errors = []
+    fed = cfg.federation
+    if fed.min_train_clients > fed.num_clients:
+        errors.append(
+            f"min-train-clients = {fed.min_train_clients} is larger than num-clients = "
+            f"{fed.num_clients}: the server would wait forever for clients that do not "
+            "exist. Lower min-train-clients or raise num-clients.")
+    errors += _privacy_checks(cfg)
+    errors += _secagg_checks(cfg)
+    errors += _embedding_checks(cfg)
+    try:
+        parse_hidden(cfg.training.mlp_hidden)
+    except ValueError as exc:
+        errors.append(f"mlp-hidden = {cfg.training.mlp_hidden!r}: {exc}")
+    return errors
+
+
+def _privacy_checks(cfg: RunConfig) -> list[str]:
+    errors = []
+    p, strategy = cfg.privacy, cfg.federation.strategy
+    if p.dp == "local":
+        if p.target_epsilon == 0 and p.noise_multiplier == 0:
+            errors.append("dp = 'local' with noise-multiplier = 0 and no target-epsilon gives "
+                          "no privacy (epsilon is infinite). Set target-epsilon (e.g. 5) or a "
+                          "positive noise-multiplier, or use dp = 'none'.")
+        if strategy == "fedprox":
+            errors.append("strategy = 'fedprox' with dp = 'local' is not supported: Opacus "
+                          "replaces each gradient by the clipped, noised per-sample sum, so "
+                          "the proximal term would be silently dropped. Use fedavg.")
+    if p.dp == "central":
+        if strategy != "fedavg":
+            errors.append(f"dp = 'central' needs strategy = 'fedavg' (got {strategy!r}): the "
+                          "noise is calibrated to an unweighted mean of clipped updates.")
+        if p.noise_multiplier == 0:
+            errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
+                          "infinite). Use a positive noise-multiplier, e.g. 1.0.")
+    if p.client_sampling == "poisson":
+        if p.dp != "central":
+            errors.append("client-sampling = 'poisson' is for dp = 'central', where it gives "
+                          "amplification by sampling; other modes sample a fixed cohort. Use "
+                          "client-sampling = 'fixed' or dp = 'central'.")
+        elif cfg.secagg.enabled:
+            errors.append("client-sampling = 'poisson' with secure-aggregation is not "
+                          "supported: a Poisson round can sample fewer clients than SecAgg+ "
+                          "needs, and skipping such rounds would depend on who was sampled "
+                          "(a leak the accounting does not cover). Use client-sampling = "
+                          "'fixed'.")
+    restricted = p.dp == "local" or cfg.secagg.enabled
+    if restricted and cfg.federation.fraction_evaluate > 0 and not p.report_client_metrics:
+        why = "dp = 'local'" if p.dp == "local" else "secure-aggregation"
+        errors.append(f"fraction-evaluate = {cfg.federation.fraction_evaluate} with {why}: "
+                      "client evaluation sends each client's loss and accuracy on its own "
+                      "data in the clear, which its epsilon does not cover and SecAgg+ does "
+                      "not hide. Set fraction-evaluate = 0 (the server still evaluates on its "
+                      "test set), or report-client-metrics = true to accept the disclosure "
+                      "(the summary will say so).")
+    return errors
+
+
+def _secagg_checks(cfg: RunConfig) -> list[str]:
+    errors: list[str] = []
+    s, dp = cfg.secagg, cfg.privacy.dp
+    if not s.enabled:
+        return errors
+    if cfg.federation.strategy != "fedavg":
+        errors.append(f"secure-aggregation needs strategy = 'fedavg' (got "
+                      f"{cfg.federation.strategy!r}): SecAgg+ reveals only the weighted sum "
+                      "of the updates.")
+    if dp == "central" and cfg.privacy.central_clipping.startswith("server"):
+        errors.append("secure-aggregation with dp = 'central' needs client-side clipping "
+                      "(central-clipping = 'client-fixed'): the server cannot clip updates it "
+                      "cannot see.")
+    if dp == "central" and cfg.privacy.central_clipping == "client-adaptive":
+        errors.append("secure-aggregation supports central-clipping = 'client-fixed' only "
+                      "(adaptive clipping needs each client's clipping bit in the clear).")
+    if s.reconstruction_threshold > s.num_shares:
+        errors.append("secagg-reconstruction-threshold must not exceed secagg-num-shares.")
+    return errors
+
+
+def _embedding_checks(cfg: RunConfig) -> list[str]:
+    errors = []
+    a, emb = cfg.anonymization, cfg.embeddings
+    if a.enabled and not emb.enabled:
+        errors.append(f"anonymizer = {a.anonymizer!r} anonymizes embeddings: set features = "
+                      "'embeddings' (or anonymizer = 'none').")
+    if emb.enabled and cfg.training.model not in ("auto", "mlp", "linear"):
+        errors.append(f"with features = 'embeddings' the model is a head on the embeddings: "
+                      f"use model = 'mlp', 'linear' or 'auto' (got {cfg.training.model!r}).")
+    if a.anonymizer == "cvae-federated":
+        if cfg.secagg.enabled:
+            errors.append("anonymizer = 'cvae-federated' with secure-aggregation is not "
+                          "supported.")
+        if cfg.privacy.dp == "local":
+            errors.append("anonymizer = 'cvae-federated' with dp = 'local' is not supported: "
+                          "in phase 1 the clients share CVAE decoders trained on their data "
+                          "without DP, which their DP-SGD epsilon does not cover. Use "
+                          "anonymizer = 'cvae' (trained locally, optionally with "
+                          "cvae-epsilon) or dp = 'none'.")
+        if a.cvae_epsilon > 0:
+            errors.append("cvae-epsilon (DP training of the CVAE) is available for anonymizer "
+                          "= 'cvae'; the federated CVAE is trained without DP in fedpriv.")
+    return errors

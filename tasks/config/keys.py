@@ -1,0 +1,142 @@
+"""How a run-config key is declared, checked and typed.
+
+A key is a field of a frozen section dataclass, declared with :func:`key`; its name is
+the field's name with dashes (``dirichlet_alpha`` is ``dirichlet-alpha``) unless given,
+its type is its default's type, and its checks and help text travel in the field's
+metadata. The schema, ``--help``, docs/CONFIG.md and pyproject.toml's
+``[tool.flwr.app.config]`` are all read off these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import ConfigError
+
+Scalar = bool | int | float | str
+INT_MAX = 2**63 - 1  # Flower's run config travels as protobuf int64/double/string
+META = "fedpriv-key"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: default (which also fixes its type), help text and checks."""
+
+    name: str
+    default: Scalar
+    help: str
+    group: str
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+    allowed: str = ""
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    def describe_allowed(self) -> str:
+        if self.choices:
+            return " | ".join(self.choices)
+        if self.allowed:
+            return self.allowed
+        return {bool: "true | false", int: "integer", float: "number", str: "text"}[self.type]
+
+    def parse(self, value: Any) -> Scalar:
+        """The value typed and checked, or :class:`ConfigError` with one sentence."""
+        coerced, err = _coerce(self.type, value)
+        if err is None and self.choices and coerced not in self.choices:
+            err = f"must be one of {', '.join(self.choices)}"
+        if err is None and self.check is not None:
+            err = self.check(coerced)
+        if err is not None:
+            raise ConfigError(f"{self.name} = {value!r} {err} (allowed: "
+                              f"{self.describe_allowed()}).")
+        return coerced  # type: ignore[return-value]
+
+
+def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
+           ) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "must be a finite number"
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return f"must be {'>' if lo_open else '>='} {lo}"
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            return f"must be {'<' if hi_open else '<='} {hi}"
+        return None
+
+    return check
+
+
+def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    return (f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
+            f"{'inf' if hi is None else hi}{')' if hi_open else ']'}")
+
+
+def key(default: Scalar, help: str, *, choices: tuple[str, ...] | None = None,
+        lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+        hi_open: bool = False, allowed: str = "", name: str = "") -> Any:
+    """Declare a run-config key as a dataclass field (see the module docstring)."""
+    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+    check = _range(lo, hi, lo_open, hi_open) if numeric and (lo is not None or hi is not None) \
+        else None
+    spec = {"name": name, "default": default, "help": help, "choices": choices,
+            "check": check,
+            "allowed": allowed or (_interval(lo, hi, lo_open, hi_open) if check else "")}
+    return dataclasses.field(default=default, metadata={META: spec})
+
+
+def _coerce(want: type, value: Any) -> tuple[Scalar | None, str | None]:
+    """(value of type ``want``, None) or (None, error text)."""
+    if want is bool:
+        if isinstance(value, bool):
+            return value, None
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true", None
+        return None, "must be true or false"
+    if want is int:
+        if isinstance(value, bool):
+            return None, "must be an integer"
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            return None, "must be an integer"
+        if abs(value) > INT_MAX:
+            return None, "must be at most 2^63 - 1 in size"
+        return value, None
+    if want is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, "must be a number"
+        return float(value), None
+    if not isinstance(value, str):
+        return None, "must be text (in TOML and --set, quote it: key='text')"
+    return value, None
+
+
+class Section:
+    """A frozen group of keys; subclasses are dataclasses declared with :func:`key`."""
+
+    GROUP: ClassVar[str]
+
+    @classmethod
+    def keys(cls) -> list[Key]:
+        out = []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            spec = dict(f.metadata[META])
+            spec["name"] = spec["name"] or f.name.replace("_", "-")
+            out.append(Key(group=cls.GROUP, **spec))
+        return out
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Scalar]) -> Section:
+        """The section from typed flat values (every one of its keys present)."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{n: values[k.name] for n, k in zip(names, cls.keys(), strict=True)})
+
+    def flat(self) -> dict[str, Scalar]:
+        return {k.name: getattr(self, f.name) for f, k in
+                zip(dataclasses.fields(self), self.keys(), strict=True)}  # type: ignore[arg-type]

@@ -1,0 +1,12 @@
+"""The message types the ServerApp sends and the ClientApp routes by (Flower's named actions).
+
+Flower routes ``"<category>.<action>"`` to ``@app.<category>("<action>")``. Flower's own
+SecAgg+ workflow sends plain ``"train"``, so that default action is the secure round's.
+"""
+
+FIT = "train.fit"  # a plain training round (strategies.Observed types its messages so)
+SECURE_FIT = "train"  # a SecAgg+ round (Flower's SecAggPlusWorkflow)
+CVAE_FIT = "train.cvae"  # phase 1 of the federated CVAE: train it, send back the decoder
+DESCRIBE = "query"  # which partition a node holds (client discovery)
+CVAE_RELEASE = "query.cvae_release"  # sample the release from the final shared decoder
+EVALUATE = "evaluate"  # evaluate the global model on the client's own data

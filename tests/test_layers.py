@@ -1,0 +1,112 @@
+"""The layers of the code: no import cycles, and each package imports only what is below it.
+
+    privacy  <-  tasks  <-  strategies  <-  server       experiments (CLI) on top
+                       ^--  clients  (never server)
+
+``privacy`` takes plain arguments: no Flower, no run-config schema. ``tasks`` is what
+both sides of the federation share. Read from the source (every import statement, at
+module level or inside a function), so a lazy import cannot hide a cycle or a breach.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+PACKAGES = ("tasks", "privacy", "strategies", "server", "clients", "experiments")
+ALLOWED = {  # package -> project packages it may import
+    "privacy": {"privacy"},
+    "tasks": {"tasks", "privacy"},
+    "strategies": {"strategies", "tasks", "privacy"},
+    "clients": {"clients", "tasks", "privacy"},
+    "server": {"server", "strategies", "tasks", "privacy"},
+    "experiments": set(PACKAGES),
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+
+
+def _imports(path: Path, module: str, known: set[str]) -> list[tuple[str, bool]]:
+    """(imported project module, at module level?) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        at_top = id(node) in top
+        for name in names:
+            if name in known:
+                out.append((name, at_top))
+    return out
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    known = set(modules)
+    graph = {m: {n for n, top in _imports(p, m, known) if top and n != m}
+             for m, p in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_imports_only_the_layers_below_it(package):
+    modules = _modules()
+    known = set(modules)
+    for m, path in modules.items():
+        if m.split(".")[0] != package:
+            continue
+        for name, _ in _imports(path, m, known):
+            assert name.split(".")[0] in ALLOWED[package], f"{m} imports {name}"
+        if package == "privacy":  # plain arguments in, plain numbers out
+            text = path.read_text()
+            assert "import flwr" not in text and "from flwr" not in text, m
+
+
+def test_the_schema_loads_without_torch_or_flower():
+    # The CLI validates every input before starting anything; that must stay cheap.
+    code = ("import sys, tasks.config, experiments.cli; "
+            "print(sorted(m for m in ('torch', 'flwr', 'sklearn', 'opacus', 'dp_accounting') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
