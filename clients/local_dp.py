@@ -25,7 +25,7 @@ from privacy.dp.accounting import (
 from privacy.dp.dpsgd import make_private, resolve_mode
 from tasks.config import RunConfig
 from tasks.splits import model_name
-from tasks.training import TrainResult, make_loader, sgd, train_epochs
+from tasks.training import CanaryHook, TrainResult, make_loader, sgd, train_epochs
 
 STATE_KEY = "dp-sgd"
 
@@ -91,8 +91,13 @@ class DPRound:
 
 
 def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.Tensor,
-             y: torch.Tensor, num_clients: int, seed: int, device: torch.device) -> DPRound:
-    """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget."""
+             y: torch.Tensor, num_clients: int, seed: int, device: torch.device,
+             ids: torch.Tensor | None = None, canaries: CanaryHook | None = None) -> DPRound:
+    """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget.
+
+    With audit ``canaries`` (rows with ``ids`` >= 0) the per-sample gradients are
+    materialized (Opacus' hooks mode, whatever grad-sample-mode says) so that each
+    canary row's gradient can be set before clipping and noise."""
     t = cfg.training
     ledger = load_ledger(context) or new_ledger(cfg, len(y), num_clients)
     per_epoch = steps_per_epoch(len(y), t.batch_size)
@@ -101,8 +106,9 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
     optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
-    mode = resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg))
-    private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed),
+    mode = ("hooks" if canaries is not None
+            else resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg)))
+    private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),
                            noise_multiplier=ledger.noise_multiplier,
                            max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,
                            seed=seed, accountant=ledger.accountant,
@@ -112,7 +118,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "
                            f"{private.sample_rate}, expected {per_epoch} at {ledger.sample_rate}")
     result = train_epochs(private.model, private.loader, private.optimizer, t.local_epochs,
-                          device, criterion=private.criterion)
+                          device, criterion=private.criterion, canaries=canaries)
     taken = private.history()
     if [(s, q) for s, q, _ in taken] != [(ledger.noise_multiplier, ledger.sample_rate)] or \
             sum(n for _, _, n in taken) != planned:

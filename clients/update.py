@@ -16,9 +16,10 @@ import torch
 from flwr.app import Context
 
 from privacy.anonymize import public_transform
+from privacy.attacks.canaries import GradientCanaries, canary_inclusion
 from privacy.dp.dpfedavg import CLIP_KEY, UNCLIPPED_KEY, clip
 from tasks.config import RunConfig, validate
-from tasks.seeding import derive_seed
+from tasks.seeding import canary_seeds, derive_seed
 from tasks.splits import Split, client_split, model_for
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
@@ -68,7 +69,61 @@ class Client:
 def training_data(client: Client, context: Context
                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """What this client trains on: its partition, or (with an anonymizer) its release —
-    or, with local DP and ``dp-train-data = original``, its original member records."""
+    or, with local DP and ``dp-train-data = original``, its original member records —
+    and its release's scores. An observed client trains on only the first rows
+    (:func:`observed_rows`)."""
+    x, y, scores = _own_rows(client, context)
+    n = observed_rows(client.cfg, client.partition_id, client.num_partitions, len(y))
+    return x[:n], y[:n], scores
+
+
+def heldout_rows(client: Client, context: Context) -> tuple[torch.Tensor, torch.Tensor]:
+    """An observed client's rows it never trains on: the membership attacks' non-members,
+    from the same distribution as its members (the scoring side only)."""
+    x, y, _ = _own_rows(client, context)
+    n = observed_rows(client.cfg, client.partition_id, client.num_partitions, len(y))
+    return x[n:], y[n:]
+
+
+def observed_rows(cfg: RunConfig, partition_id: int, num_partitions: int, size: int) -> int:
+    """How many of its ``size`` rows a client trains on: all of them, unless it is observed
+    for the leakage study (with ``leakage-clients = 'aggregate'``, every client is) —
+    then ``observed-examples`` of them, or all but the ``leakage-holdout`` share (kept
+    back as non-members for membership inference)."""
+    lk = cfg.leakage
+    clients = lk.clients(num_partitions)  # None: the aggregate, so everyone is observed
+    if not lk.enabled or (clients is not None and partition_id not in clients):
+        return size
+    if lk.observed_examples:
+        return min(lk.observed_examples, size)
+    return max(1, size - int(round(size * lk.leakage_holdout)))
+
+
+def audit_canaries(cfg: RunConfig, partition_id: int, num_partitions: int, num_params: int
+                   ) -> tuple[GradientCanaries, np.ndarray] | None:
+    """The audit's canaries of an observed client and which of them it includes (each
+    with probability 1/2: the client's secret, shared only with the scorer); None when
+    the client is not audited."""
+    lk = cfg.leakage
+    if not (lk.enabled and lk.canaries and partition_id in (lk.clients(num_partitions) or [])):
+        return None
+    public, secret = canary_seeds(cfg.training.seed, partition_id)
+    return (GradientCanaries.make(lk.canaries, num_params, cfg.privacy.max_grad_norm, public),
+            canary_inclusion(lk.canaries, secret))
+
+
+def with_canary_rows(x: torch.Tensor, y: torch.Tensor, included: np.ndarray
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The data plus one placeholder row per included canary, and every row's id (-1 for
+    a real record, k for canary k): canaries are records, sampled and counted as such."""
+    k = torch.from_numpy(np.flatnonzero(included)).long()
+    x = torch.cat([x, torch.zeros(len(k), *x.shape[1:], dtype=x.dtype)])
+    ids = torch.cat([torch.full((len(y),), -1, dtype=torch.long), k])
+    return x, torch.cat([y, torch.zeros(len(k), dtype=y.dtype)]), ids
+
+
+def _own_rows(client: Client, context: Context
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     cfg, data = client.cfg, client.data
     a = cfg.anonymization
     if not a.enabled:
@@ -102,24 +157,34 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
 
     model = client.model(state)
     x, y, release_scores = training_data(client, context)
+    audit = audit_canaries(cfg, client.partition_id, client.num_partitions,
+                           sum(p.numel() for p in model.parameters()))
+    ids, hook = None, None
+    if audit is not None:
+        x, y, ids = with_canary_rows(x, y, audit[1])
+        hook = audit[0].inject
     metrics: dict[str, Any] = {"partition-id": client.partition_id, **release_scores,
                                "num-examples": len(y)}
     start = time.perf_counter()
     if cfg.privacy.dp == "local":
-        outcome = dp_round(cfg, context, model, x, y, client.num_partitions, seed, device)
+        outcome = dp_round(cfg, context, model, x, y, client.num_partitions, seed, device,
+                           ids=ids, canaries=hook)
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics
         result, model = outcome.result, outcome.model
     else:
-        loader = make_loader(x, y, t.batch_size, seed)
+        loader = make_loader(x, y, t.batch_size, seed, ids)
         optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
         result = train_epochs(model, loader, optimizer, t.local_epochs, device,
-                              proximal_mu=float(round_config.get("proximal-mu", 0.0)))
+                              proximal_mu=float(round_config.get("proximal-mu", 0.0)),
+                              canaries=hook)
     metrics.update({"train-loss": result.loss, "train-accuracy": result.accuracy,
                     "train-steps": result.steps,
                     "train-time-s": time.perf_counter() - start})
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if cfg.leakage.prune_update:
+        new_state = prune(state, new_state, cfg.leakage.prune_update)
     if cfg.privacy.dp == "central" and CLIP_KEY in round_config:  # client-side clipping
         norm = float(round_config[CLIP_KEY])
         names = list(new_state)
@@ -130,6 +195,20 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         new_state = {k: torch.from_numpy((o + u).astype(o.dtype))
                      for k, o, u in zip(names, old, update, strict=True)}
     return new_state, metrics
+
+
+def prune(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], fraction: float
+          ) -> dict[str, torch.Tensor]:
+    """Zero the ``fraction`` of the update's entries smallest in magnitude, over the whole
+    model (the gradient-pruning defence of Zhu et al. 2019); returns the new weights."""
+    update = {k: new[k] - old[k].to(new[k].dtype) for k in new}
+    flat = torch.cat([u.abs().reshape(-1) for u in update.values()])
+    k = int(fraction * len(flat))
+    if k == 0:
+        return dict(new)
+    threshold = flat.kthvalue(k).values
+    return {key: old[key].to(u.dtype) + torch.where(u.abs() > threshold, u, torch.zeros_like(u))
+            for key, u in update.items()}
 
 
 def as_update(new_state: Mapping[str, torch.Tensor] | None, old: list[np.ndarray]

@@ -17,6 +17,7 @@ import torch
 
 from clients.anonymized import released_data
 from clients.local_dp import LocalDPError, new_ledger
+from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
 from privacy.dp.dpsgd import UnsupportedModelError, check_model, resolve_mode
 from strategies.central_dp import central_params
@@ -46,6 +47,22 @@ def preflight(cfg: RunConfig) -> Preflight:
     model, name = model_for(cfg)
     parts = partitions_for(cfg, cfg.federation.num_clients)
     sizes = [len(p) for p in parts]
+    lk = cfg.leakage
+    observed = ((lk.clients(len(parts)) or range(len(parts))) if lk.enabled else [])
+    for pid in observed:
+        trained = observed_rows(cfg, pid, len(parts), sizes[pid])
+        if "mia" in lk.attack_list() and trained == sizes[pid]:
+            raise ConfigError(
+                f"attacks include 'mia' but observed client {pid} trains on all its "
+                f"{sizes[pid]} records, so none is left as a non-member to score the attack "
+                f"on. Use observed-examples below {sizes[pid]} or leakage-holdout > 0.")
+        sizes[pid] = trained
+        if lk.canaries > sizes[pid]:
+            raise ConfigError(
+                f"canaries = {lk.canaries} for observed client {pid}, which has only "
+                f"{sizes[pid]} records: the audit inserts canaries into a client's data, and "
+                "more canaries than records would make the client's update mostly canaries. "
+                f"Use canaries <= {sizes[pid]} (or observe a larger client).")
     labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
     if cfg.embeddings.enabled:  # train/load the backbone, embed every partition once
         splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -47,3 +51,29 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when its parent dies (even by
+    SIGKILL), so a child fedpriv started never outlives it."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup still applies
+        pass
+
+
+def stream_child(cmd: list[str], on_line: Callable[[str], None]) -> int:
+    """Run ``cmd``, passing each output line on; stop it (by PID) if we are interrupted,
+    and have the kernel stop it if we are killed. Returns its exit code."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, bufsize=1, errors="replace",
+                            preexec_fn=_die_with_parent)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            stop_tree(proc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from server.plots import plot_label_distribution
 from server.results import RunFolder, read_run_info
 from tasks.config import RunConfig
 
+from .procs import stream_child
 from .release_plot import plot_in_child
 from .superlink import LocalSuperLink
 
@@ -72,6 +74,19 @@ class LogFilter:
         self.log.close()
 
 
+def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
+    """Run the configured attacks on a finished run's observations, in a child process
+    (torch stays out of the CLI); True when they completed."""
+    echo("attacking what the server observed (privacy.attacks; `fedpriv attack` re-runs "
+         "them)...")
+    code = stream_child([sys.executable, "-m", "experiments.leakage", str(run_dir)],
+                        lambda line: echo(f"  {line}"))
+    if code != 0:
+        echo(f"  the attacks did not complete (exit code {code}); the run's results are "
+             f"intact. Re-run them with: fedpriv attack {run_dir}")
+    return code == 0
+
+
 def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
             cuda: bool = False, verbose: bool = False,
             echo: Callable[[str], None] = print,
@@ -116,4 +131,6 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     if status == "finished" and cfg.anonymization.enabled:
         if plot_in_child(run_dir):
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")
+    if status == "finished" and cfg.leakage.enabled:
+        attack_run(run_dir, echo)
     return RunOutcome(run_dir, status, error, read_run_info(run_dir), wall_s)

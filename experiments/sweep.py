@@ -24,6 +24,7 @@ from tasks.config import ConfigError, RunConfig, parse_assignment, validate
 
 from .app_bundle import app_dir
 from .configs import SWEEPS, absolutize, find_file, read_preset, read_toml
+from .leakage_sweep import sweep_rows, write_leakage_table
 from .preflight import preflight_isolated
 from .runner import execute
 from .superlink import LocalSuperLink
@@ -144,6 +145,11 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     if any(headline_epsilon(c.result.get("privacy")) is not None for c in cells):
         md += ["![privacy-accuracy trade-off](plots/privacy_accuracy.png)", "",
                "![epsilon vs round](plots/epsilon_vs_round.png)", ""]
+    leaked = sweep_rows(cells)
+    if leaked:
+        write_leakage_table(out, leaked)
+        md += ["## What leaked", "", "See [leakage.md](leakage.md) (one row per cell and "
+               "observed round; also leakage.csv).", ""]
     (out / "sweep.md").write_text("\n".join(md))
 
 

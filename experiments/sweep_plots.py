@@ -12,6 +12,9 @@ from server.ledger import read_ledger
 from server.plots import line_plot
 from server.privacy_log import headline_epsilon
 
+from .leakage_sweep import leakage_plots, sweep_rows
+from .pareto import pareto_front
+
 
 def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     """accuracy_vs_round, final_accuracy and, when cells used DP, privacy_accuracy and
@@ -37,6 +40,9 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
 
     _anonymization_plots(out, name, cells)
+    leaked = sweep_rows(cells)
+    if leaked:
+        leakage_plots(out, name, leaked)
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
     points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in private
                     if eps is not None and c.result.get("final"))
@@ -68,17 +74,6 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])
     line_plot(out / "epsilon_vs_round.png", curves, "round", "cumulative epsilon",
               f"sweep {name}")
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both axes (lower x, higher y)."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
-    front, best = [], -float("inf")
-    for i in order:
-        if points[i][1] > best:
-            front.append(i)
-            best = points[i][1]
-    return front
 
 
 def _short(label: str) -> str:

@@ -37,7 +37,8 @@ from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, discover_clients
 from .evaluation import CentralEvaluator
 from .ledger import outcome, read_ledger
-from .loop import run_rounds, target_accuracy_reached
+from .loop import RoundHook, run_rounds, target_accuracy_reached
+from .observe import ObservationHook
 from .plots import PlotHook, plot_label_distribution
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
@@ -70,6 +71,13 @@ class ServerTask:
             test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
         model, name = model_for(cfg)
         return cls(dataset_for(cfg), test, model, name)
+
+    def observer(self, cfg: RunConfig, run: RunFolder, num_clients: int) -> ObservationHook:
+        images = not cfg.embeddings.enabled and self.data.kind == "image"
+        return ObservationHook(cfg, run.path, num_clients, feature_shape(cfg),
+                               self.data.num_classes, self.data.mean if images else (0.0,),
+                               self.data.std if images else (1.0,),
+                               "image" if images else "vector")
 
     def evaluator(self, cfg: RunConfig) -> CentralEvaluator:
         return CentralEvaluator(self.model, self.test, cfg.training.eval_batch_size,
@@ -185,9 +193,12 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder
     recorder = RoundRecorder(run, info, privacy, anonymization)
     info["setup-s"] = time.perf_counter() - t0
     evaluator = task.evaluator(cfg)
+    hooks: list[RoundHook] = [PlotHook(run.path, info, title)]
+    if cfg.leakage.enabled:
+        hooks.append(task.observer(cfg, run, len(clients)))
     result = run_rounds(
         runner, ArrayRecord(task.model.state_dict()), cfg.federation.num_server_rounds,
-        evaluator, recorder, hooks=[PlotHook(run.path, info, title)],
+        evaluator, recorder, hooks=hooks,
         stop_before=[central.stop_reason] if central is not None else [],
         stop_after=[lambda r: privacy.stop_reason(r.round),
                     target_accuracy_reached(cfg.federation.target_accuracy)])

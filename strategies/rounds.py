@@ -66,10 +66,21 @@ class RoundLog:
                               f"failed. First errors: {reasons}")
 
 
+@dataclass(frozen=True)
+class Reply:
+    """What one client sent back, as the server received it."""
+
+    partition_id: int
+    arrays: ArrayRecord | None  # its new weights (None: it declined to train)
+    metrics: dict[str, Any]
+
+
 @dataclass
 class RoundResult:
     arrays: ArrayRecord | None  # the new global model; None when the round produced none
     log: RoundLog
+    sent: ArrayRecord | None = None  # the global model the clients were sent
+    replies: list[Reply] = field(default_factory=list)  # empty: nothing per client (SecAgg+)
 
 
 class RoundRunner(Protocol):
@@ -174,7 +185,9 @@ class PlainRounds:
         new, _ = self.strategy.aggregate_train(server_round, ok)
         log.train_done = time.perf_counter()
         self._evaluate(server_round, new or arrays, log)
-        return RoundResult(new, log)
+        replies = [Reply(self._partition(m.metadata.src_node_id), m.content.array_records.get(
+            "arrays"), metrics_of(m)) for m in ok]
+        return RoundResult(new, log, arrays, replies)
 
     def _evaluate(self, server_round: int, arrays: ArrayRecord, log: RoundLog) -> None:
         """Federated evaluation on the clients' own data (when the strategy samples any)."""

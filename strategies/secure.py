@@ -109,7 +109,7 @@ class SecureRounds:
         self.current.check_not_all_failed()
         new = None if self._result is None else ArrayRecord(
             {k: Array(np.asarray(v)) for k, v in zip(keys, self._result, strict=True)})
-        return RoundResult(new, self.current)
+        return RoundResult(new, self.current, arrays)
 
     def fit_config(self, server_round: int) -> dict[str, Any]:
         config: dict[str, Any] = {"server-round": server_round,

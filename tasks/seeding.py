@@ -49,3 +49,10 @@ def sample_cohort(ordered: Sequence[int], rng: Any, size: int = 0,
     if rate is not None:
         return [c for c in ordered if rng.random() < rate]
     return rng.sample(list(ordered), min(size or len(ordered), len(ordered)))
+
+
+def canary_seeds(seed: int, partition_id: int) -> tuple[int, int]:
+    """(public, secret) seeds of a client's audit canaries: their contents are the
+    auditor's own records, which of them were inserted only the client and the scorer
+    know."""
+    return derive_seed(seed, partition_id, 0xCA), derive_seed(seed, partition_id, 0x5EC)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from .errors import ConfigError
+
+# Gives audit canaries their crafted gradients after backward (params, the batch's ids).
+CanaryHook = Callable[[list[nn.Parameter], torch.Tensor], None]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -20,10 +24,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> DataLoader:
-    """A shuffling loader whose order depends only on ``seed``."""
+def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+                ids: torch.Tensor | None = None) -> DataLoader:
+    """A shuffling loader whose order depends only on ``seed``; with ``ids`` (-1 for a
+    real record, k >= 0 for audit canary k) each batch carries them as a third tensor."""
     gen = torch.Generator().manual_seed(seed)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, generator=gen)
+    tensors = (x, y) if ids is None else (x, y, ids)
+    return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True,
+                      generator=gen)
 
 
 def sgd(model: nn.Module, lr: float, momentum: float = 0.0,
@@ -42,36 +50,49 @@ class TrainResult:
 
 def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                  epochs: int, device: torch.device, proximal_mu: float = 0.0,
-                 criterion: nn.Module | None = None) -> TrainResult:
+                 criterion: nn.Module | None = None,
+                 canaries: CanaryHook | None = None) -> TrainResult:
     """Run ``epochs`` of mini-batch training; with ``proximal_mu`` > 0 add FedProx's term.
 
     FedProx (Li et al. 2020) minimises ``loss + mu/2 * ||w - w_global||^2`` locally,
     where ``w_global`` is the model as received at the start of the round. Empty batches
     (Poisson sampling in DP-SGD draws them) still take their optimizer step: for DP-SGD
-    that step is the noise-only release the privacy analysis counts.
+    that step is the noise-only release the privacy analysis counts. With ``canaries``
+    the loader carries record ids: canary rows add no loss (they count in the batch's
+    mean, as records) and get their crafted gradient from the hook after ``backward``.
     """
     model.to(device).train()
     criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
     anchor = ([p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None)
+    params = [p for p in model.parameters()]
     total_loss, correct, seen, steps = 0.0, 0, 0, 0
     for _ in range(epochs):
-        for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        for batch in loader:
+            xb, yb = (t.to(device, non_blocking=True) for t in batch[:2])
             optimizer.zero_grad(set_to_none=True)
             logits = model(xb)
-            loss = criterion(logits, yb)
-            objective = loss
+            if canaries is None:
+                real, loss = yb, criterion(logits, yb)
+                objective = loss
+            else:
+                mask = (batch[2] < 0).to(device)
+                per_row = nn.functional.cross_entropy(logits, yb, reduction="none")
+                objective = (per_row * mask).sum() / max(len(yb), 1)
+                real = yb[mask]
+                loss = per_row[mask].mean() if len(real) else per_row.sum() * 0
+                logits = logits[mask]
             if anchor is not None:
-                params = zip(model.parameters(), anchor, strict=True)
-                prox = sum(((p - a) ** 2).sum() for p, a in params)
-                objective = loss + 0.5 * proximal_mu * prox
+                prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))
+                objective = objective + 0.5 * proximal_mu * prox
             objective.backward()
+            if canaries is not None:
+                canaries(params, batch[2])
             optimizer.step()
             steps += 1
-            if len(yb):
-                total_loss += float(loss.item()) * len(yb)
-                correct += (logits.argmax(1) == yb).sum().item()
-                seen += len(yb)
+            if len(real):
+                total_loss += float(loss.item()) * len(real)
+                correct += (logits.argmax(1) == real).sum().item()
+                seen += len(real)
     return TrainResult(total_loss / max(seen, 1), correct / max(seen, 1), seen, steps)
 
 

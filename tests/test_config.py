@@ -52,7 +52,7 @@ def test_every_key_belongs_to_exactly_one_section():
     assert len(names) == len(set(names)) == len(defaults())
     groups = {k.group for k in SCHEMA}
     assert {"data", "federation", "privacy", "secure aggregation", "embeddings",
-            "anonymization", "training", "resources", "results"} == groups
+            "anonymization", "leakage", "training", "resources", "results"} == groups
 
 
 def test_anonymizer_parameters_are_read_off_their_dataclass():
@@ -130,6 +130,8 @@ def test_partial_validation_only_checks_given_keys():
     ("dataset=cifar10", ("dataset", "cifar10")),
     ("dataset='fashion-mnist'", ("dataset", "fashion-mnist")),
     ('data-dir="/tmp/a b"', ("data-dir", "/tmp/a b")),
+    ("leakage-rounds=1", ("leakage-rounds", "1")),  # text keys keep number-like text
+    ("leakage-clients=0,3", ("leakage-clients", "0,3")),
 ])
 def test_parse_assignment(text, expected):
     assert parse_assignment(text) == expected

@@ -25,6 +25,7 @@ from .sections import (
     DataConfig,
     EmbeddingsConfig,
     FederationConfig,
+    LeakageConfig,
     PrivacyConfig,
     ResourcesConfig,
     ResultsConfig,
@@ -38,9 +39,10 @@ SCHEMA: tuple[Key, ...] = tuple(k for _, section in SECTIONS for k in section.ke
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 
 __all__ = ["KEYS", "SCHEMA", "AnonymizationConfig", "ConfigError", "DataConfig",
-           "EmbeddingsConfig", "FederationConfig", "Key", "PrivacyConfig", "ResourcesConfig",
-           "ResultsConfig", "RunConfig", "Scalar", "SecAggConfig", "TrainingConfig", "defaults",
-           "parse_assignment", "parse_hidden", "to_toml", "validate", "validate_partial"]
+           "EmbeddingsConfig", "FederationConfig", "Key", "LeakageConfig", "PrivacyConfig",
+           "ResourcesConfig", "ResultsConfig", "RunConfig", "Scalar", "SecAggConfig",
+           "TrainingConfig", "defaults", "parse_assignment", "parse_hidden", "to_toml",
+           "validate", "validate_partial"]
 
 
 def defaults() -> dict[str, Scalar]:
@@ -103,6 +105,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # bare words such as dataset=cifar10 are taken as text
+    key = KEYS.get(name)
+    if key is not None and isinstance(key.default, str) and not isinstance(value, str):
+        value = raw  # a text key given a number or list, e.g. leakage-rounds=1,5
     return name, value
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from privacy.attacks import ATTACKS
+
 from .sections import RunConfig, parse_hidden
+
+AGGREGATE_ATTACKS = ("mia",)  # what can be run on the aggregate update alone
 
 
 def cross_checks(cfg: RunConfig) -> list[str]:
@@ -16,6 +20,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     errors += _privacy_checks(cfg)
     errors += _secagg_checks(cfg)
     errors += _embedding_checks(cfg)
+    errors += _leakage_checks(cfg)
     try:
         parse_hidden(cfg.training.mlp_hidden)
     except ValueError as exc:
@@ -108,4 +113,52 @@ def _embedding_checks(cfg: RunConfig) -> list[str]:
         if a.cvae_epsilon > 0:
             errors.append("cvae-epsilon (DP training of the CVAE) is available for anonymizer "
                           "= 'cvae'; the federated CVAE is trained without DP in fedpriv.")
+    return errors
+
+
+def _leakage_checks(cfg: RunConfig) -> list[str]:
+    errors: list[str] = []
+    lk, fed = cfg.leakage, cfg.federation
+    unknown = [a for a in lk.attack_list() if a not in ATTACKS]
+    if unknown:
+        errors.append(f"attacks = {lk.attacks!r}: unknown {unknown}; choose from "
+                      f"{', '.join(ATTACKS)} (comma-separated).")
+    try:
+        rounds = lk.rounds(fed.num_server_rounds)
+        bad = [r for r in rounds if not 1 <= r <= fed.num_server_rounds]
+        if bad:
+            errors.append(f"leakage-rounds = {lk.leakage_rounds!r}: rounds {bad} do not exist; "
+                          f"use 1 to {fed.num_server_rounds}, 'all', or empty for none.")
+    except ValueError:
+        errors.append(f"leakage-rounds = {lk.leakage_rounds!r} is not a list of round numbers "
+                      "(e.g. '1,5'), 'all', or empty.")
+    try:
+        clients = lk.clients(fed.num_clients)
+        bad = [c for c in clients or [] if not 0 <= c < fed.num_clients]
+        if bad:
+            errors.append(f"leakage-clients = {lk.leakage_clients!r}: partitions {bad} do not "
+                          f"exist; use 0 to {fed.num_clients - 1}, 'all' or 'aggregate'.")
+    except ValueError:
+        errors.append(f"leakage-clients = {lk.leakage_clients!r} is not a list of partition "
+                      "ids (e.g. '0,3'), 'all' or 'aggregate'.")
+        clients = []
+    if not lk.enabled:
+        if lk.canaries:
+            errors.append("canaries are for the audit of observed rounds: set leakage-rounds "
+                          "(e.g. '1') and add 'audit' to attacks, or canaries = 0.")
+        return errors
+    if cfg.secagg.enabled and clients is not None:
+        errors.append(f"leakage-clients = {lk.leakage_clients!r} with secure-aggregation: the "
+                      "server never sees one client's update, only the aggregate, so a "
+                      "per-client attack is impossible. Use leakage-clients = 'aggregate'.")
+    if clients is None:
+        per_client = [a for a in lk.attack_list() if a not in AGGREGATE_ATTACKS]
+        if per_client:
+            errors.append(f"attacks {per_client} need one client's update and how many "
+                          "examples made it; on the aggregate only "
+                          f"{', '.join(AGGREGATE_ATTACKS)} runs. Remove them or observe "
+                          "clients.")
+    if ("audit" in lk.attack_list()) != (lk.canaries > 0):
+        errors.append("the audit needs canaries and canaries need the audit: set both "
+                      "attacks containing 'audit' and canaries > 0 (e.g. 100), or neither.")
     return errors

@@ -7,6 +7,7 @@ from typing import Any
 
 from privacy.anonymize.density import OUTLIER_HANDLING
 from privacy.anonymize.registry import ANONYMIZERS
+from privacy.attacks import ATTACKS
 from privacy.dp.accounting import ACCOUNTANTS
 from privacy.dp.modes import CENTRAL_CLIPPINGS, CLIENT_SAMPLINGS, GRAD_SAMPLE_MODES
 from tasks.registry import STRATEGIES
@@ -18,6 +19,7 @@ DP_MODES = ("none", "local", "central")
 DP_TRAIN_DATA = ("released", "original")
 FEATURES = ("raw", "embeddings")
 DEVICES = ("auto", "cpu", "cuda")
+INVERT_LABELS = ("recovered", "given")
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,83 @@ class AnonymizationConfig(Section):
 
 
 @dataclass(frozen=True)
+class LeakageConfig(Section):
+    GROUP = "leakage"
+    leakage_rounds: str = key("", "Rounds in which the server keeps what it observes of the "
+                              "clients (observations/) for the attacks: e.g. '1', '1,5', "
+                              "'all'; empty: none.", allowed="round numbers, 'all', or empty")
+    leakage_clients: str = key("0", "Which clients are observed: partition ids ('0', '0,3'), "
+                               "'all', or 'aggregate' (the round's aggregate update: the only "
+                               "choice under secure aggregation).",
+                               allowed="partition ids, 'all' or 'aggregate'")
+    attacks: str = key("labels,invert,mia", "Attacks run on the observations after the run "
+                       "(and by `fedpriv attack`): labels, invert, dlg, mia, audit.",
+                       allowed="comma-separated: " + ", ".join(ATTACKS))
+    invert_iterations: int = key(2000, "Inverting Gradients: optimisation steps per restart.",
+                                 lo=1)
+    invert_restarts: int = key(2, "Inverting Gradients: random restarts (the best is kept).",
+                               lo=1)
+    invert_lr: float = key(0.1, "Inverting Gradients: Adam's step size (decayed at 3/8, 5/8, "
+                           "7/8).", lo=0, lo_open=True)
+    invert_tv: float = key(0.01, "Inverting Gradients: weight of the total-variation prior.",
+                           lo=0)
+    invert_labels: str = key("recovered", "Labels the inversion uses: recovered from the "
+                             "update (iDLG / counts), or given (the attacker is told them).",
+                             choices=INVERT_LABELS)
+    invert_max_examples: int = key(64, "Skip inversion of updates made from more examples "
+                                   "than this (the reconstruction would be meaningless and "
+                                   "slow).", lo=1)
+    observed_examples: int = key(0, "Observed clients train on only their first N examples "
+                                 "(0: all of them): the user with a few images whom "
+                                 "gradient-inversion studies attack; the other clients keep "
+                                 "their whole partition.", lo=0)
+    leakage_holdout: float = key(0.2, "Observed clients keep back this share of their "
+                                 "records (when observed-examples is 0): the non-members, "
+                                 "from their own distribution, that membership inference is "
+                                 "scored on.", lo=0, hi=1, hi_open=True)
+    mia_candidates: int = key(500, "Membership inference: at most this many members and as "
+                              "many held-out non-members are scored.", lo=10)
+    canaries: int = key(0, "Audit: canary records each observed client inserts, each with "
+                        "probability 1/2 (0 = no audit).", lo=0)
+    audit_confidence: float = key(0.95, "Audit: confidence of the epsilon lower bound.", lo=0,
+                                  hi=1, lo_open=True, hi_open=True)
+    audit_guess_fraction: float = key(0.5, "Audit: share of canaries the auditor guesses on "
+                                      "(the rest it abstains on), fixed before the run.", lo=0,
+                                      hi=1, lo_open=True)
+    prune_update: float = key(0.0, "Defence (Zhu et al. 2019): clients zero this share of "
+                              "their update's smallest-magnitude entries before sending it.",
+                              lo=0, hi=1, hi_open=True)
+
+    # What `fedpriv attack` may change after the run; the rest are facts of the run.
+    ATTACK_SETTINGS = ("attacks", "invert-iterations", "invert-restarts", "invert-lr",
+                       "invert-tv", "invert-labels", "invert-max-examples", "mia-candidates",
+                       "audit-confidence", "audit-guess-fraction")
+
+    def rounds(self, num_rounds: int) -> list[int]:
+        """The observed rounds."""
+        text = self.leakage_rounds.strip()
+        if text == "all":
+            return list(range(1, num_rounds + 1))
+        return sorted({int(r) for r in text.split(",") if r.strip()})
+
+    def clients(self, num_clients: int) -> list[int] | None:
+        """Observed partition ids; None for the aggregate."""
+        text = self.leakage_clients.strip()
+        if text == "aggregate":
+            return None
+        if text == "all":
+            return list(range(num_clients))
+        return sorted({int(c) for c in text.split(",") if c.strip()})
+
+    def attack_list(self) -> list[str]:
+        return [a.strip() for a in self.attacks.split(",") if a.strip()]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.leakage_rounds.strip())
+
+
+@dataclass(frozen=True)
 class TrainingConfig(Section):
     GROUP = "training"
     model: str = key("auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
@@ -320,6 +399,7 @@ class RunConfig:
     secagg: SecAggConfig
     embeddings: EmbeddingsConfig
     anonymization: AnonymizationConfig
+    leakage: LeakageConfig
     training: TrainingConfig
     resources: ResourcesConfig
     results: ResultsConfig

@@ -1,0 +1,482 @@
+"""`fedpriv attack`: run the leakage attacks on a run's observations and score them.
+
+The ServerApp saved what it observed (``observations/``, :mod:`server.observe`); here
+the attacks (:mod:`privacy.attacks`) get exactly that, and the scoring side — which
+alone reads the clients' real data, their canaries and who was a member — measures
+what they recovered. `fedpriv run` runs this after every run with ``leakage-rounds``
+(in a child process); ``fedpriv attack RUN_DIR`` runs it again on any run folder, with
+other attacks or attack settings, and with the same seed gives the same numbers.
+
+Writes ``leakage.jsonl`` (one line per observation and attack; a re-run replaces the
+lines of what it re-ran), ``leakage.json`` (the summary), ``plots/leakage/``
+(reconstruction grids, ROC curves), ``reconstructions/`` (the reconstructions in pixels)
+and a "What leaked" section in ``summary.md`` and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, RecordDict
+
+from clients.update import Client, audit_canaries, heldout_rows, training_data
+from privacy.analysis.leakage_metrics import (
+    label_accuracy,
+    membership_scores,
+    random_image_psnr,
+    reconstruction_scores,
+    to_pixels,
+)
+from privacy.attacks import ATTACKS
+from privacy.attacks.audit import audit
+from privacy.attacks.canaries import GradientCanaries
+from privacy.attacks.inversion import InversionConfig, Reconstruction, dlg, invert
+from privacy.attacks.labels import idlg_label, label_counts, labels_from_counts
+from privacy.attacks.membership import alignment_scores, loss_drop_scores, loss_scores
+from privacy.attacks.observation import Observation, load_all, state_dict
+from privacy.attacks.simulate import batches, flatten
+from server.federation import ServerTask
+from server.ledger import read_ledger
+from server.observe import FOLDER
+from server.results import RunFolder, read_run_info
+from tasks.config import (
+    KEYS,
+    ConfigError,
+    LeakageConfig,
+    RunConfig,
+    parse_assignment,
+    validate,
+)
+from tasks.config.checks import AGGREGATE_ATTACKS
+from tasks.seeding import derive_seed
+from tasks.splits import client_split, model_for
+from tasks.training import resolve_device
+
+from .leakage_plots import reconstruction_grid, roc_plot
+
+LEDGER = "leakage.jsonl"
+RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Truth:
+    """The scoring side's ground truth for one observation (never passed to an attack)."""
+
+    x: torch.Tensor  # the records the client trained on (the audit's canaries aside)
+    y: torch.Tensor
+    members: tuple[torch.Tensor, torch.Tensor]  # a sample of them
+    nonmembers: tuple[torch.Tensor, torch.Tensor]  # held-out rows of the same distribution
+    canaries: tuple[GradientCanaries, np.ndarray] | None  # the canaries, which were included
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Observation]]:
+    """The run's config (with attack settings overridden) and its observations."""
+    if not (run_dir / "config.toml").is_file():
+        raise ConfigError(f"{run_dir} is not a fedpriv run folder (no config.toml).")
+    with open(run_dir / "config.toml", "rb") as f:
+        values = tomllib.load(f)
+    for text in sets:
+        key, value = parse_assignment(text)
+        if key not in LeakageConfig.ATTACK_SETTINGS:
+            what = "a fact of the run" if key in KEYS else "not a run-config key"
+            raise ConfigError(f"--set {key}: {what}. Only the attack settings can change "
+                              f"after the run: {', '.join(LeakageConfig.ATTACK_SETTINGS)}.")
+        values[key] = value
+    cfg = validate(values)
+    observations = load_all(run_dir / FOLDER) if (run_dir / FOLDER).is_dir() else []
+    if not observations:
+        raise ConfigError(f"{run_dir} has no observations: the run observed nothing "
+                          "(leakage-rounds was empty). Run it again with e.g. --set "
+                          "leakage-rounds=1.")
+    return cfg, observations
+
+
+def select(observations: list[Observation], rounds: Sequence[int] | None,
+           clients: Sequence[int] | None) -> list[Observation]:
+    """The observations asked for; asking for one that was not made is an error."""
+    have = sorted({(o.round, o.client) for o in observations},
+                  key=lambda rc: (rc[0], -1 if rc[1] is None else rc[1]))
+    listed = ", ".join(f"round {r} {'aggregate' if c is None else f'client {c}'}"
+                       for r, c in have)
+    picked = [o for o in observations if (rounds is None or o.round in rounds)
+              and (clients is None or o.client in clients)]
+    for r in rounds or []:
+        if not any(o.round == r for o in observations):
+            raise ConfigError(f"round {r} was not observed; the run observed: {listed}.")
+    for c in clients or []:
+        if not any(o.client == c for o in observations):
+            raise ConfigError(f"client {c} was not observed; the run observed: {listed}.")
+    return picked
+
+
+def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str]) -> None:
+    """Refuse, before any work, what cannot be attacked."""
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        raise ConfigError(f"unknown attack {', '.join(map(repr, unknown))}; choose from "
+                          f"{', '.join(ATTACKS)}.")
+    if "audit" in attacks and not cfg.leakage.canaries:
+        raise ConfigError("the audit needs canaries inserted during the run, and this run had "
+                          "canaries = 0. Run again with canaries = 100 (and 'audit' in "
+                          "attacks).")
+    model, _ = model_for(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for o in observations:
+        seen = {k: tuple(np.shape(v)) for k, v in o.sent.items()}
+        if seen != shapes:
+            raise ConfigError(f"{o.name}: the observed weights do not fit the run's model "
+                              f"({cfg.training.model}); the observation comes from another "
+                              "model or was damaged.")
+        if o.client is None:
+            bad = [a for a in attacks if a not in AGGREGATE_ATTACKS]
+            if bad:
+                raise ConfigError(f"{o.name}: the server saw only the aggregate (secure "
+                                  f"aggregation, or leakage-clients = 'aggregate'); {bad} need "
+                                  f"one client's update. Only {', '.join(AGGREGATE_ATTACKS)} "
+                                  "can run on the aggregate.")
+
+
+# --------------------------------------------------------------------------- ground truth
+
+
+def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path) -> Truth:
+    """What the observed client really trained on (the scoring side only)."""
+    info = read_run_info(run_dir)
+    n = int(info.get("num-clients", cfg.federation.num_clients))
+    if obs.client is None:  # the aggregate: the clients sampled that round
+        ledger = {r.round: r for r in read_ledger(run_dir)}
+        pids = ledger[obs.round].sampled if obs.round in ledger else list(range(n))
+    else:
+        pids = [obs.client]
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    xs, ys, hxs, hys = [], [], [], []
+    for pid in pids:
+        client = Client(cfg, pid, n, client_split(cfg, pid, n))
+        x, y, _ = training_data(client, context)
+        hx, hy = heldout_rows(client, context)
+        xs.append(x)
+        ys.append(y)
+        hxs.append(hx)
+        hys.append(hy)
+    x, y, hx, hy = torch.cat(xs), torch.cat(ys), torch.cat(hxs), torch.cat(hys)
+    canaries = None if obs.client is None else audit_canaries(
+        cfg, obs.client, n, sum(p.numel() for p in task.model.parameters()))
+    rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
+    k = min(cfg.leakage.mia_candidates, len(y), len(hy))
+    m = rng.choice(len(y), k, replace=False)
+    h = rng.choice(len(hy), k, replace=False)
+    return Truth(x, y, (x[m], y[m]), (hx[h], hy[h]), canaries)
+
+
+# --------------------------------------------------------------------------- attacks
+
+
+class Attacker:
+    """Runs the requested attacks on one observation and scores them against the truth."""
+
+    def __init__(self, cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path,
+                 echo: Echo) -> None:
+        self.cfg, self.obs, self.run_dir, self.echo = cfg, obs, run_dir, echo
+        device = resolve_device(cfg.resources.device)  # the GPU when there is one
+        self.model = model_for(cfg)[0].to(device)
+        self.sent = {k: v.to(device) for k, v in state_dict(obs.sent).items()}
+        self.received = {k: v.to(device) for k, v in state_dict(obs.received).items()}
+        self.update = {k: v.to(device) for k, v in obs.update().items()}
+        self.truth = truth_for(cfg, obs, task, run_dir)
+        self.seed = derive_seed(cfg.training.seed, obs.round, 0xA66 if obs.client is None
+                                else obs.client, 0xA7)
+        self._labels: torch.Tensor | None = None
+
+    @property
+    def n(self) -> int | None:
+        return self.obs.num_examples
+
+    def recovered_labels(self) -> torch.Tensor:
+        """The labels as the attacker reads them from the update (iDLG, or counts)."""
+        if self._labels is None:
+            o = self.obs
+            if self.n == 1 and len(batches(1, o.training)) == 1:
+                self._labels = torch.tensor([idlg_label(self.update, self.model)])
+            else:
+                self._labels = labels_from_counts(label_counts(
+                    self.update, self.model, self.sent, self.n, o.training, o.input_shape,
+                    seed=self.seed))
+        return self._labels
+
+    def labels(self) -> dict[str, Any]:
+        return {"label-accuracy": label_accuracy(self.recovered_labels(), self.truth.y),
+                "method": "idlg" if self.n == 1 else "counts"}
+
+    def _reconstruction(self, method: str) -> dict[str, Any]:
+        lk, o = self.cfg.leakage, self.obs
+        if self.n is None:
+            return {"skipped": "the client did not disclose its number of examples"}
+        if self.n > lk.invert_max_examples:
+            return {"skipped": f"{self.n} examples, more than invert-max-examples = "
+                               f"{lk.invert_max_examples}"}
+        given = lk.invert_labels == "given"
+        labels = torch.sort(self.truth.y).values if given else self.recovered_labels()
+
+        def progress(text: str) -> None:
+            self.echo(f"    {o.name}: {text}")
+
+        if method == "invert":
+            rec = invert(self.model, self.sent, self.update, labels, o.training, o.input_shape,
+                         InversionConfig(lk.invert_iterations, lk.invert_restarts, lk.invert_lr,
+                                         lk.invert_tv, self.seed),
+                         mean=o.mean, std=o.std, labels_source="given" if given else "recovered",
+                         progress=progress)
+        else:
+            rec = dlg(self.model, self.sent, self.update, self.n, o.num_classes, o.training,
+                      o.input_shape, iterations=min(lk.invert_iterations, 300),
+                      labels=labels if given else None, seed=self.seed,
+                      restarts=lk.invert_restarts, progress=progress)
+        return self._score_reconstruction(rec, method)
+
+    def _score_reconstruction(self, rec: Reconstruction, method: str) -> dict[str, Any]:
+        o = self.obs
+        scores = reconstruction_scores(rec.x, rec.y, self.truth.x, self.truth.y, o.mean, o.std)
+        out = {"seconds": rec.seconds, "labels": rec.labels, "objective": rec.loss,
+               **{k: v for k, v in scores.items() if k != "matched"}}
+        if o.kind == "image":
+            out["psnr-random"] = random_image_psnr(self.truth.x, o.mean, o.std, self.seed)
+            grid = reconstruction_grid(
+                self.run_dir / "plots" / "leakage" / f"{o.name}-{method}.png", self.truth.x,
+                rec.x, scores["matched"], o.mean, o.std,
+                f"{o.name}: {method}, PSNR {scores['psnr']:.1f} dB, SSIM {scores['ssim']:.2f}"
+                f" (labels {rec.labels})")
+            out["grid"] = str(grid.relative_to(self.run_dir))
+            pixels = self.run_dir / RECONSTRUCTIONS / f"{o.name}-{method}.npz"
+            pixels.parent.mkdir(exist_ok=True)
+            np.savez_compressed(  # for side-by-side comparisons across runs (sweeps)
+                pixels, reconstruction=to_pixels(rec.x, o.mean, o.std).numpy(),
+                original=to_pixels(self.truth.x[scores["matched"]], o.mean, o.std).numpy())
+            out["pixels"] = str(pixels.relative_to(self.run_dir))
+        return out
+
+    def invert(self) -> dict[str, Any]:
+        return self._reconstruction("invert")
+
+    def dlg(self) -> dict[str, Any]:
+        return self._reconstruction("dlg")
+
+    def mia(self) -> dict[str, Any]:
+        (mx, my), (hx, hy) = self.truth.members, self.truth.nonmembers
+        x, y, k = torch.cat([mx, hx]), torch.cat([my, hy]), len(my)
+        if k < 2:
+            return {"skipped": f"{k} member/non-member pairs: too few to score (see "
+                               "observed-examples and leakage-holdout)"}
+        released = state_dict(self.obs.released) if self.obs.released else self.received
+        attacks = {"global-loss": loss_scores(self.model, released, x, y),
+                   "global-loss-drop": loss_drop_scores(self.model, self.sent, released, x, y)}
+        if self.obs.client is not None:
+            attacks["update-loss"] = loss_scores(self.model, self.received, x, y)
+            attacks["update-loss-drop"] = loss_drop_scores(self.model, self.sent, self.received,
+                                                           x, y)
+            attacks["update-alignment"] = alignment_scores(self.model, self.sent, self.update,
+                                                           x, y)
+        curves = {name: membership_scores(s[:k].numpy(), s[k:].numpy())
+                  for name, s in attacks.items()}
+        best = max(curves, key=lambda name: curves[name]["auc"])
+        plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-mia.png", curves,
+                        f"{self.obs.name}: membership inference ({k} members, {k} held out)")
+        roc = curves[best]["roc"]
+        keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
+                         .astype(int))
+        return {"auc": curves[best]["auc"], "tpr-at-1%fpr": curves[best]["tpr-at-1%fpr"],
+                "roc-curve": {"fpr": [roc["fpr"][i] for i in keep],
+                              "tpr": [roc["tpr"][i] for i in keep]},
+                "tpr-at-0.1%fpr": curves[best]["tpr-at-0.1%fpr"], "strongest": best,
+                "attacks": {n: {k2: v for k2, v in c.items() if k2 != "roc"}
+                            for n, c in curves.items()},
+                "roc": str(plot.relative_to(self.run_dir))}
+
+    def audit(self) -> dict[str, Any]:
+        lk, o = self.cfg.leakage, self.obs
+        assert self.truth.canaries is not None
+        canaries, included = self.truth.canaries  # the attacker knows the canaries, not
+        # which were included: that is only scored
+        central = self.cfg.privacy.dp == "central"
+        target = ({k: torch.from_numpy(np.asarray(o.released[k], np.float32) - o.sent[k])
+                   for k in o.sent} if central and o.released else self.update)
+        keys = [k for k, _ in self.model.named_parameters()]
+        scores = canaries.scores(flatten(target, keys))
+        claimed = self._claimed()
+        delta = claimed["delta"] if claimed["delta"] is not None else 1e-5
+        result = audit(scores, included, delta, lk.audit_confidence, lk.audit_guess_fraction)
+        return {"epsilon-lower-bound": result.epsilon_lower_bound, "canaries": result.canaries,
+                "guesses": result.guesses, "correct": result.correct,
+                "confidence": result.confidence,
+                "audited": "released model" if central else "client update",
+                **claimed, "delta": delta}
+
+    def _claimed(self) -> dict[str, Any]:
+        """The accountant's (epsilon, delta) for what was audited: everything the run did up
+        to and including the observed round (the weights sent already carry the canaries'
+        earlier rounds), i.e. the run's cumulative epsilon at that round."""
+        if self.cfg.privacy.dp == "local":
+            d = self.obs.disclosed
+            return {"epsilon-claimed": _float(d.get("epsilon")), "delta": _float(d.get("delta")),
+                    "claimed-by": "the client's DP-SGD accountant (record-level)"}
+        if self.cfg.privacy.dp == "central":
+            record = {r.round: r for r in read_ledger(self.run_dir)}.get(self.obs.round)
+            p = record.privacy if record and record.privacy else {}
+            return {"epsilon-claimed": _float(p.get("epsilon")), "delta": _float(p.get("delta")),
+                    "claimed-by": "the server's DP-FedAvg accountant (client-level, which "
+                                  "bounds record-level)"}
+        return {"epsilon-claimed": None, "delta": None, "claimed-by": "no DP"}
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Sequence[str] = (),
+                rounds: Sequence[int] | None = None, clients: Sequence[int] | None = None,
+                echo: Echo = print) -> dict[str, Any]:
+    """Attack every selected observation; write and return the results."""
+    cfg, observations = load(run_dir, sets)
+    attacks = list(attacks or cfg.leakage.attack_list())
+    chosen = select(observations, rounds, clients)
+    check(cfg, chosen, attacks)
+    torch.manual_seed(cfg.training.seed)
+    task = ServerTask.load(cfg)
+    lines = []
+    echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
+    for obs in chosen:
+        attacker = Attacker(cfg, obs, task, run_dir, echo)
+        for name in attacks:
+            result = getattr(attacker, name)()
+            line = {"round": obs.round,
+                    "client": "aggregate" if obs.client is None else obs.client,
+                    "attack": name, **result}
+            lines.append(line)
+            echo(f"  {obs.name} {name}: {_headline(line)}")
+    lines = _merge(run_dir / LEDGER, lines)
+    (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n" for x in lines))
+    summary = summarize(lines)
+    (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
+    _record(run_dir, summary)
+    return summary
+
+
+def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier results, with those for the same observation and attack replaced."""
+    redone = {(x["round"], x["client"], x["attack"]) for x in new}
+    old = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
+    return sorted(kept + new, key=lambda x: (x["round"], str(x["client"])))
+
+
+def _headline(line: dict[str, Any]) -> str:
+    if "skipped" in line:
+        return f"skipped ({line['skipped']})"
+    a = line["attack"]
+    if a in ("invert", "dlg"):
+        extra = f", SSIM {line['ssim']:.3f}" if "ssim" in line else ""
+        base = f" (random images: {line['psnr-random']:.1f} dB)" if "psnr-random" in line else ""
+        return (f"PSNR {line['psnr']:.2f} dB{extra}{base}, label accuracy "
+                f"{line['label-accuracy']:.2f} ({line['labels']} labels), {line['seconds']:.0f} s")
+    if a == "labels":
+        return f"label accuracy {line['label-accuracy']:.2f} ({line['method']})"
+    if a == "mia":
+        return (f"AUC {line['auc']:.3f}, TPR {line['tpr-at-1%fpr']:.3f} at 1% FPR "
+                f"({line['strongest']})")
+    claimed = line.get("epsilon-claimed")
+    return (f"epsilon >= {line['epsilon-lower-bound']:.3f} at {line['confidence']:.0%} "
+            f"({line['correct']}/{line['guesses']} guesses right); accountant: "
+            + ("no DP" if claimed is None else f"{claimed:.3f}"))
+
+
+def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per attack, the mean over observations (the worst case for the audit)."""
+    out: dict[str, Any] = {"observations": len({(x["round"], x["client"]) for x in lines})}
+    for attack in dict.fromkeys(x["attack"] for x in lines):
+        done = [x for x in lines if x["attack"] == attack and "skipped" not in x]
+        if not done:
+            continue
+        keys = {"invert": ("psnr", "ssim", "psnr-random", "label-accuracy", "seconds"),
+                "dlg": ("psnr", "ssim", "psnr-random", "label-accuracy", "seconds"),
+                "labels": ("label-accuracy",), "mia": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr"),
+                }.get(attack)
+        if keys:
+            out[attack] = {k: float(np.mean([x[k] for x in done if k in x])) for k in keys
+                           if any(k in x for x in done)}
+        else:  # the audit: the largest lower bound, next to what the accountant claims
+            worst = max(done, key=lambda x: x["epsilon-lower-bound"])
+            out[attack] = {k: worst[k] for k in ("epsilon-lower-bound", "epsilon-claimed",
+                                                 "claimed-by", "confidence", "canaries",
+                                                 "audited", "round", "client") if k in worst}
+    return out
+
+
+def _record(run_dir: Path, summary: dict[str, Any]) -> None:
+    """run.json's "leakage" and summary.md's "What leaked" section."""
+    run = RunFolder(run_dir)
+    info = read_run_info(run_dir)
+    info["leakage"] = summary
+    run.write_json("run.json", info)
+    text = (run_dir / "summary.md").read_text() if (run_dir / "summary.md").exists() else ""
+    text = text.split("\n## What leaked\n")[0].rstrip() + "\n\n" + leakage_section(summary)
+    run.write_text("summary.md", text)
+
+
+def leakage_section(summary: dict[str, Any]) -> str:
+    lines = ["## What leaked", "",
+             f"Attacks on {summary['observations']} observation(s) of what the server saw "
+             "(`leakage.jsonl`, `plots/leakage/`):", ""]
+    if "invert" in summary:
+        s = summary["invert"]
+        lines.append(f"- reconstruction (Inverting Gradients): PSNR **{s['psnr']:.2f} dB**"
+                     + (f", SSIM {s['ssim']:.3f}" if "ssim" in s else "")
+                     + (f" (random images: {s['psnr-random']:.2f} dB)" if "psnr-random" in s
+                        else "") + f", labels {s['label-accuracy']:.0%} right")
+    if "dlg" in summary:
+        lines.append(f"- reconstruction (DLG): PSNR {summary['dlg']['psnr']:.2f} dB")
+    if "labels" in summary:
+        lines.append(f"- labels read off the update: {summary['labels']['label-accuracy']:.0%}")
+    if "mia" in summary:
+        s = summary["mia"]
+        lines.append(f"- membership inference: AUC **{s['auc']:.3f}**, TPR "
+                     f"{s['tpr-at-1%fpr']:.3f} at 1% FPR, {s['tpr-at-0.1%fpr']:.3f} at 0.1%")
+    if "audit" in summary:
+        s = summary["audit"]
+        claimed = s.get("epsilon-claimed")
+        lines.append(f"- audit ({s['canaries']} canaries, {s['audited']}): epsilon >= "
+                     f"**{s['epsilon-lower-bound']:.3f}** at {s['confidence']:.0%} confidence; "
+                     "the accountant claims "
+                     + ("nothing (no DP)" if claimed is None else f"{claimed:.3f}"))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.leakage RUN_DIR`` (what `fedpriv run` starts after a run)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        run_attacks(args.run_dir, echo=lambda line: print(line, flush=True))
+    except ConfigError as exc:
+        print(f"fedpriv: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""A sweep's leakage study: one table of what each defence let leak, and its plots.
+
+For every cell that observed rounds (``leakage-rounds``), one row per observed round:
+the run's final accuracy, the epsilon its accountant claims at that round, the epsilon
+the audit proves at least, and the attacks' scores (means over the observed clients).
+Written as ``leakage.csv`` and ``leakage.md`` beside the sweep's table, with
+``plots/psnr_vs_epsilon.png``, ``plots/accuracy_vs_psnr.png`` (Pareto front),
+``plots/roc_by_defence.png`` and ``plots/reconstructions.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from server.ledger import read_ledger
+from server.privacy_log import headline_epsilon
+from tasks.config import RunConfig
+
+from .pareto import pareto_front
+
+COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",
+           "epsilon-audited", "psnr", "ssim", "psnr-random", "label-accuracy", "mia-auc",
+           "tpr-at-1%fpr", "tpr-at-0.1%fpr", "mia-attack", "run-dir")
+
+
+def defence(cfg: RunConfig) -> str:
+    """A short name for what protects the observed client's update in a run."""
+    parts = []
+    p = cfg.privacy
+    if p.dp == "local":
+        parts.append(f"local DP-SGD (sigma {p.noise_multiplier:g})" if not p.target_epsilon
+                     else f"local DP-SGD (eps {p.target_epsilon:g})")
+    elif p.dp == "central":
+        parts.append(f"central DP (z {p.noise_multiplier:g})")
+    if cfg.secagg.enabled:
+        parts.append("SecAgg+")
+    if cfg.leakage.prune_update:
+        parts.append(f"pruning {cfg.leakage.prune_update:.0%}")
+    if cfg.anonymization.enabled:
+        parts.append(f"embeddings: {cfg.anonymization.anonymizer}")
+    elif cfg.embeddings.enabled:
+        parts.append("embeddings")
+    return " + ".join(parts) or "none"
+
+
+def setting(cfg: RunConfig) -> str:
+    """What the observed client trained on: examples, batch size and local epochs."""
+    lk, t = cfg.leakage, cfg.training
+    n = f"{lk.observed_examples} ex" if lk.observed_examples else "all ex"
+    return f"{n}, batch {t.batch_size}, {t.local_epochs} ep"
+
+
+def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
+             ) -> list[dict[str, Any]]:
+    """The leakage table's rows of one finished cell (none if nothing was attacked)."""
+    path = run_dir / "leakage.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    ledger = {r.round: r for r in read_ledger(run_dir)}
+    rows = []
+    for rnd in sorted({x["round"] for x in lines}):
+        mine = [x for x in lines if x["round"] == rnd and "skipped" not in x]
+        record = ledger.get(rnd)
+
+        def mean(attack: str, key: str, mine: list = mine) -> float | None:
+            vals = [x[key] for x in mine if x["attack"] == attack and x.get(key) is not None]
+            return float(np.mean(vals)) if vals else None
+
+        audits = [x for x in mine if x["attack"] == "audit"]
+        mias = [x for x in mine if x["attack"] == "mia"]
+        rows.append({
+            "cell": index, "defence": defence(cfg), "setting": setting(cfg), "round": rnd,
+            "accuracy": accuracy,
+            "epsilon-claimed": headline_epsilon(record.privacy) if record else None,
+            "epsilon-audited": max(x["epsilon-lower-bound"] for x in audits) if audits
+            else None,
+            "psnr": mean("invert", "psnr"), "ssim": mean("invert", "ssim"),
+            "psnr-random": mean("invert", "psnr-random"),
+            "label-accuracy": mean("labels", "label-accuracy"),
+            "mia-auc": mean("mia", "auc"), "tpr-at-1%fpr": mean("mia", "tpr-at-1%fpr"),
+            "tpr-at-0.1%fpr": mean("mia", "tpr-at-0.1%fpr"),
+            "mia-attack": mias[0]["strongest"] if mias else None,
+            "run-dir": str(run_dir)})
+    return rows
+
+
+def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
+    """The leakage rows of a sweep's finished cells (``Cell`` objects of the sweep)."""
+    rows = []
+    for c in cells:
+        if c.run_dir is None or not (c.run_dir / "leakage.jsonl").exists():
+            continue
+        cfg = c.config if c.config is not None else _read_config(c.run_dir)
+        rows += rows_for(c.index, cfg, c.run_dir,
+                         (c.result.get("final") or {}).get("accuracy"))
+    return rows
+
+
+def _read_config(run_dir: Path) -> RunConfig:
+    import tomllib
+
+    from tasks.config import validate
+
+    with open(run_dir / "config.toml", "rb") as f:
+        return validate(tomllib.load(f))
+
+
+def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """leakage.csv and leakage.md."""
+    with open(out / "leakage.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: _cell(r.get(k)) for k in COLUMNS} for r in rows)
+    shown = [c for c in COLUMNS if c not in ("run-dir", "psnr-random", "tpr-at-0.1%fpr")]
+    md = ["# What leaked", "",
+          "One row per cell and observed round. epsilon-claimed: the accountant's epsilon "
+          "at that round (local: the largest over clients; central: client-level); "
+          "epsilon-audited: the one-run audit's lower bound (95% confidence); PSNR/SSIM: "
+          "Inverting Gradients' reconstructions of the observed client's examples; MIA: "
+          "the strongest membership attack, its AUC and TPR at 1% FPR. Empty: not "
+          "measured in that cell.", "",
+          "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
+    md += ["", "![PSNR vs epsilon](plots/psnr_vs_epsilon.png)", "",
+           "![accuracy vs PSNR](plots/accuracy_vs_psnr.png)", "",
+           "![ROC per defence](plots/roc_by_defence.png)", "",
+           "![reconstructions](plots/reconstructions.png)", ""]
+    (out / "leakage.md").write_text("\n".join(md))
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.3f}" if abs(x) < 1e4 else f"{x:.3g}"
+    return str(x)
+
+
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['defence']} · {row['setting']} · r{row['round']}"
+
+
+def leakage_plots(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The study's plots (those with data to show); returns their file names."""
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = []
+    inverted = [r for r in rows if r["psnr"] is not None]
+    if inverted:
+        drawn += [_psnr_vs_epsilon(out, name, inverted), _accuracy_vs_psnr(out, name, inverted)]
+    roc = _roc_by_defence(out, name, rows)
+    if roc:
+        drawn.append(roc)
+    grids = _reconstructions(out, name, inverted)
+    if grids:
+        drawn.append(grids)
+    return drawn
+
+
+def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str:
+    fig = Figure(figsize=(7.0, 4.6))
+    ax = fig.subplots()
+    dp = [r for r in rows if r["epsilon-claimed"] is not None]
+    cmap = colormaps["tab10"]
+    settings = sorted({r["setting"] for r in rows})
+    for i, s in enumerate(settings):
+        pts = sorted((r["epsilon-claimed"], r["psnr"]) for r in dp if r["setting"] == s)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), "o-", color=cmap(i % 10), label=f"DP, {s}")
+        for r in rows:
+            if r["setting"] == s and r["epsilon-claimed"] is None:
+                ax.axhline(r["psnr"], ls="--", lw=0.8, color=cmap(i % 10),
+                           label=f"{r['defence']}, {s}, r{r['round']}")
+    chance = [r["psnr-random"] for r in rows if r["psnr-random"] is not None]
+    if chance:
+        ax.axhline(float(np.mean(chance)), color="gray", ls=":", label="random images")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon claimed at the observed round (log)")
+    ax.set_ylabel("reconstruction PSNR (dB)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, loc="best")
+    ax.set_title(f"gradient inversion vs privacy budget — sweep {name}", fontsize=10)
+    fig.savefig(out / "psnr_vs_epsilon.png", dpi=110, bbox_inches="tight")
+    return "psnr_vs_epsilon.png"
+
+
+def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str:
+    rows = [r for r in rows if r["accuracy"] is not None]
+    fig = Figure(figsize=(7.0, 4.6))
+    ax = fig.subplots()
+    defences = sorted({r["defence"] for r in rows})
+    cmap = colormaps["tab10"]
+    for i, d in enumerate(defences):
+        mine = [r for r in rows if r["defence"] == d]
+        ax.scatter([r["psnr"] for r in mine], [r["accuracy"] for r in mine], color=cmap(i % 10),
+                   label=d, zorder=3, s=24)
+    points = [(r["psnr"], r["accuracy"]) for r in rows]
+    front = [rows[i] for i in pareto_front(points)]
+    ax.step([r["psnr"] for r in front], [r["accuracy"] for r in front], where="post",
+            color="black", lw=0.8, label="Pareto front (less leakage, more accuracy)")
+    for r in front:
+        ax.annotate(r["setting"], (r["psnr"], r["accuracy"]), fontsize=6, xytext=(3, -8),
+                    textcoords="offset points")
+    ax.set_xlabel("reconstruction PSNR (dB; lower = less leaked)")
+    ax.set_ylabel("final test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+    ax.set_title(f"accuracy vs leakage — sweep {name}", fontsize=10)
+    fig.savefig(out / "accuracy_vs_psnr.png", dpi=110, bbox_inches="tight")
+    return "accuracy_vs_psnr.png"
+
+
+def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    curves = []
+    for r in rows:
+        path = Path(r["run-dir"]) / "leakage.jsonl"
+        for x in map(json.loads, path.read_text().splitlines()):
+            if x["attack"] == "mia" and x["round"] == r["round"] and "roc-curve" in x:
+                curves.append((_label(r), x))
+                break
+    if not curves:
+        return None
+    fig = Figure(figsize=(6.4, 5.2))
+    ax = fig.subplots()
+    cmap = colormaps["tab20"]
+    for i, (label, x) in enumerate(curves):
+        fpr = np.maximum(np.asarray(x["roc-curve"]["fpr"]), 1e-4)
+        tpr = np.maximum(np.asarray(x["roc-curve"]["tpr"]), 1e-4)
+        ax.plot(fpr, tpr, color=cmap(i % 20), lw=1,
+                label=f"{label} ({x['strongest']}, AUC {x['auc']:.2f})")
+    grid = np.logspace(-4, 0, 50)
+    ax.plot(grid, grid, ls="--", color="gray", label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(1e-3, 1)
+    ax.set_ylim(1e-3, 1)
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=5, loc="lower right")
+    ax.set_title(f"membership inference per defence (strongest attack) — sweep {name}",
+                 fontsize=9)
+    fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
+    return "roc_by_defence.png"
+
+
+def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
+                     per_row: int = 8) -> str | None:
+    """For each cell and observed round, originals above their reconstructions."""
+    pictures = []
+    for r in rows:
+        for x in map(json.loads, (Path(r["run-dir"]) / "leakage.jsonl").read_text()
+                     .splitlines()):
+            if x["attack"] == "invert" and x["round"] == r["round"] and x.get("pixels"):
+                with np.load(Path(r["run-dir"]) / x["pixels"]) as f:
+                    pictures.append((_label(r), f["original"][:per_row],
+                                     f["reconstruction"][:per_row], x["psnr"]))
+                break
+    if not pictures:
+        return None
+    cols = max(len(p[1]) for p in pictures)
+    fig = Figure(figsize=(1.0 * cols + 3.2, 2.1 * len(pictures)))
+    axes = fig.subplots(2 * len(pictures), cols, squeeze=False)
+    for i, (label, original, recon, psnr) in enumerate(pictures):
+        for row, images in ((2 * i, original), (2 * i + 1, recon)):
+            for j in range(cols):
+                ax = axes[row, j]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if j >= len(images):
+                    ax.set_axis_off()
+                    continue
+                img = np.moveaxis(images[j], 0, -1)
+                ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray", vmin=0,
+                          vmax=1)
+        axes[2 * i, 0].set_ylabel("original", fontsize=7)
+        axes[2 * i + 1, 0].set_ylabel(f"{psnr:.1f} dB", fontsize=7)
+        axes[2 * i, 0].set_title(label, fontsize=7, loc="left")
+    fig.suptitle(f"reconstructions per defence (Inverting Gradients) — sweep {name}",
+                 fontsize=10)
+    fig.savefig(out / "reconstructions.png", dpi=90, bbox_inches="tight")
+    return "reconstructions.png"

@@ -1,0 +1,179 @@
+"""The leakage study's path through a round: the real ClientApp trains (in this process),
+the server's observation hook keeps what it saw, and ``fedpriv attack``'s code attacks
+and scores it — plus every bad input refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from experiments.checks import preflight
+from experiments.leakage import load, run_attacks
+from server.evaluation import CentralEvaluator
+from server.federation import ServerTask
+from server.loop import run_rounds
+from server.privacy_log import AnonymizationLog, PrivacyLog
+from server.recorder import RoundRecorder
+from server.results import RunFolder
+from strategies.build import build_strategy
+from strategies.central_dp import CentralDP
+from strategies.rounds import PlainRounds
+from tasks.config import ConfigError, validate
+from tasks.splits import client_split
+from tasks.training import resolve_device
+
+from .inprocess import InProcessGrid
+from .test_strategies import _task_identity  # noqa: F401  (fixture)
+
+FAST_INVERSION = {"invert-iterations": 1000, "invert-restarts": 2}
+
+
+def observed_run(path, values, rounds=1):
+    """A run of ``rounds`` rounds with the leakage keys in ``values``, as the ServerApp
+    does it (strategy, round runner, loop, recorder, observation hook), in-process."""
+    cfg = validate({"num-clients": 3, "num-server-rounds": rounds, **values})
+    n = cfg.federation.num_clients
+    grid = InProcessGrid(cfg)
+    strategy = build_strategy(cfg, n)
+    runner = PlainRounds(strategy, grid, grid.partition_of, cfg.training.seed, 60.0,
+                         {"local-epochs": cfg.training.local_epochs})
+    torch.manual_seed(cfg.training.seed)  # as the ServerApp does before building the model
+    task = ServerTask.load(cfg)
+    run = RunFolder(path)
+    run.write_config(cfg)
+    run.write_json("run.json", {"num-clients": n, "status": "finished"})
+    central = strategy.privacy if isinstance(strategy, CentralDP) else None
+    recorder = RoundRecorder(run, {}, PrivacyLog(cfg, central, n), AnonymizationLog("none"))
+    run_rounds(runner, ArrayRecord(task.model.state_dict()), rounds,
+               CentralEvaluator(task.model, task.test, 512, resolve_device("cpu")), recorder,
+               hooks=[task.observer(cfg, run, n)])
+    return cfg
+
+
+def test_an_observed_single_image_update_is_inverted_and_the_numbers_reproduce(tmp_path):
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 1, "batch-size": 1,
+                            "attacks": "labels,invert,mia", **FAST_INVERSION})
+    assert sorted(p.name for p in (tmp_path / "observations").iterdir()) == [
+        "round-1-client-0.json", "round-1-client-0.npz"]
+    summary = run_attacks(tmp_path, echo=lambda line: None)
+    lines = [json.loads(x) for x in (tmp_path / "leakage.jsonl").read_text().splitlines()]
+    by = {x["attack"]: x for x in lines}
+    assert by["labels"]["label-accuracy"] == 1.0 and by["labels"]["method"] == "idlg"
+    inv = by["invert"]
+    assert inv["psnr"] > inv["psnr-random"] + 15 and inv["labels"] == "recovered"
+    assert (tmp_path / inv["grid"]).is_file()
+    assert "skipped" in by["mia"]  # one example trained on, one held out: nothing to score
+    assert summary["invert"]["psnr"] == inv["psnr"]
+    assert "## What leaked" in (tmp_path / "summary.md").read_text()
+    assert json.loads((tmp_path / "run.json").read_text())["leakage"] == summary
+    # `fedpriv attack` again, same seed: the same numbers
+    again = run_attacks(tmp_path, ["invert"], echo=lambda line: None)
+    assert again["invert"]["psnr"] == inv["psnr"] and again["invert"]["ssim"] == inv["ssim"]
+    assert again["labels"] == summary["labels"]  # what was not re-run is kept
+    # the attack's settings may change after the run
+    given = run_attacks(tmp_path, ["invert"], ["invert-labels=given", "invert-iterations=50"],
+                        echo=lambda line: None)
+    assert given["invert"]["psnr"] < inv["psnr"]
+
+
+def test_membership_and_audit_scored_on_held_out_rows_and_canaries(tmp_path):
+    # a small observed client (100 records, 3 epochs of batches of 16): the audit's
+    # canaries stand out (with one epoch, 35 to 50 of 50 guesses are right, by round)
+    observed_run(tmp_path, {"leakage-rounds": "2", "attacks": "mia,audit", "canaries": 100,
+                            "observed-examples": 100, "batch-size": 16, "local-epochs": 3},
+                 rounds=2)
+    run_attacks(tmp_path, echo=lambda line: None)
+    by = {x["attack"]: x for x in map(json.loads,
+                                      (tmp_path / "leakage.jsonl").read_text().splitlines())}
+    mia = by["mia"]
+    assert set(mia["attacks"]) == {"global-loss", "global-loss-drop", "update-loss",
+                                   "update-loss-drop", "update-alignment"}
+    # members: the 100 it trained on; non-members: 100 of the rows it never trained on
+    assert mia["attacks"]["update-loss"]["members"] == 100 == mia["attacks"]["update-loss"][
+        "nonmembers"]
+    audit = by["audit"]
+    assert audit["epsilon-claimed"] is None and audit["claimed-by"] == "no DP"
+    assert audit["epsilon-lower-bound"] > 2.0  # the most 50 guesses can show is 2.78
+    assert (tmp_path / mia["roc"]).is_file()
+
+
+def test_the_audit_of_a_central_dp_run_stays_below_its_epsilon(tmp_path):
+    observed_run(tmp_path, {"leakage-rounds": "2", "attacks": "audit", "canaries": 100,
+                            "dp": "central", "noise-multiplier": 1.0}, rounds=2)
+    summary = run_attacks(tmp_path, echo=lambda line: None)["audit"]
+    assert summary["audited"] == "released model"
+    assert 0 < summary["epsilon-claimed"] and summary["epsilon-lower-bound"] <= \
+        summary["epsilon-claimed"]
+
+
+def test_the_aggregate_is_observed_alone_and_per_client_attacks_are_refused(tmp_path):
+    observed_run(tmp_path, {"leakage-rounds": "1", "leakage-clients": "aggregate",
+                            "attacks": "mia", "mia-candidates": 50})
+    assert [p.name for p in sorted((tmp_path / "observations").glob("*.json"))] == [
+        "round-1-aggregate.json"]
+    assert run_attacks(tmp_path, echo=lambda line: None)["mia"]["auc"] >= 0
+    with pytest.raises(ConfigError, match="saw only the aggregate.*'invert'"):
+        run_attacks(tmp_path, ["invert"], echo=lambda line: None)
+
+
+def test_bad_attack_requests_are_refused_before_any_work(tmp_path):
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
+    quiet = {"echo": lambda line: None}
+    with pytest.raises(ConfigError, match="round 2 was not observed; the run observed: "
+                                          "round 1 client 0"):
+        run_attacks(tmp_path, rounds=[2], **quiet)
+    with pytest.raises(ConfigError, match="client 1 was not observed"):
+        run_attacks(tmp_path, clients=[1], **quiet)
+    with pytest.raises(ConfigError, match="unknown attack 'dgl'; choose from labels, invert"):
+        run_attacks(tmp_path, ["dgl"], **quiet)
+    with pytest.raises(ConfigError, match="the audit needs canaries"):
+        run_attacks(tmp_path, ["audit"], **quiet)
+    with pytest.raises(ConfigError, match="--set lr: a fact of the run"):
+        run_attacks(tmp_path, sets=["lr=0.1"], **quiet)
+    with pytest.raises(ConfigError, match="not a fedpriv run folder"):
+        run_attacks(tmp_path / "observations", **quiet)
+    # an observation that does not fit the run's model
+    config = (tmp_path / "config.toml").read_text()
+    (tmp_path / "config.toml").write_text(config.replace('model = "auto"', 'model = "mlp"'))
+    with pytest.raises(ConfigError, match="do not fit the run's model \\(mlp\\)"):
+        run_attacks(tmp_path, **quiet)
+    assert not (tmp_path / "leakage.jsonl").exists()  # nothing was written
+
+
+def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
+    def error(values):
+        with pytest.raises(ConfigError) as exc:
+            cfg = validate({"num-clients": 3, "results-dir": str(tmp_path), **values})
+            preflight(cfg)
+        return str(exc.value)
+
+    assert "server never sees one client's update" in error(
+        {"leakage-rounds": "1", "secure-aggregation": True, "num-clients": 4})
+    assert "on the aggregate only mia runs" in error(
+        {"leakage-rounds": "1", "leakage-clients": "aggregate", "attacks": "invert"})
+    assert "the audit needs canaries" in error({"leakage-rounds": "1", "attacks": "audit"})
+    assert "canaries are for the audit" in error({"canaries": 10})
+    assert "rounds [4] do not exist" in error({"leakage-rounds": "4", "num-server-rounds": 3})
+    assert "partitions [7] do not exist" in error({"leakage-rounds": "1",
+                                                   "leakage-clients": "7"})
+    assert "unknown ['dgl']" in error({"leakage-rounds": "1", "attacks": "dgl"})
+    assert "none is left as a non-member" in error(
+        {"leakage-rounds": "1", "attacks": "mia", "leakage-holdout": 0.0})
+    assert "more canaries than records" in error(
+        {"leakage-rounds": "1", "attacks": "labels,audit", "canaries": 50,
+         "observed-examples": 10})
+
+
+def test_unobserved_rounds_save_nothing(tmp_path):
+    observed_run(tmp_path, {"leakage-rounds": "2", "attacks": "labels"}, rounds=2)
+    files = sorted(p.name for p in (tmp_path / "observations").iterdir())
+    assert files == ["round-2-client-0.json", "round-2-client-0.npz"]
+    cfg, (obs,) = load(tmp_path)
+    size = len(client_split(cfg, 0, 3))
+    assert obs.num_examples == size - round(0.2 * size)  # leakage-holdout kept back
+    assert obs.training.batch_size == cfg.training.batch_size
+    assert not np.array_equal(obs.sent["classifier.2.bias"], obs.received["classifier.2.bias"])
