@@ -64,6 +64,9 @@ from tasks.training import resolve_device
 from .leakage_plots import reconstruction_grid, roc_plot
 
 LEDGER = "leakage.jsonl"
+# The membership attack each observation reports (all are recorded): the loss drop
+# between the weights sent and those observed, calibrated per record by the sent model.
+MIA_HEADLINE = {"client": "update-loss-drop", "aggregate": "global-loss-drop"}
 RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
 Echo = Callable[[str], None]
 
@@ -200,6 +203,16 @@ class Attacker:
                                 else obs.client, 0xA7)
         self._labels: torch.Tensor | None = None
 
+    def non_finite(self) -> str | None:
+        """Why nothing can be attacked when the observed weights hold NaN or infinity (the
+        training diverged, e.g. under heavy central-DP noise), else None."""
+        for what, weights in (("sent", self.sent), ("returned", self.received)):
+            if not all(bool(torch.isfinite(v).all()) for v in weights.values()
+                       if v.is_floating_point()):
+                return (f"the {what} weights are not finite (NaN or infinity): the training "
+                        "diverged before this round, so there is nothing to attack")
+        return None
+
     @property
     def n(self) -> int | None:
         return self.obs.num_examples
@@ -290,16 +303,19 @@ class Attacker:
                                                            x, y)
         curves = {name: membership_scores(s[:k].numpy(), s[k:].numpy())
                   for name, s in attacks.items()}
-        best = max(curves, key=lambda name: curves[name]["auc"])
+        # The headline is fixed in advance, not the best of five after the fact (on a few
+        # members, the maximum AUC of several attacks is biased upwards).
+        head = MIA_HEADLINE["client" if self.obs.client is not None else "aggregate"]
         plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-mia.png", curves,
                         f"{self.obs.name}: membership inference ({k} members, {k} held out)")
-        roc = curves[best]["roc"]
+        roc = curves[head]["roc"]
         keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
                          .astype(int))
-        return {"auc": curves[best]["auc"], "tpr-at-1%fpr": curves[best]["tpr-at-1%fpr"],
+        return {"attack-used": head, "members": k,
+                **{key: curves[head][key] for key in ("auc", "auc-ci95", "tpr-at-1%fpr",
+                                                      "tpr-at-0.1%fpr")},
                 "roc-curve": {"fpr": [roc["fpr"][i] for i in keep],
                               "tpr": [roc["tpr"][i] for i in keep]},
-                "tpr-at-0.1%fpr": curves[best]["tpr-at-0.1%fpr"], "strongest": best,
                 "attacks": {n: {k2: v for k2, v in c.items() if k2 != "roc"}
                             for n, c in curves.items()},
                 "roc": str(plot.relative_to(self.run_dir))}
@@ -357,19 +373,22 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     check(cfg, chosen, attacks)
     torch.manual_seed(cfg.training.seed)
     task = ServerTask.load(cfg)
-    lines = []
+    lines = _merge(run_dir / LEDGER, [])
     echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
     for obs in chosen:
         attacker = Attacker(cfg, obs, task, run_dir, echo)
+        broken = attacker.non_finite()
+        new = []
         for name in attacks:
-            result = getattr(attacker, name)()
+            result = {"skipped": broken} if broken else getattr(attacker, name)()
             line = {"round": obs.round,
                     "client": "aggregate" if obs.client is None else obs.client,
                     "attack": name, **result}
-            lines.append(line)
+            new.append(line)
             echo(f"  {obs.name} {name}: {_headline(line)}")
-    lines = _merge(run_dir / LEDGER, lines)
-    (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n" for x in lines))
+        lines = _merge(run_dir / LEDGER, new)  # written per observation: a crash keeps these
+        (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
+                                              for x in lines))
     summary = summarize(lines)
     (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
     _record(run_dir, summary)
@@ -396,8 +415,11 @@ def _headline(line: dict[str, Any]) -> str:
     if a == "labels":
         return f"label accuracy {line['label-accuracy']:.2f} ({line['method']})"
     if a == "mia":
-        return (f"AUC {line['auc']:.3f}, TPR {line['tpr-at-1%fpr']:.3f} at 1% FPR "
-                f"({line['strongest']})")
+        lo, hi = line["auc-ci95"]
+        tpr = line["tpr-at-1%fpr"]
+        return (f"AUC {line['auc']:.3f} (95% CI {lo:.2f}-{hi:.2f}, {line['members']} members), "
+                + ("TPR at 1% FPR not measurable (under 100 non-members)" if tpr is None
+                   else f"TPR {tpr:.3f} at 1% FPR") + f" ({line['attack-used']})")
     claimed = line.get("epsilon-claimed")
     return (f"epsilon >= {line['epsilon-lower-bound']:.3f} at {line['confidence']:.0%} "
             f"({line['correct']}/{line['guesses']} guesses right); accountant: "
@@ -416,8 +438,8 @@ def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
                 "labels": ("label-accuracy",), "mia": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr"),
                 }.get(attack)
         if keys:
-            out[attack] = {k: float(np.mean([x[k] for x in done if k in x])) for k in keys
-                           if any(k in x for x in done)}
+            out[attack] = {k: float(np.mean([x[k] for x in done if x.get(k) is not None]))
+                           for k in keys if any(x.get(k) is not None for x in done)}
         else:  # the audit: the largest lower bound, next to what the accountant claims
             worst = max(done, key=lambda x: x["epsilon-lower-bound"])
             out[attack] = {k: worst[k] for k in ("epsilon-lower-bound", "epsilon-claimed",
@@ -453,8 +475,10 @@ def leakage_section(summary: dict[str, Any]) -> str:
         lines.append(f"- labels read off the update: {summary['labels']['label-accuracy']:.0%}")
     if "mia" in summary:
         s = summary["mia"]
-        lines.append(f"- membership inference: AUC **{s['auc']:.3f}**, TPR "
-                     f"{s['tpr-at-1%fpr']:.3f} at 1% FPR, {s['tpr-at-0.1%fpr']:.3f} at 0.1%")
+        low = [f"TPR {s[k]:.3f} at {rate} FPR" for k, rate in
+               (("tpr-at-1%fpr", "1%"), ("tpr-at-0.1%fpr", "0.1%")) if k in s]
+        lines.append(f"- membership inference (loss drop): AUC **{s['auc']:.3f}**"
+                     + "".join(f", {t}" for t in low))
     if "audit" in summary:
         s = summary["audit"]
         claimed = s.get("epsilon-claimed")

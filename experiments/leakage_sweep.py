@@ -28,7 +28,8 @@ from .pareto import pareto_front
 
 COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",
            "epsilon-audited", "psnr", "ssim", "psnr-random", "label-accuracy", "mia-auc",
-           "tpr-at-1%fpr", "tpr-at-0.1%fpr", "mia-attack", "run-dir")
+           "mia-auc-ci95", "mia-members", "tpr-at-1%fpr", "tpr-at-0.1%fpr", "mia-attack",
+           "note", "run-dir")
 
 
 def defence(cfg: RunConfig) -> str:
@@ -69,6 +70,7 @@ def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
     rows = []
     for rnd in sorted({x["round"] for x in lines}):
         mine = [x for x in lines if x["round"] == rnd and "skipped" not in x]
+        skipped = [x["skipped"] for x in lines if x["round"] == rnd and "skipped" in x]
         record = ledger.get(rnd)
 
         def mean(attack: str, key: str, mine: list = mine) -> float | None:
@@ -86,9 +88,13 @@ def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
             "psnr": mean("invert", "psnr"), "ssim": mean("invert", "ssim"),
             "psnr-random": mean("invert", "psnr-random"),
             "label-accuracy": mean("labels", "label-accuracy"),
-            "mia-auc": mean("mia", "auc"), "tpr-at-1%fpr": mean("mia", "tpr-at-1%fpr"),
+            "mia-auc": mean("mia", "auc"), "mia-members": _int(mean("mia", "members")),
+            "tpr-at-1%fpr": mean("mia", "tpr-at-1%fpr"),
             "tpr-at-0.1%fpr": mean("mia", "tpr-at-0.1%fpr"),
-            "mia-attack": mias[0]["strongest"] if mias else None,
+            "mia-auc-ci95": "{:.2f}-{:.2f}".format(*mias[0]["auc-ci95"])
+            if len(mias) == 1 and "auc-ci95" in mias[0] else None,
+            "mia-attack": mias[0].get("attack-used") if mias else None,
+            "note": None if mine or not skipped else f"not attacked: {skipped[0]}",
             "run-dir": str(run_dir)})
     return rows
 
@@ -126,7 +132,8 @@ def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
           "at that round (local: the largest over clients; central: client-level); "
           "epsilon-audited: the one-run audit's lower bound (95% confidence); PSNR/SSIM: "
           "Inverting Gradients' reconstructions of the observed client's examples; MIA: "
-          "the strongest membership attack, its AUC and TPR at 1% FPR. Empty: not "
+          "the loss-drop membership attack (fixed in advance), its AUC and TPR at 1% FPR. "
+          "Empty: not "
           "measured in that cell.", "",
           "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
@@ -135,6 +142,10 @@ def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
            "![ROC per defence](plots/roc_by_defence.png)", "",
            "![reconstructions](plots/reconstructions.png)", ""]
     (out / "leakage.md").write_text("\n".join(md))
+
+
+def _int(x: float | None) -> int | None:
+    return None if x is None else int(round(x))
 
 
 def _cell(x: Any) -> str:
@@ -235,7 +246,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
         fpr = np.maximum(np.asarray(x["roc-curve"]["fpr"]), 1e-4)
         tpr = np.maximum(np.asarray(x["roc-curve"]["tpr"]), 1e-4)
         ax.plot(fpr, tpr, color=cmap(i % 20), lw=1,
-                label=f"{label} ({x['strongest']}, AUC {x['auc']:.2f})")
+                label=f"{label} ({x.get('attack-used')}, AUC {x['auc']:.2f})")
     grid = np.logspace(-4, 0, 50)
     ax.plot(grid, grid, ls="--", color="gray", label="chance")
     ax.set_xscale("log")
@@ -246,7 +257,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
     ax.set_ylabel("true positive rate")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=5, loc="lower right")
-    ax.set_title(f"membership inference per defence (strongest attack) — sweep {name}",
+    ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)
     fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
     return "roc_by_defence.png"

@@ -241,3 +241,9 @@ def replot(out: Path) -> None:
                                "anonymization": info.get("anonymization")}
             cells.append(cell)
     sweep_plots(out / "plots", spec["name"], cells)
+    leaked = sweep_rows(cells)
+    if leaked:  # the attacks may have been re-run since (fedpriv attack on a cell)
+        write_leakage_table(out, leaked)
+    wrote = sorted(p.name for p in (out / "plots").glob("*.png"))
+    print(f"redrew {len(wrote)} plots in {out / 'plots'}"
+          + (" and the leakage table (leakage.md, leakage.csv)" if leaked else ""))

@@ -209,6 +209,25 @@ def test_audit_is_positive_without_dp_and_below_the_accountant_with_it():
     assert private.epsilon_lower_bound < plain.epsilon_lower_bound
 
 
+def test_the_auc_interval_covers_the_true_auc_about_95_percent_of_the_time():
+    # Two normal score distributions a distance d apart: AUC = Phi(d / sqrt 2).
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(0)
+    d, n, runs = 1.0, 30, 400
+    true = norm.cdf(d / math.sqrt(2))
+    hits = 0
+    for _ in range(runs):
+        s = membership_scores(rng.normal(d, 1, n), rng.normal(0, 1, n))
+        lo, hi = s["auc-ci95"]
+        hits += lo <= true <= hi
+    assert 0.90 <= hits / runs <= 0.99
+    # a TPR at 1% FPR needs 100 non-members; with 30 there is none to report
+    assert s["tpr-at-1%fpr"] is None and s["tpr-at-0.1%fpr"] is None
+    big = membership_scores(rng.normal(d, 1, 200), rng.normal(0, 1, 200))
+    assert big["tpr-at-1%fpr"] is not None and big["tpr-at-0.1%fpr"] is None
+
+
 def test_scores_agree_with_scikit_image_and_matching_undoes_a_permutation():
     from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 

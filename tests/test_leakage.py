@@ -120,6 +120,22 @@ def test_the_aggregate_is_observed_alone_and_per_client_attacks_are_refused(tmp_
         run_attacks(tmp_path, ["invert"], echo=lambda line: None)
 
 
+def test_a_diverged_update_is_skipped_with_the_reason_not_a_crash(tmp_path):
+    from privacy.attacks.observation import load_all
+
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2,
+                            "attacks": "labels,mia"})
+    [obs] = load_all(tmp_path / "observations")
+    first = next(iter(obs.received))
+    obs.received[first] = np.full_like(obs.received[first], np.nan)  # as after divergence
+    obs.save(tmp_path / "observations")
+    summary = run_attacks(tmp_path, echo=lambda line: None)
+    lines = [json.loads(x) for x in (tmp_path / "leakage.jsonl").read_text().splitlines()]
+    assert [x["attack"] for x in lines] == ["labels", "mia"]
+    assert all("returned weights are not finite" in x["skipped"] for x in lines)
+    assert summary == {"observations": 1}
+
+
 def test_bad_attack_requests_are_refused_before_any_work(tmp_path):
     observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
     quiet = {"echo": lambda line: None}

@@ -81,12 +81,33 @@ def random_image_psnr(original: torch.Tensor, mean: Sequence[float], std: Sequen
 
 def membership_scores(scores_members: np.ndarray, scores_nonmembers: np.ndarray
                       ) -> dict[str, Any]:
-    """ROC AUC, TPR at 1% and 0.1% FPR, and the ROC curve of a membership attack."""
+    """ROC AUC, TPR at 1% and 0.1% FPR, and the ROC curve of a membership attack.
+
+    A TPR at FPR f needs at least 1/f non-members (Carlini et al. 2022); with fewer it is
+    None rather than the TPR at zero false positives read off a coarse curve.
+    """
     scores = np.concatenate([scores_members, scores_nonmembers])
     truth = np.concatenate([np.ones(len(scores_members)), np.zeros(len(scores_nonmembers))])
     fpr, tpr, _ = roc_curve(truth, scores)
-    return {"auc": float(roc_auc_score(truth, scores)),
-            "tpr-at-1%fpr": float(np.interp(0.01, fpr, tpr)),
-            "tpr-at-0.1%fpr": float(np.interp(0.001, fpr, tpr)),
+    auc = float(roc_auc_score(truth, scores))
+    return {"auc": auc, "auc-ci95": auc_interval(auc, len(scores_members),
+                                                 len(scores_nonmembers)),
+            "tpr-at-1%fpr": _tpr_at(0.01, fpr, tpr, len(scores_nonmembers)),
+            "tpr-at-0.1%fpr": _tpr_at(0.001, fpr, tpr, len(scores_nonmembers)),
             "members": int(len(scores_members)), "nonmembers": int(len(scores_nonmembers)),
             "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()}}
+
+
+def _tpr_at(rate: float, fpr: np.ndarray, tpr: np.ndarray, nonmembers: int) -> float | None:
+    return float(np.interp(rate, fpr, tpr)) if nonmembers * rate >= 1 else None
+
+
+def auc_interval(auc: float, members: int, nonmembers: int, z: float = 1.96
+                 ) -> tuple[float, float]:
+    """A 95% interval for an ROC AUC from its standard error (Hanley & McNeil 1982): wide
+    when few members are scored, as for a client that trained on a handful of images."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    var = (auc * (1 - auc) + (members - 1) * (q1 - auc**2)
+           + (nonmembers - 1) * (q2 - auc**2)) / max(members * nonmembers, 1)
+    se = float(np.sqrt(max(var, 0.0)))
+    return max(0.0, auc - z * se), min(1.0, auc + z * se)
