@@ -114,12 +114,15 @@ def audit_canaries(cfg: RunConfig, partition_id: int, num_partitions: int, num_p
 
 def with_canary_rows(x: torch.Tensor, y: torch.Tensor, included: np.ndarray
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The data plus one placeholder row per included canary, and every row's id (-1 for
-    a real record, k for canary k): canaries are records, sampled and counted as such."""
-    k = torch.from_numpy(np.flatnonzero(included)).long()
-    x = torch.cat([x, torch.zeros(len(k), *x.shape[1:], dtype=x.dtype)])
-    ids = torch.cat([torch.full((len(y),), -1, dtype=torch.long), k])
-    return x, torch.cat([y, torch.zeros(len(k), dtype=y.dtype)]), ids
+    """The data plus one placeholder row per canary, and every row's id: -1 for a real
+    record, k for included canary k, -2 for a canary left out. A left-out canary's row
+    adds no loss and no gradient (under Poisson sampling it is as if absent), so the
+    record count, and with it DP-SGD's sampling rate, steps and the disclosed number of
+    examples, does not depend on the secret inclusion."""
+    ids = torch.from_numpy(np.where(included, np.arange(len(included)), -2)).long()
+    x = torch.cat([x, torch.zeros(len(ids), *x.shape[1:], dtype=x.dtype)])
+    ids = torch.cat([torch.full((len(y),), -1, dtype=torch.long), ids])
+    return x, torch.cat([y, torch.zeros(len(included), dtype=y.dtype)]), ids
 
 
 def _own_rows(client: Client, context: Context

@@ -44,10 +44,13 @@ from privacy.attacks.labels import idlg_label, label_counts, labels_from_counts
 from privacy.attacks.membership import alignment_scores, loss_drop_scores, loss_scores
 from privacy.attacks.observation import Observation, load_all, state_dict
 from privacy.attacks.simulate import batches, flatten
+from privacy.dp.dpfedavg import CentralAccountant
 from server.federation import ServerTask
 from server.ledger import read_ledger
 from server.observe import FOLDER
 from server.results import RunFolder, read_run_info
+from strategies.central_dp import central_params
+from strategies.secure import quantization_slack
 from tasks.config import (
     KEYS,
     ConfigError,
@@ -135,6 +138,12 @@ def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str
         raise ConfigError("the audit needs canaries inserted during the run, and this run had "
                           "canaries = 0. Run again with canaries = 100 (and 'audit' in "
                           "attacks).")
+    mixed = [a for a in attacks if a in ("invert", "dlg", "labels")]
+    if cfg.leakage.canaries and mixed:
+        raise ConfigError(f"{', '.join(mixed)} on a run with canaries: the audited client's "
+                          "update also holds its canary rows, so what they recover would be "
+                          "scored against records that are not all its data. Run them on a "
+                          "run without canaries.")
     model, _ = model_for(cfg)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for o in observations:
@@ -159,29 +168,36 @@ def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path)
     """What the observed client really trained on (the scoring side only)."""
     info = read_run_info(run_dir)
     n = int(info.get("num-clients", cfg.federation.num_clients))
-    if obs.client is None:  # the aggregate: the clients sampled that round
-        ledger = {r.round: r for r in read_ledger(run_dir)}
-        pids = ledger[obs.round].sampled if obs.round in ledger else list(range(n))
+    if obs.client is None:  # the aggregate: the clients whose updates are in it
+        record = {r.round: r for r in read_ledger(run_dir)}.get(obs.round)
+        failed = {f.get("partition-id") for f in record.failures} if record else set()
+        pids = ([p for p in record.sampled if p not in failed] if record
+                else list(range(n)))
     else:
         pids = [obs.client]
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    xs, ys, hxs, hys = [], [], [], []
+    rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
+    xs, ys, members, nonmembers = [], [], [], []
+    # as many members as non-members from each client, so that the two sets have the same
+    # mix of clients (and of their label distributions): only membership tells them apart
+    per_client = max(1, cfg.leakage.mia_candidates // len(pids))
     for pid in pids:
         client = Client(cfg, pid, n, client_split(cfg, pid, n))
         x, y, _ = training_data(client, context)
         hx, hy = heldout_rows(client, context)
         xs.append(x)
         ys.append(y)
-        hxs.append(hx)
-        hys.append(hy)
-    x, y, hx, hy = torch.cat(xs), torch.cat(ys), torch.cat(hxs), torch.cat(hys)
+        k = min(per_client, len(y), len(hy))
+        m, h = rng.choice(len(y), k, replace=False), rng.choice(len(hy), k, replace=False)
+        members.append((x[m], y[m]))
+        nonmembers.append((hx[h], hy[h]))
     canaries = None if obs.client is None else audit_canaries(
         cfg, obs.client, n, sum(p.numel() for p in task.model.parameters()))
-    rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
-    k = min(cfg.leakage.mia_candidates, len(y), len(hy))
-    m = rng.choice(len(y), k, replace=False)
-    h = rng.choice(len(hy), k, replace=False)
-    return Truth(x, y, (x[m], y[m]), (hx[h], hy[h]), canaries)
+
+    def cat(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
+
+    return Truth(torch.cat(xs), torch.cat(ys), cat(members), cat(nonmembers), canaries)
 
 
 # --------------------------------------------------------------------------- attacks
@@ -202,6 +218,19 @@ class Attacker:
         self.seed = derive_seed(cfg.training.seed, obs.round, 0xA66 if obs.client is None
                                 else obs.client, 0xA7)
         self._labels: torch.Tensor | None = None
+        self.audit_family = 1  # how many observations of the run are audited
+
+    @property
+    def num_clients(self) -> int:
+        info = read_run_info(self.run_dir)
+        return int(info.get("num-clients", self.cfg.federation.num_clients))
+
+    def _slack(self) -> float:
+        """How far SecAgg+'s quantization can lengthen an update (0 without it)."""
+        if not self.cfg.secagg.enabled:
+            return 0.0
+        return quantization_slack(self.cfg.secagg,
+                                  sum(p.numel() for p in self.model.parameters()))
 
     def non_finite(self) -> str | None:
         """Why nothing can be attacked when the observed weights hold NaN or infinity (the
@@ -332,10 +361,14 @@ class Attacker:
         scores = canaries.scores(flatten(target, keys))
         claimed = self._claimed()
         delta = claimed["delta"] if claimed["delta"] is not None else 1e-5
-        result = audit(scores, included, delta, lk.audit_confidence, lk.audit_guess_fraction)
+        # Bonferroni over the run's audited observations: the summary reports the largest
+        # bound, which then holds at the stated confidence jointly, not each on its own
+        confidence = 1 - (1 - lk.audit_confidence) / self.audit_family
+        result = audit(scores, included, delta, confidence, lk.audit_guess_fraction)
         return {"epsilon-lower-bound": result.epsilon_lower_bound, "canaries": result.canaries,
                 "guesses": result.guesses, "correct": result.correct,
-                "confidence": result.confidence,
+                "confidence": lk.audit_confidence, "per-observation-confidence": confidence,
+                "observations-audited": self.audit_family,
                 "audited": "released model" if central else "client update",
                 **claimed, "delta": delta}
 
@@ -348,11 +381,14 @@ class Attacker:
             return {"epsilon-claimed": _float(d.get("epsilon")), "delta": _float(d.get("delta")),
                     "claimed-by": "the client's DP-SGD accountant (record-level)"}
         if self.cfg.privacy.dp == "central":
-            record = {r.round: r for r in read_ledger(self.run_dir)}.get(self.obs.round)
-            p = record.privacy if record and record.privacy else {}
-            return {"epsilon-claimed": _float(p.get("epsilon")), "delta": _float(p.get("delta")),
-                    "claimed-by": "the server's DP-FedAvg accountant (client-level, which "
-                                  "bounds record-level)"}
+            # a canary changes one record of a client that stays: record-level accounting
+            releases = sum(1 for r in read_ledger(self.run_dir)
+                           if r.round <= self.obs.round and r.privacy)
+            params = central_params(self.cfg, self.num_clients, self._slack())
+            return {"epsilon-claimed": CentralAccountant(params).record_epsilon_after(releases),
+                    "delta": params.target_delta,
+                    "claimed-by": "DP-FedAvg's noise, accounted record-level (sensitivity 2C "
+                                  "per round, no amplification)"}
         return {"epsilon-claimed": None, "delta": None, "claimed-by": "no DP"}
 
 
@@ -377,6 +413,7 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
     for obs in chosen:
         attacker = Attacker(cfg, obs, task, run_dir, echo)
+        attacker.audit_family = max(1, sum(o.client is not None for o in observations))
         broken = attacker.non_finite()
         new = []
         for name in attacks:
@@ -444,7 +481,8 @@ def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
             worst = max(done, key=lambda x: x["epsilon-lower-bound"])
             out[attack] = {k: worst[k] for k in ("epsilon-lower-bound", "epsilon-claimed",
                                                  "claimed-by", "confidence", "canaries",
-                                                 "audited", "round", "client") if k in worst}
+                                                 "observations-audited", "audited", "round",
+                                                 "client") if k in worst}
     return out
 
 
@@ -483,8 +521,10 @@ def leakage_section(summary: dict[str, Any]) -> str:
         s = summary["audit"]
         claimed = s.get("epsilon-claimed")
         lines.append(f"- audit ({s['canaries']} canaries, {s['audited']}): epsilon >= "
-                     f"**{s['epsilon-lower-bound']:.3f}** at {s['confidence']:.0%} confidence; "
-                     "the accountant claims "
+                     f"**{s['epsilon-lower-bound']:.3f}** at {s['confidence']:.0%} confidence"
+                     + (f" (jointly over {s['observations-audited']} observations, Bonferroni)"
+                        if s.get("observations-audited", 1) > 1 else "")
+                     + "; the accountant claims "
                      + ("nothing (no DP)" if claimed is None else f"{claimed:.3f}"))
     return "\n".join(lines) + "\n"
 

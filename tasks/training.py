@@ -27,7 +27,8 @@ def resolve_device(name: str) -> torch.device:
 def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
                 ids: torch.Tensor | None = None) -> DataLoader:
     """A shuffling loader whose order depends only on ``seed``; with ``ids`` (-1 for a
-    real record, k >= 0 for audit canary k) each batch carries them as a third tensor."""
+    real record, k >= 0 for audit canary k, -2 for a canary left out) each batch carries
+    them as a third tensor."""
     gen = torch.Generator().manual_seed(seed)
     tensors = (x, y) if ids is None else (x, y, ids)
     return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True,
@@ -75,7 +76,7 @@ def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
                 real, loss = yb, criterion(logits, yb)
                 objective = loss
             else:
-                mask = (batch[2] < 0).to(device)
+                mask = (batch[2] == -1).to(device)  # real records (canaries add no loss)
                 per_row = nn.functional.cross_entropy(logits, yb, reduction="none")
                 objective = (per_row * mask).sum() / max(len(yb), 1)
                 real = yb[mask]

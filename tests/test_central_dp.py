@@ -287,3 +287,23 @@ def test_secure_rng_noise_has_the_same_scale_and_is_not_reproducible():
     out_a = _aggregate(a, 1, _messages(a, 1, range(4), 1000), zeros)
     out_b = _aggregate(b, 1, _messages(b, 1, range(4), 1000), zeros)
     assert not np.allclose(out_a, out_b)  # same seed, same round: different noise
+
+
+@pytest.mark.parametrize("sampling,fraction,cohort", [("fixed", 1.0, 0), ("poisson", 0.5, 0),
+                                                      ("fixed", 0.5, 5)])
+def test_record_level_epsilon_is_a_gaussian_of_twice_the_sensitivity(sampling, fraction,
+                                                                      cohort):
+    # One record of a participating client changed: its clipped update, hence the noisy
+    # sum, moves by up to 2C (both versions have norm C); the noise std is zC. So each
+    # released round is (2/z)-GDP whatever the sampling (no amplification claimed), and T
+    # rounds compose to mu = sqrt(T) 2/z (Dong, Roth & Su 2019).
+    from privacy.dp.dpfedavg import CentralAccountant
+
+    z, c, rounds = 2.0, 1.0, 3
+    params = DPFedAvgParams(z, c, 10, sampling=sampling, fraction=fraction, cohort=cohort)
+    exact = gaussian_epsilon(np.sqrt(rounds) * 2 * c / (z * c), params.target_delta)
+    reported = CentralAccountant(params).record_epsilon_after(rounds)
+    assert exact <= reported <= 1.35 * exact
+    # a fixed cohort is already accounted this way; everyone / Poisson client-level less
+    client_level = CentralAccountant(params).epsilon_after(rounds)
+    assert client_level <= reported * (1 + 1e-9)

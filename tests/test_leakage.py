@@ -148,6 +148,8 @@ def test_bad_attack_requests_are_refused_before_any_work(tmp_path):
         run_attacks(tmp_path, ["dgl"], **quiet)
     with pytest.raises(ConfigError, match="the audit needs canaries"):
         run_attacks(tmp_path, ["audit"], **quiet)
+    with pytest.raises(ConfigError, match="audit-guess-fraction: a fact of the run"):
+        run_attacks(tmp_path, sets=["audit-guess-fraction=0.1"], **quiet)  # fixed in advance
     with pytest.raises(ConfigError, match="--set lr: a fact of the run"):
         run_attacks(tmp_path, sets=["lr=0.1"], **quiet)
     with pytest.raises(ConfigError, match="not a fedpriv run folder"):
@@ -157,6 +159,11 @@ def test_bad_attack_requests_are_refused_before_any_work(tmp_path):
     (tmp_path / "config.toml").write_text(config.replace('model = "auto"', 'model = "mlp"'))
     with pytest.raises(ConfigError, match="do not fit the run's model \\(mlp\\)"):
         run_attacks(tmp_path, **quiet)
+    audited = config.replace("canaries = 0", "canaries = 10").replace(
+        'attacks = "labels"', 'attacks = "mia,audit"')
+    (tmp_path / "config.toml").write_text(audited)
+    with pytest.raises(ConfigError, match="labels on a run with canaries"):
+        run_attacks(tmp_path, ["labels"], **quiet)
     assert not (tmp_path / "leakage.jsonl").exists()  # nothing was written
 
 
@@ -180,8 +187,10 @@ def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
     assert "none is left as a non-member" in error(
         {"leakage-rounds": "1", "attacks": "mia", "leakage-holdout": 0.0})
     assert "more canaries than records" in error(
-        {"leakage-rounds": "1", "attacks": "labels,audit", "canaries": 50,
+        {"leakage-rounds": "1", "attacks": "mia,audit", "canaries": 50,
          "observed-examples": 10})
+    assert "canaries with attacks ['invert']" in error(
+        {"leakage-rounds": "1", "attacks": "invert,audit", "canaries": 10})
 
 
 def test_unobserved_rounds_save_nothing(tmp_path):

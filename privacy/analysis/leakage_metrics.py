@@ -99,7 +99,9 @@ def membership_scores(scores_members: np.ndarray, scores_nonmembers: np.ndarray
 
 
 def _tpr_at(rate: float, fpr: np.ndarray, tpr: np.ndarray, nonmembers: int) -> float | None:
-    return float(np.interp(rate, fpr, tpr)) if nonmembers * rate >= 1 else None
+    """The best TPR among thresholds whose FPR is at most ``rate`` (no interpolation
+    between ROC points, which would be optimistic)."""
+    return float(tpr[fpr <= rate].max()) if nonmembers * rate >= 1 else None
 
 
 def auc_interval(auc: float, members: int, nonmembers: int, z: float = 1.96

@@ -1,11 +1,11 @@
 """Empirical DP auditing in one training run (Steinke, Nasr & Jagielski, NeurIPS 2023).
 
-The auditor crafts m canary records (:mod:`.canaries`: random inputs with random labels,
-far from the data); each is inserted into the client's training data independently with probability
-1/2. After the round it scores every canary from what the server holds — how well the
-canary's gradient at the sent weights aligns with the observed update — guesses
-"included" for the highest scores and "excluded" for the lowest, abstaining on the rest,
-and counts its correct guesses v out of r. If the training were (epsilon, delta)-DP, v
+The auditor crafts m canaries (:mod:`.canaries`: records with a Dirac gradient at a
+coordinate of their own); each is inserted into the client's training data independently
+with probability 1/2. After the round it scores every canary from what the server holds —
+how far the observed update moved against the canary's gradient at its coordinate —
+guesses "included" for the highest scores and "excluded" for the lowest, abstaining on
+the rest, and counts its correct guesses v out of r. If the training were (epsilon, delta)-DP, v
 could exceed a Binomial(r, e^eps / (1 + e^eps)) count only with a probability bounded in
 the paper's Theorem 3.1 (the delta term: 2 m delta times the largest of
 P[v > Binomial >= v - i] / i); the audit reports the largest epsilon that this rejects at

@@ -166,6 +166,14 @@ class DPFedAvgParams:
             return PoissonSampledDpEvent(self.fraction, gaussian)
         return gaussian
 
+    def record_event(self) -> DpEvent:
+        """One released round under the record-level relation (one record of a client that
+        takes part added or removed): that client's clipped update can move by up to 2C,
+        so a Gaussian with multiplier z / 2 (less quantization's slack); no amplification
+        is claimed, whatever the client sampling."""
+        c = self.clipping_norm
+        return GaussianDpEvent(self.noise_multiplier / 2 * c / (c + self.quantization_slack))
+
     def describe_accounting(self) -> str:
         z = f"{self.accounted_multiplier:.4g}"
         if self.sampling == "poisson" and not self.everyone:
@@ -288,6 +296,19 @@ class CentralAccountant:
     @property
     def epsilon(self) -> float:
         return self.epsilon_after(self.releases)
+
+    def record_epsilon_after(self, releases: int) -> float:
+        """Record-level epsilon after ``releases`` rounds (see ``record_event``): what an
+        audit that changes one record inside a client is bounded by. Client-level
+        add/remove does not bound it (the client stays and its update changes), except
+        for a fixed cohort, whose rounds are already accounted with z / 2."""
+        if releases == 0:
+            return 0.0
+        logging.getLogger("absl").setLevel(logging.ERROR)
+        accountant = RdpAccountant(
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+        accountant.compose(SelfComposedDpEvent(self.params.record_event(), releases))
+        return float(accountant.get_epsilon(self.params.target_delta))
 
     def would_exceed(self) -> bool:
         limit = self.params.max_epsilon

@@ -161,4 +161,10 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
     if ("audit" in lk.attack_list()) != (lk.canaries > 0):
         errors.append("the audit needs canaries and canaries need the audit: set both "
                       "attacks containing 'audit' and canaries > 0 (e.g. 100), or neither.")
+    mixed = [a for a in lk.attack_list() if a in ("invert", "dlg", "labels")]
+    if lk.canaries and mixed:
+        errors.append(f"canaries with attacks {mixed}: an audited client's update also holds "
+                      "its canary rows, so reconstructions and label counts would be made "
+                      "and scored for records that are not its data. Audit in a run of its "
+                      "own (attacks = 'mia,audit'), or set canaries = 0.")
     return errors

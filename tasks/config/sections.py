@@ -298,9 +298,10 @@ class LeakageConfig(Section):
                               lo=0, hi=1, hi_open=True)
 
     # What `fedpriv attack` may change after the run; the rest are facts of the run.
+    # What may change after the run (the audit's confidence and guess share are fixed
+    # before it: choosing them after seeing the scores would void the bound).
     ATTACK_SETTINGS = ("attacks", "invert-iterations", "invert-restarts", "invert-lr",
-                       "invert-tv", "invert-labels", "invert-max-examples", "mia-candidates",
-                       "audit-confidence", "audit-guess-fraction")
+                       "invert-tv", "invert-labels", "invert-max-examples", "mia-candidates")
 
     def rounds(self, num_rounds: int) -> list[int]:
         """The observed rounds."""
