@@ -18,17 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Context, RecordDict
 
-from clients.update import Client, audit_canaries, heldout_rows, training_data
 from privacy.analysis.leakage_metrics import (
     label_accuracy,
     membership_scores,
@@ -36,35 +32,30 @@ from privacy.analysis.leakage_metrics import (
     reconstruction_scores,
     to_pixels,
 )
-from privacy.attacks import ATTACKS
 from privacy.attacks.audit import audit
-from privacy.attacks.canaries import GradientCanaries
 from privacy.attacks.inversion import InversionConfig, Reconstruction, dlg, invert
 from privacy.attacks.labels import idlg_label, label_counts, labels_from_counts
 from privacy.attacks.membership import alignment_scores, loss_drop_scores, loss_scores
-from privacy.attacks.observation import Observation, load_all, state_dict
+from privacy.attacks.observation import Observation, state_dict
 from privacy.attacks.simulate import batches, flatten
 from privacy.dp.dpfedavg import CentralAccountant
 from server.federation import ServerTask
 from server.ledger import read_ledger
-from server.observe import FOLDER
-from server.results import RunFolder, read_run_info
+from server.results import read_run_info
 from strategies.central_dp import central_params
 from strategies.secure import quantization_slack
 from tasks.config import (
-    KEYS,
     ConfigError,
-    LeakageConfig,
     RunConfig,
-    parse_assignment,
-    validate,
 )
-from tasks.config.checks import AGGREGATE_ATTACKS
 from tasks.seeding import derive_seed
-from tasks.splits import client_split, model_for
+from tasks.splits import model_for
 from tasks.training import resolve_device
 
+from .leakage_inputs import check, load, select
 from .leakage_plots import reconstruction_grid, roc_plot
+from .leakage_report import headline, record, summarize
+from .leakage_truth import truth_for
 
 LEDGER = "leakage.jsonl"
 # The membership attack each observation reports (all are recorded): the loss drop
@@ -72,132 +63,6 @@ LEDGER = "leakage.jsonl"
 MIA_HEADLINE = {"client": "update-loss-drop", "aggregate": "global-loss-drop"}
 RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
 Echo = Callable[[str], None]
-
-
-@dataclass
-class Truth:
-    """The scoring side's ground truth for one observation (never passed to an attack)."""
-
-    x: torch.Tensor  # the records the client trained on (the audit's canaries aside)
-    y: torch.Tensor
-    members: tuple[torch.Tensor, torch.Tensor]  # a sample of them
-    nonmembers: tuple[torch.Tensor, torch.Tensor]  # held-out rows of the same distribution
-    canaries: tuple[GradientCanaries, np.ndarray] | None  # the canaries, which were included
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Observation]]:
-    """The run's config (with attack settings overridden) and its observations."""
-    if not (run_dir / "config.toml").is_file():
-        raise ConfigError(f"{run_dir} is not a fedpriv run folder (no config.toml).")
-    with open(run_dir / "config.toml", "rb") as f:
-        values = tomllib.load(f)
-    for text in sets:
-        key, value = parse_assignment(text)
-        if key not in LeakageConfig.ATTACK_SETTINGS:
-            what = "a fact of the run" if key in KEYS else "not a run-config key"
-            raise ConfigError(f"--set {key}: {what}. Only the attack settings can change "
-                              f"after the run: {', '.join(LeakageConfig.ATTACK_SETTINGS)}.")
-        values[key] = value
-    cfg = validate(values)
-    observations = load_all(run_dir / FOLDER) if (run_dir / FOLDER).is_dir() else []
-    if not observations:
-        raise ConfigError(f"{run_dir} has no observations: the run observed nothing "
-                          "(leakage-rounds was empty). Run it again with e.g. --set "
-                          "leakage-rounds=1.")
-    return cfg, observations
-
-
-def select(observations: list[Observation], rounds: Sequence[int] | None,
-           clients: Sequence[int] | None) -> list[Observation]:
-    """The observations asked for; asking for one that was not made is an error."""
-    have = sorted({(o.round, o.client) for o in observations},
-                  key=lambda rc: (rc[0], -1 if rc[1] is None else rc[1]))
-    listed = ", ".join(f"round {r} {'aggregate' if c is None else f'client {c}'}"
-                       for r, c in have)
-    picked = [o for o in observations if (rounds is None or o.round in rounds)
-              and (clients is None or o.client in clients)]
-    for r in rounds or []:
-        if not any(o.round == r for o in observations):
-            raise ConfigError(f"round {r} was not observed; the run observed: {listed}.")
-    for c in clients or []:
-        if not any(o.client == c for o in observations):
-            raise ConfigError(f"client {c} was not observed; the run observed: {listed}.")
-    return picked
-
-
-def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str]) -> None:
-    """Refuse, before any work, what cannot be attacked."""
-    unknown = [a for a in attacks if a not in ATTACKS]
-    if unknown:
-        raise ConfigError(f"unknown attack {', '.join(map(repr, unknown))}; choose from "
-                          f"{', '.join(ATTACKS)}.")
-    if "audit" in attacks and not cfg.leakage.canaries:
-        raise ConfigError("the audit needs canaries inserted during the run, and this run had "
-                          "canaries = 0. Run again with canaries = 100 (and 'audit' in "
-                          "attacks).")
-    mixed = [a for a in attacks if a in ("invert", "dlg", "labels")]
-    if cfg.leakage.canaries and mixed:
-        raise ConfigError(f"{', '.join(mixed)} on a run with canaries: the audited client's "
-                          "update also holds its canary rows, so what they recover would be "
-                          "scored against records that are not all its data. Run them on a "
-                          "run without canaries.")
-    model, _ = model_for(cfg)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    for o in observations:
-        seen = {k: tuple(np.shape(v)) for k, v in o.sent.items()}
-        if seen != shapes:
-            raise ConfigError(f"{o.name}: the observed weights do not fit the run's model "
-                              f"({cfg.training.model}); the observation comes from another "
-                              "model or was damaged.")
-        if o.client is None:
-            bad = [a for a in attacks if a not in AGGREGATE_ATTACKS]
-            if bad:
-                raise ConfigError(f"{o.name}: the server saw only the aggregate (secure "
-                                  f"aggregation, or leakage-clients = 'aggregate'); {bad} need "
-                                  f"one client's update. Only {', '.join(AGGREGATE_ATTACKS)} "
-                                  "can run on the aggregate.")
-
-
-# --------------------------------------------------------------------------- ground truth
-
-
-def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path) -> Truth:
-    """What the observed client really trained on (the scoring side only)."""
-    info = read_run_info(run_dir)
-    n = int(info.get("num-clients", cfg.federation.num_clients))
-    if obs.client is None:  # the aggregate: the clients whose updates are in it
-        record = {r.round: r for r in read_ledger(run_dir)}.get(obs.round)
-        failed = {f.get("partition-id") for f in record.failures} if record else set()
-        pids = ([p for p in record.sampled if p not in failed] if record
-                else list(range(n)))
-    else:
-        pids = [obs.client]
-    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
-    rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
-    xs, ys, members, nonmembers = [], [], [], []
-    # as many members as non-members from each client, so that the two sets have the same
-    # mix of clients (and of their label distributions): only membership tells them apart
-    per_client = max(1, cfg.leakage.mia_candidates // len(pids))
-    for pid in pids:
-        client = Client(cfg, pid, n, client_split(cfg, pid, n))
-        x, y, _ = training_data(client, context)
-        hx, hy = heldout_rows(client, context)
-        xs.append(x)
-        ys.append(y)
-        k = min(per_client, len(y), len(hy))
-        m, h = rng.choice(len(y), k, replace=False), rng.choice(len(hy), k, replace=False)
-        members.append((x[m], y[m]))
-        nonmembers.append((hx[h], hy[h]))
-    canaries = None if obs.client is None else audit_canaries(
-        cfg, obs.client, n, sum(p.numel() for p in task.model.parameters()))
-
-    def cat(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
-
-    return Truth(torch.cat(xs), torch.cat(ys), cat(members), cat(nonmembers), canaries)
 
 
 # --------------------------------------------------------------------------- attacks
@@ -422,13 +287,13 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
                     "client": "aggregate" if obs.client is None else obs.client,
                     "attack": name, **result}
             new.append(line)
-            echo(f"  {obs.name} {name}: {_headline(line)}")
+            echo(f"  {obs.name} {name}: {headline(line)}")
         lines = _merge(run_dir / LEDGER, new)  # written per observation: a crash keeps these
         (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
                                               for x in lines))
     summary = summarize(lines)
     (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
-    _record(run_dir, summary)
+    record(run_dir, summary)
     return summary
 
 
@@ -439,94 +304,6 @@ def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
     return sorted(kept + new, key=lambda x: (x["round"], str(x["client"])))
 
-
-def _headline(line: dict[str, Any]) -> str:
-    if "skipped" in line:
-        return f"skipped ({line['skipped']})"
-    a = line["attack"]
-    if a in ("invert", "dlg"):
-        extra = f", SSIM {line['ssim']:.3f}" if "ssim" in line else ""
-        base = f" (random images: {line['psnr-random']:.1f} dB)" if "psnr-random" in line else ""
-        return (f"PSNR {line['psnr']:.2f} dB{extra}{base}, label accuracy "
-                f"{line['label-accuracy']:.2f} ({line['labels']} labels), {line['seconds']:.0f} s")
-    if a == "labels":
-        return f"label accuracy {line['label-accuracy']:.2f} ({line['method']})"
-    if a == "mia":
-        lo, hi = line["auc-ci95"]
-        tpr = line["tpr-at-1%fpr"]
-        return (f"AUC {line['auc']:.3f} (95% CI {lo:.2f}-{hi:.2f}, {line['members']} members), "
-                + ("TPR at 1% FPR not measurable (under 100 non-members)" if tpr is None
-                   else f"TPR {tpr:.3f} at 1% FPR") + f" ({line['attack-used']})")
-    claimed = line.get("epsilon-claimed")
-    return (f"epsilon >= {line['epsilon-lower-bound']:.3f} at {line['confidence']:.0%} "
-            f"({line['correct']}/{line['guesses']} guesses right); accountant: "
-            + ("no DP" if claimed is None else f"{claimed:.3f}"))
-
-
-def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per attack, the mean over observations (the worst case for the audit)."""
-    out: dict[str, Any] = {"observations": len({(x["round"], x["client"]) for x in lines})}
-    for attack in dict.fromkeys(x["attack"] for x in lines):
-        done = [x for x in lines if x["attack"] == attack and "skipped" not in x]
-        if not done:
-            continue
-        keys = {"invert": ("psnr", "ssim", "psnr-random", "label-accuracy", "seconds"),
-                "dlg": ("psnr", "ssim", "psnr-random", "label-accuracy", "seconds"),
-                "labels": ("label-accuracy",), "mia": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr"),
-                }.get(attack)
-        if keys:
-            out[attack] = {k: float(np.mean([x[k] for x in done if x.get(k) is not None]))
-                           for k in keys if any(x.get(k) is not None for x in done)}
-        else:  # the audit: the largest lower bound, next to what the accountant claims
-            worst = max(done, key=lambda x: x["epsilon-lower-bound"])
-            out[attack] = {k: worst[k] for k in ("epsilon-lower-bound", "epsilon-claimed",
-                                                 "claimed-by", "confidence", "canaries",
-                                                 "observations-audited", "audited", "round",
-                                                 "client") if k in worst}
-    return out
-
-
-def _record(run_dir: Path, summary: dict[str, Any]) -> None:
-    """run.json's "leakage" and summary.md's "What leaked" section."""
-    run = RunFolder(run_dir)
-    info = read_run_info(run_dir)
-    info["leakage"] = summary
-    run.write_json("run.json", info)
-    text = (run_dir / "summary.md").read_text() if (run_dir / "summary.md").exists() else ""
-    text = text.split("\n## What leaked\n")[0].rstrip() + "\n\n" + leakage_section(summary)
-    run.write_text("summary.md", text)
-
-
-def leakage_section(summary: dict[str, Any]) -> str:
-    lines = ["## What leaked", "",
-             f"Attacks on {summary['observations']} observation(s) of what the server saw "
-             "(`leakage.jsonl`, `plots/leakage/`):", ""]
-    if "invert" in summary:
-        s = summary["invert"]
-        lines.append(f"- reconstruction (Inverting Gradients): PSNR **{s['psnr']:.2f} dB**"
-                     + (f", SSIM {s['ssim']:.3f}" if "ssim" in s else "")
-                     + (f" (random images: {s['psnr-random']:.2f} dB)" if "psnr-random" in s
-                        else "") + f", labels {s['label-accuracy']:.0%} right")
-    if "dlg" in summary:
-        lines.append(f"- reconstruction (DLG): PSNR {summary['dlg']['psnr']:.2f} dB")
-    if "labels" in summary:
-        lines.append(f"- labels read off the update: {summary['labels']['label-accuracy']:.0%}")
-    if "mia" in summary:
-        s = summary["mia"]
-        low = [f"TPR {s[k]:.3f} at {rate} FPR" for k, rate in
-               (("tpr-at-1%fpr", "1%"), ("tpr-at-0.1%fpr", "0.1%")) if k in s]
-        lines.append(f"- membership inference (loss drop): AUC **{s['auc']:.3f}**"
-                     + "".join(f", {t}" for t in low))
-    if "audit" in summary:
-        s = summary["audit"]
-        claimed = s.get("epsilon-claimed")
-        lines.append(f"- audit ({s['canaries']} canaries, {s['audited']}): epsilon >= "
-                     f"**{s['epsilon-lower-bound']:.3f}** at {s['confidence']:.0%} confidence"
-                     + (f" (jointly over {s['observations-audited']} observations, Bonferroni)"
-                        if s.get("observations-audited", 1) > 1 else "")
-                     + "; the accountant claims "
-                     + ("nothing (no DP)" if claimed is None else f"{claimed:.3f}"))
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -177,29 +177,34 @@ def leakage_plots(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> list[
 
 
 def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str:
-    fig = Figure(figsize=(7.0, 4.6))
+    """Local DP's PSNR against its epsilon, one line per update shape and round, with the
+    undefended and other non-DP cells of the same shape and round as dashed levels."""
+    rows = [r for r in rows if r["psnr-random"] is not None]  # images only (dB comparable)
+    fig = Figure(figsize=(8.5, 4.6), layout="constrained")
     ax = fig.subplots()
-    dp = [r for r in rows if r["epsilon-claimed"] is not None]
     cmap = colormaps["tab10"]
-    settings = sorted({r["setting"] for r in rows})
-    for i, s in enumerate(settings):
-        pts = sorted((r["epsilon-claimed"], r["psnr"]) for r in dp if r["setting"] == s)
+    styles = ["--", "-.", ":", (0, (5, 1))]
+    for i, (setting, rnd) in enumerate(sorted({(r["setting"], r["round"]) for r in rows})):
+        mine = [r for r in rows if r["setting"] == setting and r["round"] == rnd]
+        color = cmap(i % 10)
+        pts = sorted((r["epsilon-claimed"], r["psnr"]) for r in mine
+                     if r["epsilon-claimed"] is not None and r["defence"].startswith("local"))
         if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", color=cmap(i % 10), label=f"DP, {s}")
-        for r in rows:
-            if r["setting"] == s and r["epsilon-claimed"] is None:
-                ax.axhline(r["psnr"], ls="--", lw=0.8, color=cmap(i % 10),
-                           label=f"{r['defence']}, {s}, r{r['round']}")
-    chance = [r["psnr-random"] for r in rows if r["psnr-random"] is not None]
-    if chance:
-        ax.axhline(float(np.mean(chance)), color="gray", ls=":", label="random images")
+            ax.plot(*zip(*pts, strict=True), "o-", color=color,
+                    label=f"local DP-SGD · {setting} · round {rnd}")
+        others = [r for r in mine if r["epsilon-claimed"] is None]
+        for j, r in enumerate(others):
+            ax.axhline(r["psnr"], ls=styles[j % len(styles)], lw=0.9, color=color,
+                       label=f"{r['defence']} · {setting} · round {rnd}")
+    ax.axhline(float(np.mean([r["psnr-random"] for r in rows])), color="gray", lw=1.5,
+               label="random images")
     ax.set_xscale("log")
     ax.set_xlabel("epsilon claimed at the observed round (log)")
     ax.set_ylabel("reconstruction PSNR (dB)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=6, loc="best")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"gradient inversion vs privacy budget — sweep {name}", fontsize=10)
-    fig.savefig(out / "psnr_vs_epsilon.png", dpi=110, bbox_inches="tight")
+    fig.savefig(out / "psnr_vs_epsilon.png", dpi=110)
     return "psnr_vs_epsilon.png"
 
 
@@ -264,7 +269,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
 
 
 def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
-                     per_row: int = 8) -> str | None:
+                     per_row: int = 8, file: str = "reconstructions.png") -> str | None:
     """For each cell and observed round, originals above their reconstructions."""
     pictures = []
     for r in rows:
@@ -278,10 +283,12 @@ def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
     if not pictures:
         return None
     cols = max(len(p[1]) for p in pictures)
-    fig = Figure(figsize=(1.0 * cols + 3.2, 2.1 * len(pictures)))
-    axes = fig.subplots(2 * len(pictures), cols, squeeze=False)
-    for i, (label, original, recon, psnr) in enumerate(pictures):
-        for row, images in ((2 * i, original), (2 * i + 1, recon)):
+    fig = Figure(figsize=(0.9 * cols + 0.6, 2.0 * len(pictures) + 0.4), layout="constrained")
+    for sub, (label, original, recon, psnr) in zip(fig.subfigures(len(pictures), 1,
+                                                                  squeeze=False)[:, 0],
+                                                   pictures, strict=True):
+        axes = sub.subplots(2, cols, squeeze=False)
+        for row, images in ((0, original), (1, recon)):
             for j in range(cols):
                 ax = axes[row, j]
                 ax.set_xticks([])
@@ -292,10 +299,10 @@ def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
                 img = np.moveaxis(images[j], 0, -1)
                 ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray", vmin=0,
                           vmax=1)
-        axes[2 * i, 0].set_ylabel("original", fontsize=7)
-        axes[2 * i + 1, 0].set_ylabel(f"{psnr:.1f} dB", fontsize=7)
-        axes[2 * i, 0].set_title(label, fontsize=7, loc="left")
+        axes[0, 0].set_ylabel("original", fontsize=7)
+        axes[1, 0].set_ylabel(f"{psnr:.1f} dB", fontsize=7)
+        sub.suptitle(label, fontsize=8, x=0.01, ha="left")
     fig.suptitle(f"reconstructions per defence (Inverting Gradients) — sweep {name}",
                  fontsize=10)
-    fig.savefig(out / "reconstructions.png", dpi=90, bbox_inches="tight")
-    return "reconstructions.png"
+    fig.savefig(out / file, dpi=90)
+    return file

@@ -12,7 +12,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from experiments.checks import preflight
-from experiments.leakage import load, run_attacks
+from experiments.leakage import run_attacks
+from experiments.leakage_inputs import load
 from server.evaluation import CentralEvaluator
 from server.federation import ServerTask
 from server.loop import run_rounds

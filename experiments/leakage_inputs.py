@@ -1,0 +1,92 @@
+"""What `fedpriv attack` is given: a run folder's config and observations, the ones asked
+for, and the refusals (before any work) of what cannot be attacked."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from privacy.attacks import ATTACKS
+from privacy.attacks.observation import Observation, load_all
+from server.observe import FOLDER
+from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
+from tasks.config.checks import AGGREGATE_ATTACKS
+from tasks.splits import model_for
+
+
+def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Observation]]:
+    """The run's config (with attack settings overridden) and its observations."""
+    if not (run_dir / "config.toml").is_file():
+        raise ConfigError(f"{run_dir} is not a fedpriv run folder (no config.toml).")
+    with open(run_dir / "config.toml", "rb") as f:
+        values = tomllib.load(f)
+    for text in sets:
+        key, value = parse_assignment(text)
+        if key not in LeakageConfig.ATTACK_SETTINGS:
+            what = "a fact of the run" if key in KEYS else "not a run-config key"
+            raise ConfigError(f"--set {key}: {what}. Only the attack settings can change "
+                              f"after the run: {', '.join(LeakageConfig.ATTACK_SETTINGS)}.")
+        values[key] = value
+    cfg = validate(values)
+    observations = load_all(run_dir / FOLDER) if (run_dir / FOLDER).is_dir() else []
+    if not observations:
+        raise ConfigError(f"{run_dir} has no observations: the run observed nothing "
+                          "(leakage-rounds was empty). Run it again with e.g. --set "
+                          "leakage-rounds=1.")
+    return cfg, observations
+
+
+def select(observations: list[Observation], rounds: Sequence[int] | None,
+           clients: Sequence[int] | None) -> list[Observation]:
+    """The observations asked for; asking for one that was not made is an error."""
+    have = sorted({(o.round, o.client) for o in observations},
+                  key=lambda rc: (rc[0], -1 if rc[1] is None else rc[1]))
+    listed = ", ".join(f"round {r} {'aggregate' if c is None else f'client {c}'}"
+                       for r, c in have)
+    picked = [o for o in observations if (rounds is None or o.round in rounds)
+              and (clients is None or o.client in clients)]
+    for r in rounds or []:
+        if not any(o.round == r for o in observations):
+            raise ConfigError(f"round {r} was not observed; the run observed: {listed}.")
+    for c in clients or []:
+        if not any(o.client == c for o in observations):
+            raise ConfigError(f"client {c} was not observed; the run observed: {listed}.")
+    return picked
+
+
+def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str]) -> None:
+    """Refuse, before any work, what cannot be attacked."""
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        raise ConfigError(f"unknown attack {', '.join(map(repr, unknown))}; choose from "
+                          f"{', '.join(ATTACKS)}.")
+    if "audit" in attacks and not cfg.leakage.canaries:
+        raise ConfigError("the audit needs canaries inserted during the run, and this run had "
+                          "canaries = 0. Run again with canaries = 100 (and 'audit' in "
+                          "attacks).")
+    mixed = [a for a in attacks if a in ("invert", "dlg", "labels")]
+    if cfg.leakage.canaries and mixed:
+        raise ConfigError(f"{', '.join(mixed)} on a run with canaries: the audited client's "
+                          "update also holds its canary rows, so what they recover would be "
+                          "scored against records that are not all its data. Run them on a "
+                          "run without canaries.")
+    model, _ = model_for(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for o in observations:
+        seen = {k: tuple(np.shape(v)) for k, v in o.sent.items()}
+        if seen != shapes:
+            raise ConfigError(f"{o.name}: the observed weights do not fit the run's model "
+                              f"({cfg.training.model}); the observation comes from another "
+                              "model or was damaged.")
+        if o.client is None:
+            bad = [a for a in attacks if a not in AGGREGATE_ATTACKS]
+            if bad:
+                raise ConfigError(f"{o.name}: the server saw only the aggregate (secure "
+                                  f"aggregation, or leakage-clients = 'aggregate'); {bad} need "
+                                  f"one client's update. Only {', '.join(AGGREGATE_ATTACKS)} "
+                                  "can run on the aggregate.")
+
+
