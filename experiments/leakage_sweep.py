@@ -82,7 +82,10 @@ def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
         rows.append({
             "cell": index, "defence": defence(cfg), "setting": setting(cfg), "round": rnd,
             "accuracy": accuracy,
-            "epsilon-claimed": headline_epsilon(record.privacy) if record else None,
+            # with an audit, the epsilon it is bounded by (the audited client's, and for
+            # central DP record-level); else the ledger's headline epsilon
+            "epsilon-claimed": audits[0].get("epsilon-claimed") if audits
+            else headline_epsilon(record.privacy) if record else None,
             "epsilon-audited": max(x["epsilon-lower-bound"] for x in audits) if audits
             else None,
             "psnr": mean("invert", "psnr"), "ssim": mean("invert", "ssim"),
@@ -129,8 +132,10 @@ def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
     shown = [c for c in COLUMNS if c not in ("run-dir", "psnr-random", "tpr-at-0.1%fpr")]
     md = ["# What leaked", "",
           "One row per cell and observed round. epsilon-claimed: the accountant's epsilon "
-          "at that round (local: the largest over clients; central: client-level); "
-          "epsilon-audited: the one-run audit's lower bound (95% confidence); PSNR/SSIM: "
+          "at that round (local: the largest over clients; central: client-level; in "
+          "audited cells, what the audit is bounded by: the audited client's epsilon, "
+          "record-level for central DP); epsilon-audited: the one-run audit's lower bound "
+          "(95% confidence, jointly over the cell's audited rounds); PSNR/SSIM: "
           "Inverting Gradients' reconstructions of the observed client's examples; MIA: "
           "the loss-drop membership attack (fixed in advance), its AUC and TPR at 1% FPR. "
           "Empty: not "
@@ -209,7 +214,13 @@ def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> st
 
 
 def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str:
-    rows = [r for r in rows if r["accuracy"] is not None]
+    """Each image cell once: its final accuracy against the PSNR at its first observed
+    round (the untrained model, where inversion is strongest)."""
+    first: dict[Any, dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r["round"]):
+        if r["accuracy"] is not None and r["psnr-random"] is not None:
+            first.setdefault(r["cell"], r)
+    rows = list(first.values())
     fig = Figure(figsize=(7.0, 4.6))
     ax = fig.subplots()
     defences = sorted({r["defence"] for r in rows})
@@ -225,7 +236,8 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     for r in front:
         ax.annotate(r["setting"], (r["psnr"], r["accuracy"]), fontsize=6, xytext=(3, -8),
                     textcoords="offset points")
-    ax.set_xlabel("reconstruction PSNR (dB; lower = less leaked)")
+    ax.set_xlabel("reconstruction PSNR at the first observed round (dB; lower = less "
+                  "leaked)")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower right")
@@ -235,8 +247,11 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
 
 
 def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """The headline attack's ROC per cell and round; when some cells score 100 members or
+    more, only those (a curve from a few members is a staircase that says little)."""
+    enough = [r for r in rows if (r.get("mia-members") or 0) >= 100]
     curves = []
-    for r in rows:
+    for r in enough or rows:
         path = Path(r["run-dir"]) / "leakage.jsonl"
         for x in map(json.loads, path.read_text().splitlines()):
             if x["attack"] == "mia" and x["round"] == r["round"] and "roc-curve" in x:
@@ -244,7 +259,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
                 break
     if not curves:
         return None
-    fig = Figure(figsize=(6.4, 5.2))
+    fig = Figure(figsize=(9.0, 5.2), layout="constrained")
     ax = fig.subplots()
     cmap = colormaps["tab20"]
     for i, (label, x) in enumerate(curves):
@@ -261,10 +276,10 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=5, loc="lower right")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)
-    fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
+    fig.savefig(out / "roc_by_defence.png", dpi=110)
     return "roc_by_defence.png"
 
 
