@@ -203,3 +203,25 @@ def test_unobserved_rounds_save_nothing(tmp_path):
     assert obs.num_examples == size - round(0.2 * size)  # leakage-holdout kept back
     assert obs.training.batch_size == cfg.training.batch_size
     assert not np.array_equal(obs.sent["classifier.2.bias"], obs.received["classifier.2.bias"])
+
+
+def test_a_sweep_reads_an_attacked_cell_into_its_table_and_plots(tmp_path):
+    from experiments.leakage_sweep import leakage_plots, rows_for, write_leakage_table
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    cfg = observed_run(cell, {"leakage-rounds": "1", "observed-examples": 4, "batch-size": 4,
+                              "attacks": "labels,invert,mia", "invert-iterations": 50,
+                              "invert-restarts": 1})
+    run_attacks(cell, echo=lambda line: None)
+    [row] = rows_for(1, cfg, cell, 0.5)
+    assert row["defence"] == "none" and row["setting"] == "4 ex, batch 4, 1 ep"
+    assert row["psnr"] > row["psnr-random"] and row["label-accuracy"] is not None
+    assert row["mia-members"] == 4 and row["mia-attack"] == "update-loss-drop"
+    assert row["tpr-at-1%fpr"] is None  # 4 non-members cannot measure a 1% FPR
+    write_leakage_table(tmp_path, [row])
+    assert "| 1 | none | 4 ex, batch 4, 1 ep | 1 |" in (tmp_path / "leakage.md").read_text()
+    drawn = leakage_plots(tmp_path / "plots", "test", [row])
+    assert sorted(drawn) == ["accuracy_vs_psnr.png", "psnr_vs_epsilon.png",
+                             "reconstructions.png", "roc_by_defence.png"]
+    assert all((tmp_path / "plots" / name).stat().st_size > 10_000 for name in drawn)
