@@ -137,44 +137,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     # Each command imports what it needs, so --help and bad input stay fast.
-    from server.results import default_run_name, new_run_dir
-
-    from .app_bundle import app_dir
+    from .api import run_config
     from .configs import resolve
-    from .preflight import preflight_isolated
-    from .runner import execute
-    from .superlink import LocalSuperLink
 
     t0 = time.perf_counter()
-    cfg = resolve(args.config, args.set)
-    fed = cfg.federation
-    print(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
-          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
-          f"{cfg.training.seed}")
-    pre = preflight_isolated(cfg)
-    print(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
-          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
-    if pre.privacy:
-        print(f"privacy: {pre.privacy}")
-    run_dir = new_run_dir(cfg.results.results_dir, args.name or default_run_name(cfg))
-    app = app_dir()
-    nodes = fed.num_clients if args.supernodes else 0
-    runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
-               else "simulation runtime, Ray backend")
-    print(f"starting Flower SuperLink ({runtime})...", flush=True)
-    with LocalSuperLink(supernodes=nodes) as link:
-        print(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
-              f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...",
-              flush=True)
-        outcome = execute(link, app, cfg, run_dir, cuda=pre.cuda, verbose=args.verbose,
-                          label_counts=pre.label_counts)
-    total = time.perf_counter() - t0
-    if outcome.ok:
-        print(f"finished in {total:.1f} s · results: {run_dir}")
-        print(f"  {list_results(run_dir)}")
+    result = run_config(resolve(args.config, args.set), name=args.name,
+                        supernodes=args.supernodes, verbose=args.verbose)
+    if result.ok:
+        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
+        print(f"  {list_results(result.run_dir)}")
         return 0
-    print(f"run {outcome.status}: {outcome.error}\n  partial results and the full log "
-          f"(flwr.log) are in {run_dir}", file=sys.stderr)
+    print(f"run {result.status}: {result.error}\n  partial results and the full log "
+          f"(flwr.log) are in {result.run_dir}", file=sys.stderr)
     return 1
 
 
@@ -226,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.replot:
                 replot(Path(args.file))
                 return 0
-            return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose)
+            return run_sweep(args.file, args.set, dry_run=args.dry_run,
+                             verbose=args.verbose).exit_code
         if args.command == "attack":
             from .leakage import run_attacks
 

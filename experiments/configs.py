@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,16 @@ def read_preset(name: str) -> dict[str, Any]:
         raise ConfigError(f"in preset {path}: {exc}") from None
 
 
-def resolve(preset: str | None, assignments: Iterable[str]) -> RunConfig:
-    """Defaults <- preset <- --set key=value, validated as a whole; folders made absolute
-    (the ServerApp runs in another process and another working directory)."""
+def resolve(preset: str | None, assignments: Iterable[str] = (),
+            overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Defaults <- preset <- --set key=value <- typed ``overrides`` (the Python API's),
+    validated as a whole; folders made absolute (the ServerApp runs in another process
+    and another working directory)."""
     values: dict[str, Any] = read_preset(preset) if preset else {}
     for text in assignments:
         key, value = parse_assignment(text)
         values[key] = value
+    values.update(overrides or {})
     return absolutize(validate(values))
 
 

@@ -11,7 +11,7 @@ import csv
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,8 @@ class Cell:
         return ", ".join(f"{k}={v}" for k, v in self.params.items())
 
 
-def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
+def load_sweep(name: str, overrides: Sequence[str] = (),
+               values: Mapping[str, Any] | None = None) -> SweepSpec:
     """Read and check a sweep file (schema errors in any cell stop the sweep before it starts)."""
     path = find_file(name, SWEEPS, "sweep")
     raw = read_toml(path)
@@ -94,6 +95,7 @@ def load_sweep(name: str, overrides: Sequence[str] = ()) -> SweepSpec:
     for text in overrides:
         key, value = parse_assignment(text)
         base[key] = value
+    base.update(values or {})  # typed overrides (the Python API's)
     spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid, extra)
     errors = []
     for params in spec.cells():
@@ -161,17 +163,31 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
 
-def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
-              verbose: bool = False) -> int:
-    """Run a sweep file; returns the process exit code (0 when every cell finished)."""
-    spec = load_sweep(name, overrides)
+@dataclass
+class SweepRun:
+    """A sweep's folder (None for a dry run) and its cells, as they ended."""
+
+    out: Path | None
+    cells: list[Cell]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every cell finished (or nothing ran), else 1."""
+        return int(self.out is not None and any(c.status != "finished" for c in self.cells))
+
+
+def run_sweep(name: str, overrides: Sequence[str] = (), *,
+              values: Mapping[str, Any] | None = None, dry_run: bool = False,
+              verbose: bool = False) -> SweepRun:
+    """Run a sweep file (with --set ``overrides`` and typed ``values`` in every cell)."""
+    spec = load_sweep(name, overrides, values)
     cells = [Cell(i + 1, p, absolutize(validate({**spec.base, **p})))
              for i, p in enumerate(spec.cells())]
     print(f"sweep {spec.name}: {len(cells)} cells over {', '.join(spec.grid)}")
     for c in cells:
         print(f"  {c.index:>3}. {c.label}")
     if dry_run:
-        return 0
+        return SweepRun(None, cells)
     results_dir = cells[0].config.results.results_dir
     out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
     (out / "plots").mkdir()
@@ -221,7 +237,7 @@ def run_sweep(name: str, overrides: Sequence[str], *, dry_run: bool = False,
     failed = sum(c.status != "finished" for c in cells)
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} cells finished · {out / 'sweep.md'}")
-    return 0 if failed == 0 else 1
+    return SweepRun(out, cells)
 
 
 def replot(out: Path) -> None:

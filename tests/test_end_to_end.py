@@ -147,3 +147,19 @@ def test_real_supernodes_on_loopback(tmp_path, results):
     assert record["sampled"] == [0, 1] and record["test"]["accuracy"] > 0.5
     time.sleep(2)  # SuperExec processes notice their parent is gone within a second
     assert _processes_with(marker) == []
+
+
+def test_the_python_api_runs_a_federation_and_reads_it_back(results):
+    import fedpriv
+
+    lines: list[str] = []
+    result = fedpriv.run(num_clients=3, num_server_rounds=2, results_dir=str(results),
+                         echo=lines.append)
+    assert result.ok, result.error
+    assert [r.round for r in result.ledger] == [1, 2] and result.accuracy > 0.5
+    assert list(result.frame()["accuracy"]) == [r.accuracy for r in result.ledger]
+    assert any("SuperLink up on 127.0.0.1" in line for line in lines)  # progress
+    assert any("round | test acc" in line for line in lines)
+    again = fedpriv.load(result.run_dir)
+    assert again.ledger == result.ledger and again.status == "finished"
+    assert result.run_dir / "plots" / "accuracy.png" in result.plots

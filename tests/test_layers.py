@@ -1,7 +1,7 @@
 """The layers of the code: no import cycles, and each package imports only what is below it.
 
-    privacy  <-  tasks  <-  strategies  <-  server       experiments (CLI) on top
-                       ^--  clients  (never server)
+    privacy  <-  tasks  <-  strategies  <-  server       experiments (CLI) on top,
+                       ^--  clients  (never server)        fedpriv (the Python API) above it
 
 ``privacy`` takes plain arguments: no Flower, no run-config schema. ``tasks`` is what
 both sides of the federation share. Read from the source (every import statement, at
@@ -19,14 +19,15 @@ import pytest
 
 from .conftest import REPO
 
-PACKAGES = ("tasks", "privacy", "strategies", "server", "clients", "experiments")
+PACKAGES = ("tasks", "privacy", "strategies", "server", "clients", "experiments", "fedpriv")
 ALLOWED = {  # package -> project packages it may import
     "privacy": {"privacy"},
     "tasks": {"tasks", "privacy"},
     "strategies": {"strategies", "tasks", "privacy"},
     "clients": {"clients", "tasks", "privacy"},
     "server": {"server", "strategies", "tasks", "privacy"},
-    "experiments": set(PACKAGES),
+    "experiments": set(PACKAGES) - {"fedpriv"},
+    "fedpriv": {"fedpriv", "experiments", "tasks"},
 }
 
 

@@ -1,0 +1,195 @@
+"""fedpriv's Python API: run, sweep and load from a notebook or a script.
+
+The same code as the CLI (``fedpriv run`` and ``fedpriv sweep`` are thin layers over
+:func:`run_config` and :func:`sweep`); keys are the run-config keys with ``_`` for
+``-``, e.g. ``fedpriv.run("mnist", num_clients=10, dp="local", target_epsilon=5)``.
+Bad input raises :class:`tasks.config.ConfigError` (one paragraph) before anything
+starts; progress lines go to ``echo`` (``print``, so they show in a notebook).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.ledger import RoundRecord, read_ledger
+from server.privacy_log import headline_epsilon
+from server.results import default_run_name, new_run_dir, read_run_info
+from tasks.config import ConfigError, RunConfig, validate
+
+from .app_bundle import app_dir
+from .configs import resolve
+from .preflight import preflight_isolated
+from .runner import execute
+from .superlink import LocalSuperLink
+from .sweep import run_sweep
+
+if TYPE_CHECKING:
+    import pandas
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Result:
+    """One run's folder, read back: its config, ledger (one record per round), outcome and
+    files."""
+
+    run_dir: Path
+    config: RunConfig
+    ledger: list[RoundRecord]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """finished | failed | interrupted | crashed | running."""
+        return str(self.info.get("status", "crashed"))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def error(self) -> str | None:
+        return self.info.get("error")
+
+    @property
+    def accuracy(self) -> float | None:
+        """Test accuracy of the global model after the last finished round."""
+        return self.ledger[-1].accuracy if self.ledger else None
+
+    @property
+    def epsilon(self) -> float | None:
+        """The run's headline epsilon (local DP: the largest over clients; central DP:
+        client-level), or None without DP."""
+        return headline_epsilon(self.info.get("privacy"))
+
+    @property
+    def summary(self) -> str:
+        path = self.run_dir / "summary.md"
+        return path.read_text() if path.exists() else ""
+
+    @property
+    def plots(self) -> list[Path]:
+        return sorted((self.run_dir / "plots").rglob("*.png"))
+
+    @property
+    def leakage(self) -> dict[str, Any] | None:
+        """The leakage study's summary (leakage.json), when the run observed updates."""
+        path = self.run_dir / "leakage.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def frame(self) -> pandas.DataFrame:
+        """The ledger as a pandas DataFrame, one row per round."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pandas is optional: the ledger is there without it
+            raise ImportError("Result.frame() needs pandas (pip install pandas); the same "
+                              "numbers are in Result.ledger.") from exc
+        return pd.DataFrame([_row(r) for r in self.ledger]).set_index("round")
+
+    def __repr__(self) -> str:
+        acc = "" if self.accuracy is None else f", accuracy {self.accuracy:.4f}"
+        eps = "" if self.epsilon is None else f", epsilon {self.epsilon:.3g}"
+        return (f"Result({self.status}, {len(self.ledger)} rounds{acc}{eps}, "
+                f"{self.run_dir})")
+
+
+def _row(r: RoundRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {"round": r.round, "accuracy": r.test.get("accuracy"),
+                           "loss": r.test.get("loss"), "clients": len(r.clients),
+                           "sampled": len(r.sampled), "failures": len(r.failures),
+                           "round-s": r.time.get("round-s")}
+    for key in ("loss", "accuracy"):
+        if key in r.train:
+            row[f"train-{key}"] = r.train[key]
+    if r.privacy:
+        row["epsilon"] = headline_epsilon(r.privacy)
+    return row
+
+
+def load(run_dir: str | Path) -> Result:
+    """A finished (or interrupted) run folder, read back."""
+    path = Path(run_dir).expanduser().resolve()
+    if not (path / "config.toml").is_file():
+        raise ConfigError(f"{path} is not a fedpriv run folder (no config.toml). Give the "
+                          "folder `fedpriv run` printed, e.g. results/20261122-101500-mnist-...")
+    with open(path / "config.toml", "rb") as f:
+        cfg = validate(tomllib.load(f))
+    return Result(path, cfg, read_ledger(path), read_run_info(path))
+
+
+def _keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {k.replace("_", "-"): v for k, v in overrides.items()}
+
+
+def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = False,
+               verbose: bool = False, echo: Echo = print) -> Result:
+    """Run one validated config on a private SuperLink (Flower's simulation runtime, or
+    real SuperNodes on loopback with ``supernodes``) and read back what it wrote."""
+    fed = cfg.federation
+    echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
+         f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
+         f"{cfg.training.seed}")
+    pre = preflight_isolated(cfg)
+    echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
+         f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
+    if pre.privacy:
+        echo(f"privacy: {pre.privacy}")
+    run_dir = new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    nodes = fed.num_clients if supernodes else 0
+    runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
+               else "simulation runtime, Ray backend")
+    echo(f"starting Flower SuperLink ({runtime})...")
+    with LocalSuperLink(supernodes=nodes) as link:
+        echo(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
+             f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
+        outcome = execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
+                          echo=echo, label_counts=pre.label_counts)
+    # the config it was given (the ServerApp may have died before writing config.toml)
+    return Result(run_dir, cfg, read_ledger(run_dir),
+                  {**outcome.info, "status": outcome.status, "error": outcome.error})
+
+
+def run(preset: str | None = None, *, name: str | None = None, supernodes: bool = False,
+        verbose: bool = False, echo: Echo = print, **overrides: Any) -> Result:
+    """Run a preset (a bundled name such as ``"mnist"`` or a TOML file; None: the
+    defaults) with keys overridden, e.g. ``run(num_clients=10, dp="local")``."""
+    return run_config(resolve(preset, (), _keys(overrides)), name=name, supernodes=supernodes,
+                      verbose=verbose, echo=echo)
+
+
+@dataclass
+class SweepResult:
+    """A sweep's folder (sweep.csv, sweep.md, plots/) and each cell's run."""
+
+    folder: Path | None
+    cells: list[dict[str, Any]]  # index, params, status, error
+    runs: dict[int, Result]  # by cell index, for the cells that ran
+
+    @property
+    def ok(self) -> bool:
+        return all(c["status"] == "finished" for c in self.cells)
+
+    def frame(self) -> pandas.DataFrame:
+        """sweep.csv as a pandas DataFrame, one row per cell."""
+        import pandas as pd
+
+        if self.folder is None:
+            raise ValueError("a dry run has no results")
+        return pd.read_csv(self.folder / "sweep.csv").set_index("cell")
+
+
+def sweep(file: str, *, dry_run: bool = False, verbose: bool = False,
+          **overrides: Any) -> SweepResult:
+    """Run every cell of a sweep file (a bundled name or a path) with keys overridden in
+    every cell; a failed cell is recorded and the sweep goes on."""
+    done = run_sweep(file, values=_keys(overrides), dry_run=dry_run, verbose=verbose)
+    cells = [{"index": c.index, "params": c.params, "status": c.status, "error": c.error}
+             for c in done.cells]
+    runs = {c.index: load(c.run_dir) for c in done.cells if c.run_dir is not None}
+    return SweepResult(done.out, cells, runs)

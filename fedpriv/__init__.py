@@ -1,0 +1,13 @@
+"""fedpriv's Python API (the `fedpriv` CLI runs the same code).
+
+    import fedpriv
+    result = fedpriv.run("mnist", num_clients=10, dp="local", target_epsilon=5)
+    result.frame()                      # the ledger, one row per round (pandas)
+    fedpriv.load("results/20261122-...").plots
+    fedpriv.sweep("dp-epsilon-mnist", num_server_rounds=3).frame()
+"""
+
+from experiments.api import Result, SweepResult, load, run, run_config, sweep
+from tasks.config import ConfigError
+
+__all__ = ["ConfigError", "Result", "SweepResult", "load", "run", "run_config", "sweep"]

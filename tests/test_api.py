@@ -1,0 +1,40 @@
+"""The Python API (``import fedpriv``): the same code as the CLI, for notebooks."""
+
+from __future__ import annotations
+
+import pytest
+
+import fedpriv
+
+from .test_leakage import observed_run
+from .test_strategies import _task_identity  # noqa: F401  (fixture)
+
+
+def test_load_reads_a_run_folder_back_with_its_ledger_as_a_frame(tmp_path):
+    from server.results import RunFolder, read_run_info
+
+    observed_run(tmp_path, {}, rounds=2)  # the ServerApp's loop, in-process
+    RunFolder(tmp_path).write_json("run.json", {**read_run_info(tmp_path),
+                                                "status": "finished"})
+    result = fedpriv.load(tmp_path)
+    assert result.ok and [r.round for r in result.ledger] == [1, 2]
+    assert result.config.federation.num_clients == 3 and result.epsilon is None
+    frame = result.frame()
+    assert list(frame.index) == [1, 2]
+    assert list(frame["accuracy"]) == [r.accuracy for r in result.ledger]
+    assert result.accuracy == result.ledger[-1].accuracy
+    assert {"loss", "clients", "round-s"} <= set(frame.columns)
+    assert (frame["clients"] == 3).all()
+    assert repr(result).startswith("Result(finished, 2 rounds, accuracy ")
+
+
+def test_bad_input_raises_one_paragraph_before_anything_starts(tmp_path):
+    with pytest.raises(fedpriv.ConfigError, match="num-clientz"):
+        fedpriv.run(num_clientz=3, results_dir=str(tmp_path))
+    with pytest.raises(fedpriv.ConfigError, match="noise-multiplier"):
+        fedpriv.run(dp="local", noise_multiplier=-1.0, results_dir=str(tmp_path))
+    with pytest.raises(fedpriv.ConfigError, match="not a fedpriv run folder"):
+        fedpriv.load(tmp_path)
+    with pytest.raises(fedpriv.ConfigError):
+        fedpriv.sweep("no-such-sweep")
+    assert list(tmp_path.iterdir()) == []  # nothing was written
