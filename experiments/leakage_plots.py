@@ -12,6 +12,8 @@ from matplotlib.figure import Figure
 
 from privacy.analysis.leakage_metrics import to_pixels
 
+from .roc import draw_roc
+
 
 def reconstruction_grid(path: Path, original: torch.Tensor, recon: torch.Tensor,
                         matched: Sequence[int], mean: Sequence[float], std: Sequence[float],
@@ -39,24 +41,13 @@ def reconstruction_grid(path: Path, original: torch.Tensor, recon: torch.Tensor,
 
 
 def roc_plot(path: Path, curves: Mapping[str, Mapping[str, Any]], title: str) -> Path:
-    """ROC curves on log axes, where the low false-positive rates that matter are visible."""
+    """Every membership attack's ROC curve for one observation."""
     fig = Figure(figsize=(5.2, 4.4))
     ax = fig.subplots()
-    for label, c in curves.items():
-        fpr = np.maximum(np.asarray(c["roc"]["fpr"]), 1e-4)
-        tpr = np.maximum(np.asarray(c["roc"]["tpr"]), 1e-4)
-        ax.plot(fpr, tpr, label=f"{label} (AUC {c['auc']:.3f})")
-    grid = np.logspace(-4, 0, 50)
-    ax.plot(grid, grid, ls="--", color="gray", label="chance")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(1e-4, 1)
-    ax.set_ylim(1e-4, 1)
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
+    draw_roc(ax, [(f"{label} (AUC {c['auc']:.3f})", c["roc"]["fpr"], c["roc"]["tpr"])
+                  for label, c in curves.items()])
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    ax.grid(alpha=0.3, which="both")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path

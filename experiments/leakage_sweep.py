@@ -25,6 +25,7 @@ from server.privacy_log import headline_epsilon
 from tasks.config import RunConfig
 
 from .pareto import pareto_front
+from .roc import draw_roc
 
 COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",
            "epsilon-audited", "psnr", "ssim", "psnr-random", "label-accuracy", "mia-auc",
@@ -261,21 +262,9 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
         return None
     fig = Figure(figsize=(9.0, 5.2), layout="constrained")
     ax = fig.subplots()
-    cmap = colormaps["tab20"]
-    for i, (label, x) in enumerate(curves):
-        fpr = np.maximum(np.asarray(x["roc-curve"]["fpr"]), 1e-4)
-        tpr = np.maximum(np.asarray(x["roc-curve"]["tpr"]), 1e-4)
-        ax.plot(fpr, tpr, color=cmap(i % 20), lw=1,
-                label=f"{label} ({x.get('attack-used')}, AUC {x['auc']:.2f})")
-    grid = np.logspace(-4, 0, 50)
-    ax.plot(grid, grid, ls="--", color="gray", label="chance")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(1e-3, 1)
-    ax.set_ylim(1e-3, 1)
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.grid(alpha=0.3, which="both")
+    draw_roc(ax, [(f"{label} ({x.get('attack-used')}, AUC {x['auc']:.2f})",
+                   x["roc-curve"]["fpr"], x["roc-curve"]["tpr"]) for label, x in curves],
+             floor=1e-3, colors=colormaps["tab20"])
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)

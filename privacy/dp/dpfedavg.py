@@ -283,6 +283,10 @@ class CentralAccountant:
         self.releases = 0
 
     def epsilon_after(self, releases: int) -> float:
+        """Client-level epsilon after ``releases`` rounds."""
+        return self._composed(self.params.round_event(), releases)
+
+    def _composed(self, event: DpEvent, releases: int) -> float:
         if releases == 0:
             return 0.0
         # dp-accounting logs a warning for every fractional order its series cannot
@@ -290,7 +294,7 @@ class CentralAccountant:
         logging.getLogger("absl").setLevel(logging.ERROR)
         accountant = RdpAccountant(
             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
-        accountant.compose(SelfComposedDpEvent(self.params.round_event(), releases))
+        accountant.compose(SelfComposedDpEvent(event, releases))
         return float(accountant.get_epsilon(self.params.target_delta))
 
     @property
@@ -302,13 +306,7 @@ class CentralAccountant:
         audit that changes one record inside a client is bounded by. Client-level
         add/remove does not bound it (the client stays and its update changes), except
         for a fixed cohort, whose rounds are already accounted with z / 2."""
-        if releases == 0:
-            return 0.0
-        logging.getLogger("absl").setLevel(logging.ERROR)
-        accountant = RdpAccountant(
-            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
-        accountant.compose(SelfComposedDpEvent(self.params.record_event(), releases))
-        return float(accountant.get_epsilon(self.params.target_delta))
+        return self._composed(self.params.record_event(), releases)
 
     def would_exceed(self) -> bool:
         limit = self.params.max_epsilon
