@@ -25,6 +25,7 @@ from flwr.common import (
 )
 
 from privacy.dp.disclosure import policy
+from tasks import messages
 from tasks.config import validate
 from tasks.training import evaluate, resolve_device
 
@@ -63,7 +64,43 @@ def disclosure_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     return reply
 
 
-app = ClientApp(mods=[disclosure_mod])
+def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Serve the partition and the sweep cell the server stamped on the message.
+
+    In simulation the server pairs nodes with partitions (:mod:`strategies.grid`): its
+    ``fedpriv.node`` record becomes this message's ``node_config``. In a sweep run inside
+    one simulation, ``fedpriv.cell`` carries the cell's run-config keys: the handlers see
+    that cell's run config, and a ``Context.state`` of that cell's own (its records are
+    kept under a ``cell-<index>/`` prefix), so one cell's DP ledger or CVAE decoder is
+    never another's. Both records are removed before any handler sees the message.
+    """
+    content = msg.content
+    node = content.config_records.get(messages.NODE_RECORD)
+    cell = content.config_records.get(messages.CELL_RECORD)
+    if node is None and cell is None:
+        return call_next(msg, context)
+    msg.content = RecordDict({k: v for k, v in content.items()
+                              if k not in (messages.NODE_RECORD, messages.CELL_RECORD)})
+    run_config, prefix = dict(context.run_config), ""
+    if cell is not None:
+        values = dict(cell)
+        prefix = f"cell-{values.pop('cell')}/"
+        run_config.update(values)
+    state = RecordDict({k[len(prefix):]: v for k, v in context.state.items()
+                        if k.startswith(prefix)}) if prefix else context.state
+    view = Context(run_id=context.run_id, node_id=context.node_id,
+                   node_config={**context.node_config, **(node or {})}, state=state,
+                   run_config=run_config)
+    reply = call_next(msg, view)
+    if prefix:
+        for name in [k for k in context.state if k.startswith(prefix)]:
+            del context.state[name]
+        for name, record in state.items():
+            context.state[prefix + name] = record
+    return reply
+
+
+app = ClientApp(mods=[assignment_mod, disclosure_mod])
 
 
 def _reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None) -> Message:

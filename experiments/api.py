@@ -184,12 +184,14 @@ class SweepResult:
         return pd.read_csv(self.folder / "sweep.csv").set_index("cell")
 
 
-def sweep(file: str, *, dry_run: bool = False, verbose: bool = False,
-          **overrides: Any) -> SweepResult:
+def sweep(file: str, *, dry_run: bool = False, verbose: bool = False, repeat: int | None = None,
+          separate: bool = False, **overrides: Any) -> SweepResult:
     """Run every cell of a sweep file (a bundled name or a path) with keys overridden in
-    every cell; a failed cell is recorded and the sweep goes on."""
-    done = run_sweep(file, values=_keys(overrides), dry_run=dry_run, verbose=verbose)
-    cells = [{"index": c.index, "params": c.params, "status": c.status, "error": c.error}
-             for c in done.cells]
+    every cell, all inside one simulation (``separate``: one each), each once per seed
+    with ``repeat``; a failed cell is recorded and the sweep goes on."""
+    done = run_sweep(file, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
+                     separate=separate, repeat=repeat)
+    cells = [{"index": c.index, "params": c.params, "seed": c.seed, "status": c.status,
+              "error": c.error} for c in done.cells]
     runs = {c.index: load(c.run_dir) for c in done.cells if c.run_dir is not None}
     return SweepResult(done.out, cells, runs)

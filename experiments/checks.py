@@ -145,11 +145,26 @@ def _central_dp_check(cfg: RunConfig, n: int) -> str:
             f"removed{note}")
 
 
-def main() -> None:
+def _answer(values: dict) -> dict:
     try:
-        print(json.dumps({"result": asdict(preflight(validate(json.loads(sys.stdin.read()))))}))
+        return {"result": asdict(preflight(validate(values)))}
     except ConfigError as exc:
-        print(json.dumps({"error": str(exc)}))
+        return {"error": str(exc)}
+
+
+def main() -> None:
+    """One config (a JSON object) or several (a JSON list, a sweep's cells) on stdin."""
+    given = json.loads(sys.stdin.read())
+    if isinstance(given, list):
+        answers = []
+        for values in given:  # a broken cell must not hide the others' answers
+            try:
+                answers.append(_answer(values))
+            except Exception as exc:
+                answers.append({"crash": f"{type(exc).__name__}: {exc}"})
+        print(json.dumps({"results": answers}))
+    else:
+        print(json.dumps(_answer(given)))
 
 
 if __name__ == "__main__":

@@ -85,12 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser(
         "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run a grid of configurations and compare them",
-        description="Run every combination of a sweep file's [grid] on one SuperLink, "
-                    "continuing past failed cells; write sweep.csv, sweep.md and comparison "
-                    "plots.",
+        description="Run every combination of a sweep file's [grid] (and [[cells]]), each "
+                    "once per seed, inside one Flower simulation, continuing past failed "
+                    "cells; write sweep.csv, sweep.md and comparison plots.",
         epilog=textwrap.dedent("""\
             sweep file:
               preset = "mnist"          # optional base preset
+              seeds = [1, 2, 3]         # optional: every cell once per seed
               [fixed]                   # keys applied to every cell
               num-server-rounds = 5
               [grid]                    # every combination is one cell
@@ -105,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                        help="override a key in every cell")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    sweep.add_argument("--repeat", type=int, metavar="N",
+                       help="run every cell with N seeds (the run seed, seed+1, ...); the "
+                            "table shows mean and 95%% interval (or give seeds = [...] in the "
+                            "file)")
+    sweep.add_argument("--separate", action="store_true",
+                       help="give each cell a simulation of its own (slower: Flower and Ray "
+                            "start once per cell) instead of running all cells in one")
     sweep.add_argument("--verbose", action="store_true", help="show Flower's full log")
 
     attack = sub.add_parser(
@@ -201,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 replot(Path(args.file))
                 return 0
             return run_sweep(args.file, args.set, dry_run=args.dry_run,
-                             verbose=args.verbose).exit_code
+                             verbose=args.verbose, separate=args.separate,
+                             repeat=args.repeat).exit_code
         if args.command == "attack":
             from .leakage import run_attacks
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tasks.config import ConfigError, RunConfig
@@ -26,19 +27,43 @@ class Preflight:
     label_counts: list[list[int]] | None = None  # ground truth, per client
 
 
-def preflight_isolated(cfg: RunConfig) -> Preflight:
-    """:func:`experiments.checks.preflight` in a child process; its ConfigError is raised here."""
+def _child(given: object) -> tuple[dict, int]:
     # stderr goes straight to the terminal: progress such as backbone training shows live
     proc = subprocess.run([sys.executable, "-m", "experiments.checks"], text=True,
-                          input=json.dumps(cfg.flat()), stdout=subprocess.PIPE)
+                          input=json.dumps(given), stdout=subprocess.PIPE)
     lines = proc.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else {}
     except json.JSONDecodeError:
         answer = {}
+    return answer, proc.returncode
+
+
+def _preflight(answer: dict, code: int) -> Preflight:
     if "error" in answer:
         raise ConfigError(answer["error"])
-    if proc.returncode != 0 or "result" not in answer:
-        raise RuntimeError(f"the pre-flight check crashed (exit code {proc.returncode}); its "
-                           "error is printed above")
+    if "crash" in answer:
+        raise RuntimeError(f"the pre-flight check crashed: {answer['crash']}")
+    if code != 0 or "result" not in answer:
+        raise RuntimeError(f"the pre-flight check crashed (exit code {code}); its error is "
+                           "printed above")
     return Preflight(**answer["result"])
+
+
+def preflight_isolated(cfg: RunConfig) -> Preflight:
+    """:func:`experiments.checks.preflight` in a child process; its ConfigError is raised here."""
+    return _preflight(*_child(cfg.flat()))
+
+
+def preflight_many(cfgs: Sequence[RunConfig]) -> list[Preflight | Exception]:
+    """The pre-flight check of every config in one child process (torch imported once):
+    per config its :class:`Preflight`, or the ConfigError / RuntimeError it raised."""
+    answer, code = _child([c.flat() for c in cfgs])
+    results = answer.get("results") or [{}] * len(cfgs)
+    out: list[Preflight | Exception] = []
+    for one in results:
+        try:
+            out.append(_preflight(one, code))
+        except (ConfigError, RuntimeError) as exc:
+            out.append(exc)
+    return out

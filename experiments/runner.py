@@ -102,32 +102,50 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     try:
         link.submit(app, {**cfg.flat(), "run-dir": str(run_dir)}, federation_config(cfg, cuda),
                     log)
-        info = read_run_info(run_dir)
-        status = info.get("status", "crashed")
-        if status == "running":
-            status = "crashed"
-        error = info.get("error")
-        if status == "crashed":
-            error = ("the ServerApp stopped without recording an outcome; see "
-                     f"{run_dir / 'flwr.log'}")
-            if "Invalid run configuration" in (run_dir / "flwr.log").read_text():
-                error = ("Flower refused the run config: a key is missing from pyproject.toml's "
-                         "[tool.flwr.app.config] (regenerate it with `fedpriv keys --toml`)")
+        status, error = recorded_outcome(run_dir, run_dir / "flwr.log")
     except KeyboardInterrupt:
         status, error = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
     finally:
         log.close()
-        info = read_run_info(run_dir)
-        if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
-            RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
-    wall_s = time.perf_counter() - t0  # the run itself, not the plots below
+        mark_unfinished(run_dir, status, error)
+    return after_run(cfg, run_dir, status, error, time.perf_counter() - t0, echo, label_counts)
+
+
+def recorded_outcome(run_dir: Path, log_path: Path) -> tuple[str, str | None]:
+    """(status, error) as the ServerApp recorded them in run.json; "crashed" when it
+    recorded nothing."""
+    info = read_run_info(run_dir)
+    status = info.get("status", "crashed")
+    if status == "running":
+        status = "crashed"
+    error = info.get("error")
+    if status == "crashed":
+        error = f"the ServerApp stopped without recording an outcome; see {log_path}"
+        if log_path.exists() and "Invalid run configuration" in log_path.read_text():
+            error = ("Flower refused the run config: a key is missing from pyproject.toml's "
+                     "[tool.flwr.app.config] (regenerate it with `fedpriv keys --toml`)")
+    return status, error
+
+
+def mark_unfinished(run_dir: Path, status: str, error: str | None) -> None:
+    """Record an interrupted or crashed run in its run.json (the ServerApp could not)."""
+    info = read_run_info(run_dir)
+    if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
+        RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
+
+
+def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wall_s: float,
+              echo: Callable[[str], None] = print,
+              label_counts: list[list[int]] | None = None) -> RunOutcome:
+    """What follows a finished run in the CLI: the ground-truth label plot when the clients
+    did not send their histograms, the release plot, and the leakage study's attacks."""
     plot = run_dir / "plots" / "label_distribution.png"
     if label_counts and status == "finished" and not plot.exists():
         plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
                                        for i, c in enumerate(label_counts)],
-                                "label distribution (ground truth from the partitioner; "
-                                "the clients did not disclose it to the server)")
+                                "label distribution (ground truth from the partitioner, "
+                                "not sent to the server)")
     if status == "finished" and cfg.anonymization.enabled:
         if plot_in_child(run_dir):
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")

@@ -20,13 +20,22 @@ from server.ledger import outcome as run_outcome
 from server.ledger import read_ledger
 from server.privacy_log import headline_epsilon
 from server.results import new_run_dir, read_run_info
-from tasks.config import ConfigError, RunConfig, parse_assignment, validate
+from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
 
 from .app_bundle import app_dir
 from .configs import SWEEPS, absolutize, find_file, read_preset, read_toml
 from .leakage_sweep import sweep_rows, write_leakage_table
-from .preflight import preflight_isolated
-from .runner import execute
+from .preflight import Preflight, preflight_isolated, preflight_many
+from .runner import (
+    LogFilter,
+    RunOutcome,
+    after_run,
+    execute,
+    federation_config,
+    mark_unfinished,
+    recorded_outcome,
+)
+from .stats import fmt_ci
 from .superlink import LocalSuperLink
 from .sweep_plots import sweep_plots
 
@@ -38,6 +47,7 @@ class SweepSpec:
     base: dict[str, Any]
     grid: dict[str, list[Any]]
     extra: list[dict[str, Any]] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)  # empty: each cell once, its own seed
 
     def cells(self) -> list[dict[str, Any]]:
         """Every combination of the grid, then the explicitly listed [[cells]]."""
@@ -64,21 +74,53 @@ class Cell:
     error: str | None = None
     run_dir: Path | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None  # set when the sweep repeats every cell over seeds
+
+    @property
+    def group(self) -> str:
+        """The cell without its seed: the runs a table row's mean and interval are over."""
+        return ", ".join(f"{k}={v}" for k, v in self.params.items()) or "base"
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return self.group if self.seed is None else f"{self.group}, seed={self.seed}"
+
+
+def _seeds(path: Path, raw: Mapping[str, Any], base: Mapping[str, Any],
+           repeat: int | None) -> list[int]:
+    """The sweep's seeds: its ``seeds = [...]``, or ``repeat`` seeds from the run seed on."""
+    seeds = raw.get("seeds")
+    if seeds is not None and repeat:
+        raise ConfigError(f"sweep {path} lists seeds = {seeds} and --repeat {repeat} was given; "
+                          "use one of them.")
+    if repeat is not None:
+        if not isinstance(repeat, int) or not 1 <= repeat <= 1000:
+            raise ConfigError(f"--repeat {repeat!r}: give a whole number of seeds from 1 to "
+                              "1000, e.g. --repeat 3.")
+        first = int(validate_partial({"seed": base.get("seed", 42)})["seed"])
+        return [first + k for k in range(repeat)] if repeat > 1 else []
+    if seeds is None:
+        return []
+    if (not isinstance(seeds, list) or not seeds or len(set(map(str, seeds))) != len(seeds)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
+        raise ConfigError(f"sweep {path}: seeds must be a list of distinct whole numbers, e.g. "
+                          f"seeds = [1, 2, 3]; got {seeds!r}.")
+    validate_partial({"seed": max(seeds)})
+    validate_partial({"seed": min(seeds)})
+    return list(seeds)
 
 
 def load_sweep(name: str, overrides: Sequence[str] = (),
-               values: Mapping[str, Any] | None = None) -> SweepSpec:
-    """Read and check a sweep file (schema errors in any cell stop the sweep before it starts)."""
+               values: Mapping[str, Any] | None = None, repeat: int | None = None
+               ) -> SweepSpec:
+    """Read and check a sweep file (schema errors in any cell stop the sweep before it
+    starts); ``repeat`` runs every cell with that many seeds."""
     path = find_file(name, SWEEPS, "sweep")
     raw = read_toml(path)
-    unknown = set(raw) - {"name", "preset", "fixed", "grid", "cells"}
+    unknown = set(raw) - {"name", "preset", "fixed", "grid", "cells", "seeds"}
     if unknown:
         raise ConfigError(f"sweep {path}: unknown top-level entries {sorted(unknown)}; allowed: "
-                          "name, preset, [fixed], [grid], [[cells]].")
+                          "name, preset, seeds, [fixed], [grid], [[cells]].")
     grid = raw.get("grid", {})
     extra = raw.get("cells", [])
     if not all(isinstance(v, list) and v for v in grid.values()):
@@ -96,7 +138,11 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
         key, value = parse_assignment(text)
         base[key] = value
     base.update(values or {})  # typed overrides (the Python API's)
-    spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid, extra)
+    spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid, extra,
+                     _seeds(path, raw, base, repeat))
+    if spec.seeds and any("seed" in c for c in spec.cells()):
+        raise ConfigError(f"sweep {path}: seed varies in [grid] or [[cells]] and the sweep "
+                          "also repeats over seeds; use one of them.")
     errors = []
     for params in spec.cells():
         try:
@@ -109,7 +155,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
 
 
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
-    keys = spec.keys
+    keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
             "target-round", "epsilon", "delta", "reid-top1", "mia-auc", "steady-round-s",
             "wall-s", "run-dir", "error"]
@@ -119,7 +165,8 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
         privacy = r.get("privacy", {})
         eps = headline_epsilon(privacy)
         delta = privacy.get("delta", privacy.get("delta-max"))
-        rows.append([c.index, *[c.params.get(k, "") for k in keys], c.status,
+        given = {**c.params, **({} if c.seed is None else {"seed": c.seed})}
+        rows.append([c.index, *[given.get(k, "") for k in keys], c.status,
                      _fmt(r.get("final", {}).get("accuracy")),
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
                      r.get("rounds", ""), r.get("target-reached-round", ""),
@@ -131,8 +178,10 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     with open(out / "sweep.csv", "w", newline="") as f:
         csv.writer(f).writerows([head, *rows])
     md = [f"# Sweep {spec.name}", "", f"From `{spec.path}`; fixed keys: "
-          + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), "",
-          "| " + " | ".join(head[:-2]) + " |", "|" + "---|" * (len(head) - 2)]
+          + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), ""]
+    if spec.seeds:
+        md += _seed_table(spec, cells)
+    md += ["| " + " | ".join(head[:-2]) + " |", "|" + "---|" * (len(head) - 2)]
     for row in rows:
         md.append("| " + " | ".join(str(x) for x in row[:-2]) + " |")
     failed = [c for c in cells if c.error]
@@ -153,6 +202,22 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
         md += ["## What leaked", "", "See [leakage.md](leakage.md) (one row per cell and "
                "observed round; also leakage.csv).", ""]
     (out / "sweep.md").write_text("\n".join(md))
+
+
+def _seed_table(spec: SweepSpec, cells: Sequence[Cell]) -> list[str]:
+    """Per cell, the mean and 95% interval over its seeds' finished runs."""
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    md = [f"Mean ± 95% interval (Student's t) over seeds {spec.seeds}, finished runs only:",
+          "", "| cell | final-acc | best-acc | epsilon | steady-round-s |", "|---|---|---|---|---|"]
+    for group, runs in groups.items():
+        done = [c.result for c in runs if c.status == "finished"]
+        md.append(f"| {group} | {fmt_ci([r.get('final', {}).get('accuracy') for r in done])} | "
+                  f"{fmt_ci([r.get('best', {}).get('accuracy') for r in done])} | "
+                  f"{fmt_ci([headline_epsilon(r.get('privacy')) for r in done], 3)} | "
+                  f"{fmt_ci([r.get('steady-round-s') for r in done], 3)} |")
+    return [*md, "", "Every run:", ""]
 
 
 def _anon(result: dict[str, Any], key: str) -> float | None:
@@ -178,12 +243,25 @@ class SweepRun:
 
 def run_sweep(name: str, overrides: Sequence[str] = (), *,
               values: Mapping[str, Any] | None = None, dry_run: bool = False,
-              verbose: bool = False) -> SweepRun:
-    """Run a sweep file (with --set ``overrides`` and typed ``values`` in every cell)."""
-    spec = load_sweep(name, overrides, values)
-    cells = [Cell(i + 1, p, absolutize(validate({**spec.base, **p})))
-             for i, p in enumerate(spec.cells())]
-    print(f"sweep {spec.name}: {len(cells)} cells over {', '.join(spec.grid)}")
+              verbose: bool = False, separate: bool = False,
+              repeat: int | None = None) -> SweepRun:
+    """Run a sweep file (with --set ``overrides`` and typed ``values`` in every cell).
+
+    By default every cell runs inside one Flower simulation (one SuperLink, one Ray
+    start, warm clients; :func:`server.app.run_cells`); ``separate`` gives each cell a
+    simulation of its own, as a fallback. ``repeat`` (or the file's ``seeds``) runs every
+    cell once per seed.
+    """
+    spec = load_sweep(name, overrides, values, repeat)
+    cells = []
+    for params in spec.cells():
+        for seed in spec.seeds or [None]:
+            given = {**spec.base, **params, **({} if seed is None else {"seed": seed})}
+            cells.append(Cell(len(cells) + 1, params, absolutize(validate(given)), seed=seed))
+    seeds = f" x {len(spec.seeds)} seeds" if spec.seeds else ""
+    print(f"sweep {spec.name}: {len(cells)} runs ({len(cells) // max(len(spec.seeds), 1)} "
+          f"cells{seeds}) over {', '.join(spec.keys) or 'nothing'}"
+          + ("" if separate else ", in one simulation"))
     for c in cells:
         print(f"  {c.index:>3}. {c.label}")
     if dry_run:
@@ -193,51 +271,130 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
     (out / "plots").mkdir()
     (out / "sweep.json").write_text(json.dumps(
         {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid,
-         "cells": spec.extra}, indent=2))
-    app = app_dir()
+         "cells": spec.extra, "seeds": spec.seeds}, indent=2))
     t0 = time.perf_counter()
     try:
         with LocalSuperLink() as link:
-            for c in cells:
-                print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
-                try:
-                    pre = preflight_isolated(c.config)
-                except ConfigError as exc:
-                    c.status, c.error = "invalid", str(exc)
-                    print(f"  skipped: {exc}")
-                    continue
-                except Exception as exc:  # a broken cell must not end the sweep
-                    c.status, c.error = "crashed", f"pre-flight check: {exc}"
-                    print(f"  cell {c.index} crashed: {exc}")
-                    continue
-                c.run_dir = out / "cells" / f"{c.index:02d}"
-                c.run_dir.mkdir(parents=True)
-                try:
-                    res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda,
-                                  verbose=verbose, label_counts=pre.label_counts)
-                except KeyboardInterrupt:
-                    c.status, c.error = "interrupted", "interrupted by the user"
-                    raise
-                except Exception as exc:
-                    c.status, c.error = "crashed", f"{type(exc).__name__}: {exc}"
-                    print(f"  cell {c.index} crashed: {c.error}")
-                    continue
-                c.status, c.error = res.status, res.error
-                ledger = read_ledger(c.run_dir)
-                c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
-                            "target-reached-round": res.info.get("target-reached-round", ""),
-                            "privacy": res.info.get("privacy", {}),
-                            "anonymization": res.info.get("anonymization")}
-                if not res.ok:
-                    print(f"  cell {c.index} {res.status}: {res.error}")
-                _write_table(out, spec, cells)
+            if separate:
+                _run_separately(link, out, spec, cells, verbose)
+            else:
+                _run_together(link, out, spec, cells, verbose)
     finally:
         _write_table(out, spec, cells)
         sweep_plots(out / "plots", spec.name, cells)
     failed = sum(c.status != "finished" for c in cells)
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
-          f"{len(cells)} cells finished · {out / 'sweep.md'}")
+          f"{len(cells)} runs finished · {out / 'sweep.md'}")
     return SweepRun(out, cells)
+
+
+def _checked(c: Cell, pre: Preflight | Exception) -> Preflight | None:
+    """The cell's pre-flight result, or None with the cell marked invalid or crashed."""
+    if isinstance(pre, ConfigError):
+        c.status, c.error = "invalid", str(pre)
+        print(f"  cell {c.index} skipped: {pre}")
+    elif isinstance(pre, Exception):
+        c.status, c.error = "crashed", f"pre-flight check: {pre}"
+        print(f"  cell {c.index} crashed: {pre}")
+    else:
+        return pre
+    return None
+
+
+def _record(c: Cell, res: RunOutcome) -> None:
+    c.status, c.error = res.status, res.error
+    ledger = read_ledger(c.run_dir)
+    c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
+                "target-reached-round": res.info.get("target-reached-round", ""),
+                "privacy": res.info.get("privacy", {}),
+                "anonymization": res.info.get("anonymization")}
+    if not res.ok:
+        print(f"  cell {c.index} {res.status}: {res.error}")
+
+
+def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+                    verbose: bool) -> None:
+    """The fallback: one simulation per cell, on the same SuperLink."""
+    app = app_dir()
+    for c in cells:
+        print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
+        try:
+            pre = _checked(c, preflight_isolated(c.config))
+        except (ConfigError, RuntimeError) as exc:
+            pre = _checked(c, exc)
+        if pre is None:
+            continue
+        c.run_dir = out / "cells" / f"{c.index:02d}"
+        c.run_dir.mkdir(parents=True)
+        try:
+            res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose,
+                          label_counts=pre.label_counts)
+        except KeyboardInterrupt:
+            c.status, c.error = "interrupted", "interrupted by the user"
+            raise
+        except Exception as exc:
+            c.status, c.error = "crashed", f"{type(exc).__name__}: {exc}"
+            print(f"  cell {c.index} crashed: {c.error}")
+            continue
+        _record(c, res)
+        _write_table(out, spec, cells)
+
+
+def engine_key(cfg: RunConfig) -> tuple[Any, ...]:
+    """What must be equal for cells to share one simulation: the clients' resources."""
+    r = cfg.resources
+    return (r.client_cpus, r.client_gpus, r.device)
+
+
+def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+                  verbose: bool) -> None:
+    """Every cell inside one simulation (one per distinct client resources): the
+    ServerApp runs them in turn on the largest cell's federation."""
+    print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
+    checks = preflight_many([c.config for c in cells])
+    ready = {c.index: pre for c, raw in zip(cells, checks, strict=True)
+             if (pre := _checked(c, raw)) is not None}
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    for c in cells:
+        if c.index in ready:
+            groups.setdefault(engine_key(c.config), []).append(c)
+    app = app_dir()
+    for g, group in enumerate(groups.values(), 1):
+        for c in group:
+            c.run_dir = out / "cells" / f"{c.index:02d}"
+            c.run_dir.mkdir(parents=True)
+        plan = out / f"cells-{g}.json"
+        plan.write_text(json.dumps({"cells": [
+            {"index": c.index, "label": c.label,
+             "config": {**c.config.flat(), "run-dir": str(c.run_dir)}} for c in group]},
+            indent=1))
+        host = max(group, key=lambda c: c.config.federation.num_clients)
+        cuda = any(ready[c.index].cuda for c in group)
+        print(f"\nstarting one simulation for {len(group)} run(s) on "
+              f"{host.config.federation.num_clients} clients...", flush=True)
+        log = LogFilter(out / "flwr.log", verbose, print)
+        t0 = time.perf_counter()
+        try:
+            link.submit(app, {**host.config.flat(), "run-dir": "",
+                              "sweep-cells": str(plan)},
+                        federation_config(host.config, cuda), log)
+        except KeyboardInterrupt:
+            for c in group:
+                if read_run_info(c.run_dir).get("status", "running") == "running":
+                    c.status, c.error = "interrupted", "interrupted by the user"
+                    mark_unfinished(c.run_dir, c.status, c.error)
+            raise
+        finally:
+            log.close()
+        wall = time.perf_counter() - t0
+        for c in group:
+            status, error = recorded_outcome(c.run_dir, out / "flwr.log")
+            mark_unfinished(c.run_dir, status, error)
+            res = after_run(c.config, c.run_dir, status, error,
+                            float(read_run_info(c.run_dir).get("wall-s", wall / len(group))),
+                            print, ready[c.index].label_counts)
+            _record(c, res)
+        _write_table(out, spec, cells)
 
 
 def replot(out: Path) -> None:
@@ -249,7 +406,8 @@ def replot(out: Path) -> None:
         for row in csv.DictReader(f):
             params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
             cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
-                        out / row["run-dir"] if row["run-dir"] else None)
+                        out / row["run-dir"] if row["run-dir"] else None,
+                        seed=int(row["seed"]) if row.get("seed") else None)
             if cell.run_dir:
                 info = read_run_info(cell.run_dir)
                 cell.result = {**run_outcome(read_ledger(cell.run_dir)),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from server.ledger import read_ledger
 from server.plots import line_plot
@@ -14,6 +16,7 @@ from server.privacy_log import headline_epsilon
 
 from .leakage_sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front
+from .stats import mean_ci
 
 
 def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
@@ -22,22 +25,29 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ledgers = {c.label: ledger for c in cells
                if c.run_dir and (ledger := read_ledger(c.run_dir))}
-    line_plot(out / "accuracy_vs_round.png",
-              {k: ([r.round for r in v], [r.accuracy for r in v]) for k, v in ledgers.items()},
-              "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
-    fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
-    ax = fig.subplots()
-    values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
-    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
-    ax.barh(range(len(cells)), values, color=colors)
-    ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("final test accuracy (red: cell did not finish)")
-    ax.set_title(f"sweep {name}", fontsize=10)
-    for i, v in enumerate(values):
-        ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
-    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
+    groups: dict[str, list[Any]] = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    if any(c.seed is not None for c in cells):
+        _seed_plots(out, name, groups, ledgers)
+    else:
+        line_plot(out / "accuracy_vs_round.png",
+                  {k: ([r.round for r in v], [r.accuracy for r in v])
+                   for k, v in ledgers.items()},
+                  "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
+        fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
+        ax = fig.subplots()
+        values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
+        colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
+        ax.barh(range(len(cells)), values, color=colors)
+        ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("final test accuracy (red: cell did not finish)")
+        ax.set_title(f"sweep {name}", fontsize=10)
+        for i, v in enumerate(values):
+            ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
+        fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
 
     _anonymization_plots(out, name, cells)
     leaked = sweep_rows(cells)
@@ -74,6 +84,53 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])
     line_plot(out / "epsilon_vs_round.png", curves, "round", "cumulative epsilon",
               f"sweep {name}")
+
+
+def _seed_plots(out: Path, name: str, groups: dict[str, list[Any]],
+                ledgers: dict[str, list[Any]]) -> None:
+    """Over seeds: the mean accuracy per round with its 95% interval shaded, and the mean
+    final accuracy with its interval and each seed's value."""
+    fig = Figure(figsize=(6.8, 4.2))
+    ax = fig.subplots()
+    for group, runs in groups.items():
+        curves = [ledgers[c.label] for c in runs if c.label in ledgers]
+        rounds = sorted({r.round for curve in curves for r in curve})
+        if not rounds:
+            continue
+        stats = [mean_ci([r.accuracy for curve in curves for r in curve if r.round == k])
+                 for k in rounds]
+        mean = [m for m, _ in stats]
+        half = [0.0 if math.isnan(h) else h for _, h in stats]
+        line = ax.plot(rounds, mean, marker="o", markersize=3, label=f"{group} (n={len(curves)})")
+        ax.fill_between(rounds, [m - h for m, h in zip(mean, half, strict=True)],
+                        [m + h for m, h in zip(mean, half, strict=True)],
+                        color=line[0].get_color(), alpha=0.2)
+    ax.set(xlabel="round", ylabel="test accuracy (mean, 95% interval over seeds)", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"sweep {name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(out / "accuracy_vs_round.png", dpi=110, bbox_inches="tight")
+
+    fig = Figure(figsize=(7.0, 0.4 * max(len(groups), 3) + 1.2))
+    ax = fig.subplots()
+    for i, runs in enumerate(groups.values()):
+        finals = [c.result["final"]["accuracy"] for c in runs
+                  if c.status == "finished" and c.result.get("final")]
+        mean, half = mean_ci(finals)
+        if math.isnan(mean):
+            continue
+        ax.barh(i, mean, color="tab:blue", alpha=0.6,
+                xerr=None if math.isnan(half) else half, capsize=3)
+        ax.plot(finals, [i] * len(finals), "k.", markersize=4)
+        ax.text(min(mean, 0.85) + 0.01, i - 0.3, f"{mean:.3f}"
+                + ("" if math.isnan(half) else f" ± {half:.3f}"), fontsize=7)
+    ax.set_yticks(range(len(groups)), list(groups), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("final test accuracy: mean ± 95% interval over seeds (dots: each seed)")
+    ax.set_title(f"sweep {name}", fontsize=10)
+    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
 
 
 def _short(label: str) -> str:

@@ -7,10 +7,14 @@ updates, evaluate the new global model on the held-out test set, append one reco
 
 from __future__ import annotations
 
-from flwr.app import Context
+import json
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from tasks.config import validate
+from tasks.config import RunConfig, validate
 
 from .console import say
 from .federation import now, run_federation
@@ -21,17 +25,30 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Validate the run config, open the results folder, run the rounds, record everything."""
+    """Validate the run config, open the results folder, run the rounds, record everything.
+
+    With ``sweep-cells`` (written by ``fedpriv sweep``), run every cell of a sweep in
+    turn in this one simulation instead: one start-up for the whole sweep.
+    """
     cfg = validate(context.run_config)
     if hasattr(grid, "pull_interval"):
         # The simulation's InMemoryGrid checks for client replies every 0.1 s by default;
         # polling every 10 ms takes about 0.05 s of idle waiting off each round.
         grid.pull_interval = 0.01
+    if cfg.results.sweep_cells:
+        run_cells(grid, context, Path(cfg.results.sweep_cells))
+    else:
+        run_one(grid, context, cfg)
+
+
+def run_one(grid: Grid, context: Context, cfg: RunConfig,
+            cell: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run into its own results folder; a failure is recorded in run.json and raised."""
     run = RunFolder.open(cfg.results, default_run_name(cfg))
     run.write_config(cfg)
     say(f"results: {run.path}")
     try:
-        info = run_federation(grid, context, cfg, run)
+        info = run_federation(grid, context, cfg, run, cell)
     except BaseException as exc:
         info = {**read_run_info(run.path), "status": "failed", "finished": now(),
                 "error": f"{type(exc).__name__}: {exc}"}
@@ -41,3 +58,27 @@ def main(grid: Grid, context: Context) -> None:
     final = info.get("final", {})
     say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
         f"{info.get('rounds-completed', 0)} rounds in {info['wall-s']:.1f} s · {run.path}")
+    return info
+
+
+def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
+    """Every cell of a sweep, one after another, on this simulation's warm clients.
+
+    Each cell has its own config, results folder, model, strategy and privacy state;
+    the clients learn the cell from each message (:mod:`strategies.grid`) and keep its
+    state apart (:func:`clients.app.assignment_mod`). A failed cell is recorded in its
+    run.json and the next one starts.
+    """
+    cells = json.loads(cells_file.read_text())["cells"]
+    host = dict(context.run_config)
+    for n, cell in enumerate(cells, 1):
+        values = cell["config"]
+        say(f"cell {cell['index']} ({n}/{len(cells)}): {cell['label']}")
+        differs = {k: v for k, v in values.items() if host.get(k) != v}
+        own = Context(run_id=context.run_id, node_id=context.node_id,
+                      node_config=dict(context.node_config), state=RecordDict(),
+                      run_config=dict(values))
+        try:
+            run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
+        except Exception:  # recorded in the cell's run.json; the sweep goes on
+            continue

@@ -1,8 +1,14 @@
-"""Ask every connected node which partition it holds (one QUERY message each).
+"""Which node serves which partition: assigned in simulation, asked on real SuperNodes.
 
-The answers map Flower's random node ids to stable partition ids, which makes
-sampling reproducible, and give each client's size and label histogram as the
-client itself sees them (true in simulation and on real SuperNodes alike) — when the
+In Flower's simulation runtime every node can read every partition, so
+:func:`assign_partitions` pairs the run's nodes (sorted by id) with partitions 0..N-1
+without a message (:class:`strategies.grid.FederationGrid` tells each node its
+partition with every message): start-up does not grow with the number of clients.
+
+On real SuperNodes each node holds its own data, so :func:`discover_clients` asks every
+connected node which partition it holds (one QUERY message each). The answers map
+Flower's random node ids to stable partition ids, which makes sampling reproducible, and
+give each client's size and label histogram as the client itself sees them — when the
 run's disclosure policy lets the client send them (:mod:`privacy.dp.disclosure`: not
 under secure aggregation, and only the size under local DP).
 """
@@ -59,6 +65,43 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
         raise DiscoveryError(f"only {len(infos)} of {len(node_ids)} clients answered within "
                              f"{timeout:.0f} s (round-timeout).")
     return infos
+
+
+def simulated(grid: Grid) -> bool:
+    """True for the simulation runtime's grid (interchangeable nodes on one machine)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid) or bool(getattr(grid, "assigns_partitions", False))
+
+
+def assign_partitions(grid: Grid, num_clients: int, timeout: float) -> list[ClientInfo]:
+    """Pair the first ``num_clients`` nodes (by id) with partitions 0..num_clients-1.
+
+    The simulation registers its nodes while the ServerApp starts: this waits until
+    ``num_clients`` nodes are there, or until their number has stopped growing. A
+    federation with more nodes leaves the extra ones idle (a sweep's smaller cells run on
+    its largest federation); one with fewer (``flwr run`` with a smaller
+    ``num-supernodes``) runs on the nodes it has, with a note.
+    """
+    deadline = time.monotonic() + timeout
+    seen, since = -1, time.monotonic()
+    while True:
+        ids = sorted(grid.get_node_ids())
+        if len(ids) >= num_clients:
+            break
+        if len(ids) != seen:
+            seen, since = len(ids), time.monotonic()
+        elif ids and time.monotonic() - since > 1.0:
+            say(f"note: the simulation has {len(ids)} nodes but num-clients = {num_clients}; "
+                f"using {len(ids)} clients. With `flwr run`, pass --federation-config "
+                f"\"num-supernodes={num_clients}\".")
+            break
+        if time.monotonic() > deadline:
+            raise DiscoveryError(f"the simulation registered no nodes within {timeout:.0f} s "
+                                 "(round-timeout).")
+        time.sleep(0.05)
+    n = min(num_clients, len(ids))
+    return [ClientInfo(node, i, n, None, None) for i, node in enumerate(ids[:n])]
 
 
 def discover_clients(grid: Grid, timeout: float) -> list[ClientInfo]:

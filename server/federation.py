@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
@@ -23,6 +24,7 @@ from privacy.anonymize import public_transform
 from privacy.dp.disclosure import Disclosure, policy
 from strategies.build import build_strategy
 from strategies.central_dp import CentralDP, CentralPrivacy
+from strategies.grid import FederationGrid
 from strategies.rounds import PlainRounds, RoundRunner
 from strategies.secure import SecureRounds, secure_central
 from tasks.config import RunConfig
@@ -34,7 +36,7 @@ from tasks.training import resolve_device
 
 from .console import say
 from .cvae_phase import run_cvae_phase
-from .discovery import ClientInfo, discover_clients
+from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
 from .evaluation import CentralEvaluator
 from .ledger import outcome, read_ledger
 from .loop import RoundHook, run_rounds, target_accuracy_reached
@@ -124,13 +126,16 @@ def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[Cli
 
 def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title: str
              ) -> list[ClientInfo]:
-    """Find every client; write partitions.json and, when disclosed, the label plot."""
-    clients = discover_clients(grid, cfg.federation.round_timeout)
-    n = len(clients)
-    if n != cfg.federation.num_clients:
-        say(f"note: the federation has {n} clients (num-partitions of its nodes) but "
-            f"num-clients = {cfg.federation.num_clients}; using {n}. With `flwr run`, pass "
-            f"--federation-config \"num-supernodes={cfg.federation.num_clients}\".")
+    """The run's clients (assigned in simulation, asked on SuperNodes); write
+    partitions.json and, when the clients disclosed them, the label plot."""
+    fed = cfg.federation
+    if simulated(grid):
+        clients = assign_partitions(grid, fed.num_clients, fed.round_timeout)
+    else:
+        clients = discover_clients(grid, fed.round_timeout)
+        if len(clients) != fed.num_clients:
+            say(f"note: the federation has {len(clients)} clients (num-partitions of its "
+                f"nodes) but num-clients = {fed.num_clients}; using {len(clients)}.")
     partitions = [c.as_json() for c in clients]
     run.write_json("partitions.json", {"partitioner": cfg.data.partitioner,
                                        "num-classes": task.data.num_classes,
@@ -158,9 +163,14 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder
-                   ) -> dict[str, Any]:
-    """Run the rounds; write the ledger, plots, model, run.json and summary."""
+def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
+                   cell: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run the rounds; write the ledger, plots, model, run.json and summary.
+
+    ``cell``: in a sweep run inside one simulation, the cell's index and the keys in
+    which its config differs from the simulation's (sent to the clients with every
+    message, :class:`strategies.grid.FederationGrid`).
+    """
     t0 = time.perf_counter()
     info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
                             "versions": {name: version(name) for name in VERSIONS}}
@@ -171,6 +181,8 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder
     title = (f"{cfg.data.dataset} · {task.model_name} · {cfg.federation.strategy} · "
              f"{cfg.federation.num_clients} clients ({cfg.data.partitioner})")
     clients = discover(grid, cfg, task, run, title)
+    grid = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
+                          assign=simulated(grid), cell=cell)
     info["num-clients"] = len(clients)
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "

@@ -34,6 +34,8 @@ from flwr.serverapp.strategy import Strategy
 from tasks import messages
 from tasks.seeding import seed_sampling
 
+from .grid import FederationGrid
+
 
 def short_reason(reason: str) -> str:
     """The innermost 'SomeError: message' line of a client error reported through Ray."""
@@ -95,39 +97,6 @@ def metrics_of(msg: Message) -> dict[str, Any]:
     return out
 
 
-class PartitionOrderedGrid(Grid):
-    """A view of a Grid whose node ids come out ordered by partition id."""
-
-    def __init__(self, grid: Grid, partition_of: Mapping[int, int]) -> None:
-        self._grid = grid
-        self._rank = partition_of
-
-    def get_node_ids(self) -> Iterable[int]:
-        ids = list(self._grid.get_node_ids())
-        return sorted(ids, key=lambda n: (self._rank.get(n, len(self._rank)), n))
-
-    # Everything else is the wrapped grid's.
-    def set_run(self, run: Any) -> None:
-        self._grid.set_run(run)
-
-    @property
-    def run(self) -> Any:
-        return self._grid.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        return self._grid.create_message(*args, **kwargs)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self._grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        return self._grid.send_and_receive(messages, timeout=timeout)
-
-
 class PlainRounds:
     """Rounds of a Flower Message-API strategy, one :meth:`run_round` at a time.
 
@@ -139,7 +108,8 @@ class PlainRounds:
                  seed: int, timeout: float, train_config: Mapping[str, Any],
                  action: str = messages.FIT) -> None:
         self.strategy = strategy
-        self.grid = PartitionOrderedGrid(grid, partition_of)
+        self.grid = grid if isinstance(grid, FederationGrid) else FederationGrid(
+            grid, partition_of)
         self.partition_of = dict(partition_of)
         self.seed = seed
         self.timeout = timeout

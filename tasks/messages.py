@@ -10,3 +10,8 @@ CVAE_FIT = "train.cvae"  # phase 1 of the federated CVAE: train it, send back th
 DESCRIBE = "query"  # which partition a node holds (client discovery)
 CVAE_RELEASE = "query.cvae_release"  # sample the release from the final shared decoder
 EVALUATE = "evaluate"  # evaluate the global model on the client's own data
+
+# Records the server adds to a message's content (strategies.grid.FederationGrid) and the
+# ClientApp's assignment mod removes before any handler sees the message:
+NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions"}: in simulation
+CELL_RECORD = "fedpriv.cell"  # {"cell": index, key: value...}: a sweep cell's config

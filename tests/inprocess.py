@@ -45,7 +45,9 @@ class InProcessGrid(LocalGrid):
     """``num_clients`` nodes, node ``NODE_ID_BASE + i`` holding partition i."""
 
     def __init__(self, cfg: RunConfig, num_clients: int | None = None,
-                 node_ids: Iterable[int] | None = None) -> None:
+                 node_ids: Iterable[int] | None = None, simulated: bool = False) -> None:
+        # simulated: the server pairs nodes with partitions, as in Flower's simulation
+        self.assigns_partitions = simulated
         n = num_clients or cfg.federation.num_clients
         ids = list(node_ids) if node_ids is not None else [NODE_ID_BASE + i for i in range(n)]
         self.contexts = {

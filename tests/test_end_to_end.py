@@ -38,10 +38,12 @@ def test_cli_run_end_to_end(tmp_path, results):
         assert r["sampled"] == [0, 1, 2] and len(r["clients"]) == 3 and not r["failures"]
         assert r["train"]["num-examples"] == 4000
         assert r["time"]["round-s"] > 0
+    # in simulation the server pairs nodes with partitions (sorted node ids): no message
     parts = json.loads((run / "partitions.json").read_text())["clients"]
     assert [p["partition-id"] for p in parts] == [0, 1, 2]
-    assert sum(p["num-examples"] for p in parts) == 4000
-    assert all(sum(p["label-counts"]) == p["num-examples"] for p in parts)
+    assert [p["node-id"] for p in parts] == sorted(p["node-id"] for p in parts)
+    sizes = {c["partition-id"]: c["num-examples"] for c in records[0]["clients"]}
+    assert sum(sizes.values()) == 4000  # learned from the replies, as clients train
     for name in ("config.toml", "summary.md", "model.pt", "flwr.log", "plots/accuracy.png",
                  "plots/loss.png", "plots/label_distribution.png"):
         assert (run / name).is_file(), name
@@ -88,6 +90,51 @@ partitioner = ["iid", "pathological"]
                                                                "final_accuracy.png"}
 
 
+def _untimed(clients):
+    return [{k: v for k, v in c.items() if not k.endswith("-s")} for c in clients]
+
+
+def test_sweep_cells_in_one_simulation_equal_separate_runs(tmp_path, results):
+    # Two cells that differ in federation size and privacy, each twice (two seeds): run
+    # inside one simulation (warm clients serve every cell), then each in a simulation of
+    # its own (--separate). Every run's ledger must be the same either way.
+    sweep = tmp_path / "together.toml"
+    sweep.write_text(f"""
+name = "together"
+seeds = [3, 4]
+[fixed]
+num-server-rounds = 2
+save-model = false
+results-dir = "{results}"
+[[cells]]
+num-clients = 3
+[[cells]]
+num-clients = 2
+dp = "local"
+noise-multiplier = 1.0
+batch-size = 64
+""")
+    together = run_cli("sweep", str(sweep), cwd=tmp_path)
+    assert together.returncode == 0, together.stdout + together.stderr
+    assert "4 runs (2 cells x 2 seeds)" in together.stdout
+    assert together.stdout.count("starting one simulation") == 1
+    separate = run_cli("sweep", str(sweep), "--separate", cwd=tmp_path)
+    assert separate.returncode == 0, separate.stdout + separate.stderr
+    a, b = sorted((results / "sweeps").iterdir())
+    rows = list(csv.DictReader(open(a / "sweep.csv")))
+    assert [(r["num-clients"], r["seed"]) for r in rows] == [("3", "3"), ("3", "4"),
+                                                             ("2", "3"), ("2", "4")]
+    for r in rows:
+        one, other = ledger_json(a / r["run-dir"]), ledger_json(b / r["run-dir"])
+        assert [x["test"] for x in one] == [x["test"] for x in other]
+        assert [x["sampled"] for x in one] == [x["sampled"] for x in other]
+        assert [_untimed(x["clients"]) for x in one] == [_untimed(x["clients"]) for x in other]
+        assert [x.get("privacy") for x in one] == [x.get("privacy") for x in other]
+    assert ledger_json(a / rows[0]["run-dir"])[-1]["test"] != \
+        ledger_json(a / rows[1]["run-dir"])[-1]["test"]  # the seeds differ
+    assert "Mean ± 95% interval" in (a / "sweep.md").read_text()
+
+
 def test_flwr_run_native_uses_the_same_apps(tmp_path):
     results = tmp_path / "native"
     with LocalSuperLink(cwd=tmp_path) as link:
@@ -101,7 +148,7 @@ def test_flwr_run_native_uses_the_same_apps(tmp_path):
     run = only_run(results)
     info = read_run_info(run)
     assert info["status"] == "finished"
-    assert "the federation has 3 clients" in out  # num-clients=10 default, 3 supernodes
+    assert "the simulation has 3 nodes" in out  # num-clients=10 default, 3 supernodes
     # target-accuracy stops the run at the first round that reaches it
     accs = [r["test"]["accuracy"] for r in ledger_json(run)]
     assert len(accs) == info["target-reached-round"] < 6

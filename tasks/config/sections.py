@@ -371,6 +371,9 @@ class ResultsConfig(Section):
                        "timestamped folder under results-dir. An existing run is never "
                        "overwritten.")
     save_model: bool = key(True, "Save the final global model as model.pt.")
+    sweep_cells: str = key("", "A sweep's cells file (JSON, written by fedpriv sweep): the "
+                           "ServerApp runs each cell in it, one after another, in this one "
+                           "simulation. Empty = one run.")
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:

@@ -1,0 +1,90 @@
+"""The federation as a run sees it: a view of Flower's Grid over the run's own nodes.
+
+Every runner (plain, SecAgg+, the CVAE phase) talks to the clients through a
+:class:`FederationGrid`, which
+
+* lists only the run's nodes, **ordered by partition id**, so Flower's sampling (seeded
+  per round, :mod:`tasks.seeding`) picks the same partitions whatever ids the runtime
+  gave the nodes;
+* in simulation, **tells each node which partition it serves**: simulated nodes are
+  interchangeable workers that can all read every partition, so the server pairs the
+  run's N nodes (sorted by id) with partitions 0..N-1 for the whole run instead of
+  asking every node which one it holds (one message per node: 25 s for 1,000 nodes).
+  The pairing travels in every message (``fedpriv.node``), and
+  :func:`clients.app.assignment_mod` makes it the node's ``node_config`` for that message;
+* in a sweep run inside one simulation, **tells each node which cell** the message
+  belongs to (``fedpriv.cell``: the cell's index and the run-config keys in which it
+  differs from the simulation's own), so warm clients serve every cell in turn.
+
+On real SuperNodes the node's own ``node_config`` is the truth (its data are its own):
+the view only orders and filters, and adds nothing to the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from tasks.messages import CELL_RECORD, NODE_RECORD
+
+
+class FederationGrid(Grid):
+    """A Grid restricted to the run's nodes, ordered by partition, stamping each message."""
+
+    def __init__(self, grid: Grid, partition_of: Mapping[int, int], *, assign: bool = False,
+                 cell: Mapping[str, Any] | None = None) -> None:
+        self._grid = grid.grid if isinstance(grid, FederationGrid) else grid
+        self.partition_of = dict(partition_of)
+        self.assign = assign
+        self.cell = dict(cell) if cell else None
+        self._order = sorted(self.partition_of, key=lambda n: (self.partition_of[n], n))
+
+    @property
+    def grid(self) -> Grid:
+        """The runtime's own grid."""
+        return self._grid
+
+    def get_node_ids(self) -> Iterable[int]:
+        live = set(self._grid.get_node_ids())
+        return [n for n in self._order if n in live]
+
+    def stamp(self, msg: Message) -> Message:
+        """Add the node's partition (in simulation) and the sweep cell to ``msg``.
+
+        A strategy may give all its messages one shared content object, so each stamped
+        message gets a shallow copy of its own (the arrays themselves are not copied).
+        """
+        node = msg.metadata.dst_node_id
+        extra: dict[str, ConfigRecord] = {}
+        if self.assign and node in self.partition_of:
+            extra[NODE_RECORD] = ConfigRecord({"partition-id": self.partition_of[node],
+                                               "num-partitions": len(self.partition_of)})
+        if self.cell is not None:
+            extra[CELL_RECORD] = ConfigRecord(self.cell)
+        if extra:
+            msg.content = RecordDict({**msg.content, **extra})
+        return msg
+
+    # Everything else is the runtime grid's, with each outgoing message stamped.
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self._grid.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages([self.stamp(m) for m in messages])
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self._grid.send_and_receive([self.stamp(m) for m in messages], timeout=timeout)
