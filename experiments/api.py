@@ -135,7 +135,7 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
     echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
-    pre = preflight_isolated(cfg)
+    pre = preflight_isolated(cfg)  # before any process starts: bad data is bad input
     echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
     if pre.privacy:

@@ -1,4 +1,4 @@
-"""Where the Flower app lives: the source tree, or a staged copy for a non-editable install."""
+"""The Flower app `flwr run` is given: a staged copy of the app packages and a pyproject.toml."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import atexit
 import importlib
 import shutil
 import tempfile
-import tomllib
 from pathlib import Path
 
 from tasks.config import defaults, to_toml
@@ -14,24 +13,15 @@ from tasks.config import defaults, to_toml
 APP_PACKAGES = ("tasks", "server", "clients", "strategies", "privacy")
 
 
-def _is_app_dir(path: Path) -> bool:
-    pyproject = path / "pyproject.toml"
-    if not pyproject.is_file():
-        return False
-    with open(pyproject, "rb") as f:
-        return "app" in tomllib.load(f).get("tool", {}).get("flwr", {})
-
-
 def app_dir() -> Path:
-    """The folder `flwr run` builds the Flower App Bundle from.
+    """The folder `flwr run` builds the Flower App Bundle from: the app packages' sources
+    copied next to a generated pyproject.toml in a temporary folder.
 
-    In a source checkout (``pip install -e .``) that is the repository root. For a
-    regular install the app packages are copied next to a generated pyproject.toml
-    in a temporary folder.
+    Flower lists every file under the folder it is given before applying
+    ``fab-include``; given a source checkout with its virtualenv that took 4.5 s of every
+    run's start-up (20 ms to stage). The repository root stays a valid Flower app for
+    ``flwr run .`` by hand.
     """
-    root = Path(__file__).resolve().parents[1]
-    if _is_app_dir(root):
-        return root
     return stage_app()
 
 
@@ -41,7 +31,8 @@ def stage_app() -> Path:
     atexit.register(shutil.rmtree, stage, ignore_errors=True)
     for name in APP_PACKAGES:
         src = Path(importlib.import_module(name).__file__).parent  # type: ignore[arg-type]
-        shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__",
+                                                                         "*.pyc"))
     (stage / "pyproject.toml").write_text(
         '[project]\nname = "fedpriv"\nversion = "0.1.0"\n\n'
         '[tool.flwr.app]\npublisher = "fedpriv"\n\n'

@@ -19,7 +19,7 @@ from clients.anonymized import released_data
 from clients.local_dp import LocalDPError, new_ledger
 from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
-from privacy.dp.dpsgd import UnsupportedModelError, check_model, resolve_mode
+from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.models import count_parameters
@@ -99,6 +99,7 @@ def _privacy_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
 def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
     try:
         check_model(model)
+        check_mode(resolve_mode(cfg.privacy.grad_sample_mode, name), model)
     except UnsupportedModelError as exc:
         raise ConfigError(str(exc)) from None
     ledgers = {}

@@ -100,12 +100,29 @@ class PlotHook:
         self.last = time.perf_counter()
 
 
+def _label_heatmap(path: Path, counts: np.ndarray, title: str) -> None:
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig = Figure(figsize=(8.0, 4.0))
+    ax = fig.subplots()
+    image = ax.imshow(shares.T, aspect="auto", interpolation="nearest", cmap="viridis",
+                      extent=(-0.5, len(counts) - 0.5, counts.shape[1] - 0.5, -0.5))
+    fig.colorbar(image, ax=ax, label="share of the client's examples")
+    ax.set_xlabel(f"client (partition id, {len(counts):,} clients)")
+    ax.set_ylabel("class")
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
 def plot_label_distribution(path: Path, partitions: Sequence[Mapping[str, Any]],
                             title: str) -> None:
-    """Stacked bars: how many examples of each class every client holds."""
+    """Stacked bars: how many examples of each class every client holds (a heat map of
+    class shares beyond 200 clients, where bars would be too thin to see and slow to draw)."""
 
     counts = np.array([p["label-counts"] for p in partitions], dtype=float)
     n_clients, n_classes = counts.shape
+    if n_clients > 200:
+        _label_heatmap(path, counts, title)
+        return
     fig = Figure(figsize=(max(6.4, min(0.25 * n_clients + 2, 16)), 4.0))
     ax = fig.subplots()
     cmap = colormaps["tab20" if n_classes > 10 else "tab10"]

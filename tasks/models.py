@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 from .errors import ConfigError
 from .registry import MODELS
@@ -74,6 +73,8 @@ def resnet18_gn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     The residual blocks add without in-place ops: Opacus' backward hooks cannot follow
     torchvision's ``out += identity`` and in-place ReLU.
     """
+    from torchvision.models.resnet import BasicBlock, ResNet  # lazy: 2 s of imports
+
     class Block(BasicBlock):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             identity = x if self.downsample is None else self.downsample(x)

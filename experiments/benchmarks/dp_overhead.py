@@ -3,8 +3,8 @@
 Two views of the same workload (default: 10 clients x 400 embedded-MNIST images,
 5 rounds, 1 local epoch, batch 32):
 
-1. per client, in one process: one local epoch of plain SGD vs DP-SGD with ``hooks``
-   and ``ghost`` per-sample gradients (1 torch thread, as a simulated client runs);
+1. per client, in one process: one local epoch of plain SGD vs DP-SGD with ``hooks``,
+   ``ghost`` and ``bookkeeping`` clipping (1 torch thread, as a simulated client runs);
 2. per round, through fedpriv (Flower + Ray): steady-state round time with
    ``dp = none`` and ``dp = local`` for each mode (fixed noise multiplier, so no
    calibration cost is included).
@@ -31,7 +31,7 @@ from tasks.config import RunConfig
 from tasks.splits import client_split, model_for
 from tasks.training import make_loader, sgd, train_epochs
 
-MODES = ("hooks", "ghost")
+MODES = ("hooks", "ghost", "bookkeeping")
 
 
 def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:

@@ -26,14 +26,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from sklearn.preprocessing import MinMaxScaler
 from torch import nn
 
 from ..dp.accounting import auto_delta, calibrate_noise, epsilon
+
+if TYPE_CHECKING:  # scikit-learn costs about a second to import: only when a CVAE trains
+    from sklearn.preprocessing import MinMaxScaler
 from ..dp.dpsgd import import_opacus
 from .params import CVAEParams
 from .release import AnonymizationError, Release
@@ -76,6 +78,8 @@ def cvae_loss(recon: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: to
 
 def fit_scaler(x: np.ndarray) -> MinMaxScaler:
     """Per-feature min-max scaling to [0, 1], clipped (scikit-learn)."""
+    from sklearn.preprocessing import MinMaxScaler
+
     return MinMaxScaler(clip=True).fit(x)
 
 

@@ -45,18 +45,14 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting import (
-    DpEvent,
-    GaussianDpEvent,
-    NeighboringRelation,
-    PoissonSampledDpEvent,
-    SelfComposedDpEvent,
-)
-from dp_accounting.rdp import RdpAccountant
 
 from .modes import CLIENT_SAMPLINGS
+
+if TYPE_CHECKING:  # dp-accounting is imported where it is used: clients need only `clip`
+    from dp_accounting import DpEvent
 
 CLIP_KEY = "clipping-norm"  # round config: the norm clients clip their own update to
 UNCLIPPED_KEY = "unclipped"  # reply: 1 if the client's update norm was <= that norm
@@ -161,6 +157,8 @@ class DPFedAvgParams:
 
     def round_event(self) -> DpEvent:
         """The dp-accounting event of one released round (add/remove-one neighbours)."""
+        from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
+
         gaussian = GaussianDpEvent(self.accounted_multiplier)
         if self.sampling == "poisson" and not self.everyone:
             return PoissonSampledDpEvent(self.fraction, gaussian)
@@ -171,6 +169,8 @@ class DPFedAvgParams:
         takes part added or removed): that client's clipped update can move by up to 2C,
         so a Gaussian with multiplier z / 2 (less quantization's slack); no amplification
         is claimed, whatever the client sampling."""
+        from dp_accounting import GaussianDpEvent
+
         c = self.clipping_norm
         return GaussianDpEvent(self.noise_multiplier / 2 * c / (c + self.quantization_slack))
 
@@ -287,6 +287,9 @@ class CentralAccountant:
         return self._composed(self.params.round_event(), releases)
 
     def _composed(self, event: DpEvent, releases: int) -> float:
+        from dp_accounting import NeighboringRelation, SelfComposedDpEvent
+        from dp_accounting.rdp import RdpAccountant
+
         if releases == 0:
             return 0.0
         # dp-accounting logs a warning for every fractional order its series cannot

@@ -6,14 +6,19 @@ The grad-sample mode decides how per-sample gradient norms are computed:
 
 - ``hooks``: Opacus' default, materializes per-sample gradients with backward hooks;
 - ``ghost``: ghost clipping (Li et al. 2022; Bu et al. 2023), computes per-sample norms
-  without materializing per-sample gradients and does a second backward pass.
+  without materializing per-sample gradients and does a second backward pass;
+- ``bookkeeping``: fedpriv's one-pass book-keeping clipping (Bu et al. 2023,
+  :mod:`privacy.dp.bookkeeping`) inside Opacus' own loader, optimizer and accountant,
+  for models of Linear and Conv2d layers; the same step as ``hooks`` to float rounding
+  (tested, noise included).
 
-Both process the empty batches Poisson sampling produces as a noise-only step, as the
+All process the empty batches Poisson sampling produces as a noise-only step, as the
 analysis requires. Opacus' ``ew`` and ``functorch`` modes fail on an empty batch
-(measured: "Batch size must be positive, got 0"), so they are not offered. ``auto``
-picks the mode measured faster for the model (docs/BENCHMARKS.md): ghost clipping for
-models with large dense layers (the McMahan CNN, MLPs), hooks for the small CNN, the
-linear probe and ResNet-18.
+(measured: "Batch size must be positive, got 0") and were no faster than hooks where
+they run, so they are not offered. ``auto`` picks the mode measured fastest for the
+model (docs/BENCHMARKS.md): book-keeping for the McMahan CNN, MLPs and the linear
+probe, hooks for the small CNN and ResNet-18 (GroupNorm: book-keeping does not cover
+it).
 """
 
 from __future__ import annotations
@@ -67,11 +72,22 @@ def check_model(model: nn.Module) -> None:
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
-FASTER_MODE = {"small-cnn": "hooks",  # hooks 2.1x, ghost 2.3x
-               "cnn": "ghost",  # hooks 9.0x, ghost 2.4x (the 1.6M-weight FC layer)
-               "mlp": "ghost",  # hooks 6.0x, ghost 3.8x
-               "linear": "hooks",  # hooks 2.2x, ghost 2.8x
-               "resnet18": "hooks"}  # hooks 3.9x, ghost 4.6x
+FASTER_MODE = {"small-cnn": "hooks",  # hooks 1.9x, ghost 2.2x, bookkeeping 2.1x
+               "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.4x, bookkeeping 1.9x
+               "mlp": "bookkeeping",  # hooks 14x, ghost 4.7x, bookkeeping 3.2x
+               "linear": "bookkeeping",  # hooks 2.6x, ghost 2.8x, bookkeeping 1.6x
+               "resnet18": "hooks"}  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)
+
+
+def check_mode(mode: str, model: nn.Module) -> None:
+    """Raise :class:`UnsupportedModelError` when ``mode`` cannot train ``model``."""
+    from .bookkeeping import supports
+
+    if mode == "bookkeeping" and not supports(model):
+        raise UnsupportedModelError(
+            "grad-sample-mode = 'bookkeeping' covers models whose trained layers are all "
+            "Linear or ungrouped Conv2d (small-cnn, cnn, mlp, linear); this model has others "
+            "(e.g. GroupNorm in resnet18). Use grad-sample-mode = 'hooks', 'ghost' or 'auto'.")
 
 
 def resolve_mode(mode: str, model_name: str) -> str:
@@ -110,8 +126,44 @@ class PrivateTraining:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """Strip Opacus' GradSampleModule wrapper."""
+    """Strip Opacus' GradSampleModule wrapper (or book-keeping's, removing its hooks)."""
+    from .bookkeeping import BookKeeping
+
+    if isinstance(model, BookKeeping):
+        return model.remove()
     return getattr(model, "_module", model)
+
+
+def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
+                 noise_multiplier: float, max_grad_norm: float, seed: int | None,
+                 accountant: str, secure: bool) -> PrivateTraining:
+    """DP-SGD with book-keeping clipping (:mod:`privacy.dp.bookkeeping`), assembled from
+    the same Opacus parts ``PrivacyEngine.make_private`` uses — the Poisson data loader,
+    ``DPOptimizer``'s noise and scaling, the accountant and its step hook — with the
+    same seeds, so batches, noise draws and accounting are those of the other modes."""
+    from types import SimpleNamespace
+
+    from opacus.accountants import create_accountant
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
+
+    from .bookkeeping import BookKeeping, make_optimizer_class
+
+    rng = secure_generator() if secure else None
+    if rng is None and seed is not None and loader.generator is not None:
+        loader.generator.manual_seed(seed)
+    dp_loader = DPDataLoader.from_data_loader(loader, generator=rng or loader.generator)
+    sample_rate = 1 / len(dp_loader)  # as PrivacyEngine.make_private computes it
+    wrapped = BookKeeping(model)
+    dp_opt = make_optimizer_class(DPOptimizer)(
+        optimizer, bookkeeping=wrapped, noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=int(len(dp_loader.dataset) * sample_rate),
+        loss_reduction="mean", generator=rng, secure_mode=secure)
+    acc = create_accountant(mechanism=accountant)
+    dp_opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=sample_rate))
+    return PrivateTraining(wrapped, dp_opt, dp_loader, nn.CrossEntropyLoss(),
+                           SimpleNamespace(accountant=acc), "bookkeeping")
 
 
 def secure_generator() -> torch.Generator:
@@ -131,7 +183,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
                  secure: bool = False) -> PrivateTraining:
     """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling at rate B / n.
 
-    ``grad_sample_mode`` is ``hooks`` or ``ghost`` (see :func:`resolve_mode` for auto).
+    ``grad_sample_mode`` is ``hooks``, ``ghost`` or ``bookkeeping`` (see
+    :func:`resolve_mode` for auto).
 
     ``seed`` makes the Poisson sampling reproducible (the noise is drawn from torch's
     global generator, seeded by the caller). ``secure`` instead draws batches and noise
@@ -144,6 +197,11 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     from opacus import PrivacyEngine
 
     mode = resolve_mode(grad_sample_mode, "")
+    if mode == "bookkeeping":
+        check_mode(mode, model)
+        return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
+                            max_grad_norm=max_grad_norm, seed=seed, accountant=accountant,
+                            secure=secure)
     engine = PrivacyEngine(accountant=accountant)
     if secure:  # Opacus' secure mode without torchcsprng (see secure_generator)
         engine.secure_mode = True

@@ -10,6 +10,7 @@ come from the registries (datasets, partitioners, models, strategies, anonymizer
 from __future__ import annotations
 
 import difflib
+import functools
 import tomllib
 from collections.abc import Mapping
 from typing import Any
@@ -87,6 +88,19 @@ def validate(values: Mapping[str, Any] | RunConfig) -> RunConfig:
     """
     if isinstance(values, RunConfig):
         return values
+    try:  # a client validates its run config with every message: parse each config once
+        key = frozenset(values.items())
+    except TypeError:  # an unhashable value (a list from TOML): not cached
+        return _validate(values)
+    return _validate_cached(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _validate_cached(items: frozenset) -> RunConfig:
+    return _validate(dict(items))
+
+
+def _validate(values: Mapping[str, Any]) -> RunConfig:
     parsed, errors = _parse(values)
     _raise(errors)
     flat = {**defaults(), **parsed}

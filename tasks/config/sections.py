@@ -117,9 +117,11 @@ class PrivacyConfig(Section):
     accountant: str = key("rdp", "Privacy accountant: rdp (Renyi DP, Mironov 2017) or prv "
                           "(privacy random variables, Gopi et al. 2021; tighter, slower).",
                           choices=ACCOUNTANTS)
-    grad_sample_mode: str = key("auto", "How Opacus computes per-sample gradient norms: hooks "
-                                "or ghost (ghost clipping). auto = the faster for the model "
-                                "(measured).", choices=GRAD_SAMPLE_MODES)
+    grad_sample_mode: str = key("auto", "How DP-SGD computes per-sample gradient norms: hooks "
+                                "(Opacus, per-sample gradients), ghost (Opacus' ghost "
+                                "clipping) or bookkeeping (one backward pass; Linear and "
+                                "Conv2d models). All give the same DP-SGD step. auto = the "
+                                "faster for the model (measured).", choices=GRAD_SAMPLE_MODES)
     central_clipping: str = key("server-fixed", "dp = central: where client updates are "
                                 "clipped (the server re-clips what it can see either way; "
                                 "client-side clipping is needed with secure aggregation) and "
