@@ -188,6 +188,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "
         f"{cfg.federation.strategy} · {len(clients)} clients ({cfg.data.partitioner}, "
         + (f"sizes {min(sizes)}–{max(sizes)}" if len(sizes) == len(clients)
+           else "partitions assigned by the server" if grid.assign
            else "sizes not disclosed") + f") · {cfg.federation.num_server_rounds} rounds")
     disclosure = policy(cfg.privacy.dp, cfg.secagg.enabled, cfg.privacy.report_client_metrics)
     if disclosure.restricted:

@@ -105,7 +105,9 @@ from flwr.serverapp.strategy import FedAvg
 app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    FedAvg(fraction_evaluate=0.0, min_available_nodes=int(context.run_config["n"])).start(
+    n = int(context.run_config["n"])
+    FedAvg(fraction_train=float(context.run_config["fraction"]), fraction_evaluate=0.0,
+           min_available_nodes=n).start(
         grid=grid, initial_arrays=ArrayRecord([np.zeros(26010, np.float32)]),
         num_rounds=int(context.run_config["rounds"]))
 '''
@@ -120,8 +122,9 @@ def train(msg, context):
 '''
 
 
-def bench_bare_flower(n: int, rounds: int) -> dict:
-    """Flower's floor: the same federation size, clients that return the model untouched."""
+def bench_bare_flower(n: int, rounds: int, fraction: float = 1.0) -> dict:
+    """Flower's floor: the same federation size, clients that return the model untouched
+    (``fraction`` of them a round)."""
     with tempfile.TemporaryDirectory() as tmp:
         app = Path(tmp) / "bare"
         (app / "bareapp").mkdir(parents=True)
@@ -140,13 +143,14 @@ def bench_bare_flower(n: int, rounds: int) -> dict:
             [tool.flwr.app.config]
             n = {n}
             rounds = {rounds}
+            fraction = {fraction}
             """))
         t0 = time.perf_counter()
         with LocalSuperLink(cwd=app) as link:
             started = time.perf_counter() - t0
             t1 = time.perf_counter()
-            link.submit(app, {"n": n, "rounds": rounds}, {"num-supernodes": n,
-                                                         "client-resources-num-cpus": 1},
+            link.submit(app, {"n": n, "rounds": rounds, "fraction": fraction},
+                        {"num-supernodes": n, "client-resources-num-cpus": 1},
                         lambda line: None)
             run_s = time.perf_counter() - t1
         return {"total-s": time.perf_counter() - t0, "superlink-s": started, "flwr-run-s": run_s}
@@ -209,7 +213,8 @@ def main() -> None:
         cfg = resolve(args.config, sets)
         print("bare Flower app ...", flush=True)
         report["bare-flower"] = bench_bare_flower(cfg.federation.num_clients,
-                                                  cfg.federation.num_server_rounds)
+                                                  cfg.federation.num_server_rounds,
+                                                  cfg.federation.fraction_train)
 
     def col(key: str, fmt: str) -> list[str]:
         return [fmt.format(fp[key]), fmt.format(pl[key]) if pl else ""]

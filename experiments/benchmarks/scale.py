@@ -7,7 +7,7 @@ includes starting the Ray actors) and the peak memory of the whole process tree.
 simulation the server assigns partitions to nodes, so nothing in start-up should grow
 with the number of clients.
 
-    python -m experiments.benchmarks.scale [--clients 10 10000]
+    python -m experiments.benchmarks.scale [--clients 10 10000] [--bare-flower]
 """
 
 from __future__ import annotations
@@ -17,17 +17,26 @@ import json
 import tempfile
 from pathlib import Path
 
-from experiments.benchmarks.fedavg_overhead import _gib, bench_fedpriv, print_table
+from experiments.benchmarks.fedavg_overhead import (
+    _gib,
+    bench_bare_flower,
+    bench_fedpriv,
+    print_table,
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 10_000])
+    parser.add_argument("--bare-flower", action="store_true",
+                        help="also time a bare Flower app (clients that do nothing) at each "
+                             "size, 100 clients a round: Flower's own cost of the size")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = [("clients", "total (s)", "round 1 (s)", "round 2 (s)", "start-up (s)",
              "peak PSS", "peak RSS", "accuracy")]
-    report = {}
+    report: dict = {}
+    bare_rows = [("clients", "bare Flower app, total (s)")]
     for n in args.clients:
         print(f"fedpriv run, {n:,} clients ...", flush=True)
         sets = ["--config", "fashion-mnist", "--set", f"num-clients={n}",
@@ -38,10 +47,16 @@ def main() -> None:
             r = bench_fedpriv(sets, Path(tmp))
         startup = r["total-s"] - sum(r["rounds-s"][1:])
         report[n] = {**r, "startup-s": startup}
+        if args.bare_flower:
+            print(f"bare Flower app, {n:,} clients ...", flush=True)
+            report[n]["bare-flower"] = bench_bare_flower(n, 2, min(1.0, 100 / n))
+            bare_rows.append((f"{n:,}", f"{report[n]['bare-flower']['total-s']:.1f}"))
         rows.append((f"{n:,}", f"{r['total-s']:.1f}", f"{r['rounds-s'][0]:.2f}",
                      f"{r['rounds-s'][1]:.2f}", f"{startup:.1f}", _gib(r["peak-pss"]),
                      _gib(r["peak-rss"]), f"{r['accuracy'][-1]:.4f}"))
     print_table(rows)
+    if args.bare_flower:
+        print_table(bare_rows)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
 

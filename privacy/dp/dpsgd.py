@@ -72,10 +72,10 @@ def check_model(model: nn.Module) -> None:
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
-FASTER_MODE = {"small-cnn": "hooks",  # hooks 1.9x, ghost 2.2x, bookkeeping 2.1x
-               "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.4x, bookkeeping 1.9x
-               "mlp": "bookkeeping",  # hooks 14x, ghost 4.7x, bookkeeping 3.2x
-               "linear": "bookkeeping",  # hooks 2.6x, ghost 2.8x, bookkeeping 1.6x
+FASTER_MODE = {"small-cnn": "hooks",  # hooks 2.2x, ghost 2.5x, bookkeeping 2.3x
+               "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.3x, bookkeeping 1.85x
+               "mlp": "bookkeeping",  # hooks 11x, ghost 3.9x, bookkeeping 2.5x
+               "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
                "resnet18": "hooks"}  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)
 
 
