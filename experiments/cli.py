@@ -191,7 +191,9 @@ def _cmd_presets() -> int:
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    from .procs import Terminated
+
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,10 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("\nfedpriv: interrupted; every process fedpriv started has been stopped.",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from .procs import Terminated
+
+        term = isinstance(exc, Terminated)
+        print(f"\nfedpriv: {'stopped by SIGTERM' if term else 'interrupted'}; every process "
+              "fedpriv started has been stopped.", file=sys.stderr)
+        return 143 if term else 130
     except BrokenPipeError:  # e.g. `fedpriv keys | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

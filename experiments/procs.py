@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into the same unwinding as Ctrl-C (cleanup runs), told apart."""
+
+
+def interruption(exc: BaseException) -> str:
+    """How a run was stopped from outside, for run.json and the terminal."""
+    return ("stopped by SIGTERM" if isinstance(exc, Terminated)
+            else "interrupted by the user (Ctrl-C)")
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM while cleanup runs (a second Ctrl-C must not cut it
+    short); only possible in the main thread, elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -15,7 +15,7 @@ from server.plots import plot_label_distribution
 from server.results import RunFolder, read_run_info
 from tasks.config import RunConfig
 
-from .procs import stream_child
+from .procs import interruption, stream_child
 from .release_plot import plot_in_child
 from .superlink import LocalSuperLink
 
@@ -102,9 +102,9 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     try:
         link.submit(app, {**cfg.flat(), "run-dir": str(run_dir)}, federation_config(cfg, cuda),
                     log)
-        status, error = recorded_outcome(run_dir, run_dir / "flwr.log")
-    except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted by the user (Ctrl-C)"
+        status, error = recorded_outcome(run_dir, run_dir / "flwr.log", link.died())
+    except KeyboardInterrupt as exc:
+        status, error = "interrupted", interruption(exc)
         raise
     finally:
         log.close()
@@ -112,9 +112,10 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     return after_run(cfg, run_dir, status, error, time.perf_counter() - t0, echo, label_counts)
 
 
-def recorded_outcome(run_dir: Path, log_path: Path) -> tuple[str, str | None]:
+def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None
+                     ) -> tuple[str, str | None]:
     """(status, error) as the ServerApp recorded them in run.json; "crashed" when it
-    recorded nothing."""
+    recorded nothing (``died``: a process fedpriv started that is gone, the likely cause)."""
     info = read_run_info(run_dir)
     status = info.get("status", "crashed")
     if status == "running":
@@ -122,7 +123,9 @@ def recorded_outcome(run_dir: Path, log_path: Path) -> tuple[str, str | None]:
     error = info.get("error")
     if status == "crashed":
         error = f"the ServerApp stopped without recording an outcome; see {log_path}"
-        if log_path.exists() and "Invalid run configuration" in log_path.read_text():
+        if died:
+            error = f"{died}; the ServerApp could not finish (see {log_path})"
+        elif log_path.exists() and "Invalid run configuration" in log_path.read_text():
             error = ("Flower refused the run config: a key is missing from pyproject.toml's "
                      "[tool.flwr.app.config] (regenerate it with `fedpriv keys --toml`)")
     return status, error

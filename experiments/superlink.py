@@ -24,7 +24,7 @@ from typing import Any
 
 from tasks.config import to_toml
 
-from . import procs
+from . import keeper, procs
 
 
 class SuperLinkError(RuntimeError):
@@ -87,6 +87,7 @@ class LocalSuperLink:
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.client: subprocess.Popen | None = None
+        self.keeper: subprocess.Popen | None = None
         self.started_s = 0.0
         self._runs = 0
 
@@ -128,8 +129,26 @@ class LocalSuperLink:
                 "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                 "--port", str(free_port()),
                 "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"]))
+        self._keep(self.proc, *self.nodes)
         self.started_s = time.perf_counter() - t0
         return self
+
+    @property
+    def record_path(self) -> Path:
+        assert self.home is not None
+        return self.home / "processes.json"
+
+    def _keep(self, *started: subprocess.Popen) -> None:
+        """Have the keeper record these processes (and all they start); start it first."""
+        with open(self.record_path.with_suffix(".roots"), "a") as f:
+            f.writelines(f"{p.pid}\n" for p in started)
+        if self.keeper is None:
+            # Its own session: a Ctrl-C on the terminal is for fedpriv, not for it.
+            self.keeper = subprocess.Popen(
+                [sys.executable, "-m", "experiments.keeper", str(self.record_path),
+                 str(os.getpid())], cwd=Path(__file__).resolve().parents[1],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
 
     def _spawn(self, log_name: str, cmd: list[str]) -> subprocess.Popen:
         assert self.home is not None
@@ -137,6 +156,13 @@ class LocalSuperLink:
             return subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
+
+    def died(self) -> str | None:
+        """Why the run cannot have ended well when a process fedpriv started has died."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return (f"the Flower SuperLink (pid {self.proc.pid}) exited with code "
+                    f"{self.proc.returncode} during the run")
+        return None
 
     def log_tail(self, lines: int = 20) -> str:
         path = (self.home or Path("/nonexistent")) / "superlink.log"
@@ -161,6 +187,7 @@ class LocalSuperLink:
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                   bufsize=1, errors="replace")
         self.client = client
+        self._keep(client)
         try:
             assert client.stdout is not None
             for line in client.stdout:
@@ -172,15 +199,26 @@ class LocalSuperLink:
             self.client = None
 
     def stop(self) -> None:
-        """Stop everything this SuperLink started, by PID, and remove its FLWR_HOME."""
-        if self.client is not None and self.client.poll() is None:
-            procs.stop_tree(self.client)
-        for node in self.nodes:
-            procs.stop_tree(node)
-        if self.proc is not None:
-            procs.stop_tree(self.proc)
-        if self.home is not None:
-            shutil.rmtree(self.home, ignore_errors=True)
+        """Stop everything this SuperLink started, by PID, and remove its FLWR_HOME.
+
+        The trees are walked from the processes fedpriv started; then everything the
+        keeper recorded and is still alive is stopped too (a SuperLink that died leaves
+        SuperExec, the simulation and Ray re-parented, out of reach of any walk).
+        """
+        with procs.signals_deferred():
+            if self.client is not None and self.client.poll() is None:
+                procs.stop_tree(self.client)
+            for node in self.nodes:
+                procs.stop_tree(node)
+            if self.proc is not None:
+                procs.stop_tree(self.proc)
+            if self.home is not None:
+                keeper.stop_recorded(keeper.read_record(self.record_path))
+            if self.keeper is not None:
+                procs.stop_tree(self.keeper)
+                self.keeper = None
+            if self.home is not None:
+                shutil.rmtree(self.home, ignore_errors=True)
 
     def __enter__(self) -> LocalSuperLink:
         return self.start()

@@ -26,6 +26,7 @@ from .app_bundle import app_dir
 from .configs import SWEEPS, absolutize, find_file, read_preset, read_toml
 from .leakage_sweep import sweep_rows, write_leakage_table
 from .preflight import Preflight, preflight_isolated, preflight_many
+from .procs import interruption
 from .runner import (
     LogFilter,
     RunOutcome,
@@ -329,8 +330,8 @@ def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: lis
         try:
             res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose,
                           label_counts=pre.label_counts)
-        except KeyboardInterrupt:
-            c.status, c.error = "interrupted", "interrupted by the user"
+        except KeyboardInterrupt as exc:
+            c.status, c.error = "interrupted", interruption(exc)
             raise
         except Exception as exc:
             c.status, c.error = "crashed", f"{type(exc).__name__}: {exc}"
@@ -378,17 +379,17 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
             link.submit(app, {**host.config.flat(), "run-dir": "",
                               "sweep-cells": str(plan)},
                         federation_config(host.config, cuda), log)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             for c in group:
                 if read_run_info(c.run_dir).get("status", "running") == "running":
-                    c.status, c.error = "interrupted", "interrupted by the user"
+                    c.status, c.error = "interrupted", interruption(exc)
                     mark_unfinished(c.run_dir, c.status, c.error)
             raise
         finally:
             log.close()
         wall = time.perf_counter() - t0
         for c in group:
-            status, error = recorded_outcome(c.run_dir, out / "flwr.log")
+            status, error = recorded_outcome(c.run_dir, out / "flwr.log", link.died())
             mark_unfinished(c.run_dir, status, error)
             res = after_run(c.config, c.run_dir, status, error,
                             float(read_run_info(c.run_dir).get("wall-s", wall / len(group))),

@@ -179,6 +179,75 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
     assert len(ledger_json(run)) >= 2
 
 
+def _start_and_wait_for_round(results, marker):
+    """A long `fedpriv run` in a subprocess, once its first round has finished."""
+    cmd = [sys.executable, "-m", "experiments.cli", "run", "--set", "num-clients=3",
+           "--set", "num-server-rounds=500", "--set", f"results-dir={results}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if line.strip().startswith("1 |"):
+            break
+        assert time.monotonic() < deadline, "no round finished in time"
+    return proc
+
+
+def _gone(marker, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _processes_with(marker)
+
+
+def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, results):
+    marker = uuid.uuid4().hex
+    proc = _start_and_wait_for_round(results, marker)
+    homes = {psutil.Process(p).environ().get("FLWR_HOME") for p in _processes_with(marker)}
+    homes.discard(None)
+    assert homes and all(os.path.isdir(h) for h in homes)
+    proc.kill()  # SIGKILL: no cleanup code in fedpriv runs
+    proc.wait(timeout=30)
+    left = _gone(marker)  # the keeper stops SuperLink, SuperExec, simulation, Ray
+    assert left == [], [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
+    assert not any(os.path.exists(h) for h in homes)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "double-ctrl-c"])
+def test_sigterm_and_a_double_ctrl_c_stop_everything_and_say_so(tmp_path, results, how):
+    marker = uuid.uuid4().hex
+    proc = _start_and_wait_for_round(results, marker)
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:  # the second Ctrl-C lands while the first one's cleanup runs
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == (143 if how == "sigterm" else 130), rest
+    assert _gone(marker) == []
+    info = read_run_info(only_run(results))
+    assert info["status"] == "interrupted"
+    assert ("SIGTERM" in info["error"]) == (how == "sigterm")
+
+
+def test_kill_9_of_the_superlink_is_reported_and_cleaned_up(tmp_path, results):
+    marker = uuid.uuid4().hex
+    proc = _start_and_wait_for_round(results, marker)
+    link = [p for p in _processes_with(marker)
+            if "flower-superlink" in " ".join(psutil.Process(p).cmdline())]
+    assert len(link) == 1
+    os.kill(link[0], signal.SIGKILL)
+    rest = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 1, rest
+    assert f"SuperLink (pid {link[0]}) exited with code -9" in rest
+    assert _gone(marker) == []  # SuperExec, the simulation and Ray, re-parented: stopped
+    run = only_run(results)
+    time.sleep(3)  # an orphaned ServerApp would have overwritten run.json by now
+    info = read_run_info(run)
+    assert info["status"] == "crashed" and "SuperLink" in info["error"]
+
+
 def test_real_supernodes_on_loopback(tmp_path, results):
     """The same apps on a deployment-mode SuperLink with two real flower-supernode processes."""
     marker = uuid.uuid4().hex

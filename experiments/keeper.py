@@ -1,0 +1,134 @@
+"""The keeper: stops every process a LocalSuperLink started when its owner dies, however.
+
+``python -m experiments.keeper RECORD OWNER_PID`` runs beside fedpriv in a session of
+its own. Every 0.5 s it records each root the owner listed in ``RECORD.roots`` (one PID
+per line: the SuperLink, the SuperNodes, each ``flwr run``) and every descendant it can
+see, with their start times, in ``RECORD`` (JSON). Flower
+starts SuperExec in a new session and Ray re-parents some of its processes, so a walk
+from the SuperLink at the end would miss them once the SuperLink is gone; the record
+does not. When the owner is gone (even SIGKILLed, which no cleanup code in it
+survives), the keeper terminates every recorded process still alive — by PID, each
+checked against its recorded start time so a reused PID is never touched — kills what
+is left after a grace period, removes the owner's private folder, and exits. The owner
+stops the keeper itself (by PID) after its own cleanup, which reads the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+INTERVAL = 0.5
+GRACE = 5.0
+
+
+def read_record(path: Path) -> dict[int, float]:
+    """The processes recorded so far: PID -> start time."""
+    try:
+        return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def live(record: dict[int, float]) -> list[psutil.Process]:
+    """The recorded processes still running (same PID *and* start time)."""
+    out = []
+    for pid, started in record.items():
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - started) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def stop_recorded(record: dict[int, float], grace: float = GRACE) -> None:
+    """SIGTERM every recorded live process, then SIGKILL what is left after ``grace``."""
+    procs = live(record)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive + [p for p in live(record) if p not in alive]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _snapshot(roots: list[psutil.Process], record: dict[int, float]) -> bool:
+    """Add ``roots`` and their descendants to ``record``; True when anything was added."""
+    added = False
+    for root in roots:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            try:
+                if p.pid not in record:
+                    record[p.pid] = p.create_time()
+                    added = True
+            except psutil.Error:
+                continue
+    return added
+
+
+def _roots(path: Path) -> dict[int, float]:
+    """The roots the owner listed, with their start times (PIDs that are gone: left out)."""
+    out = {}
+    try:
+        pids = [int(x) for x in path.read_text().split()]
+    except (OSError, ValueError):
+        return out
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).create_time()
+        except psutil.Error:
+            continue
+    return out
+
+
+def _owner_alive(pid: int, started: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1e-3
+    except psutil.Error:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    path, owner = Path(argv[0]), int(argv[1])
+    home = path.parent
+    try:
+        owner_started = psutil.Process(owner).create_time()
+    except psutil.Error:
+        owner_started = -1.0
+    record: dict[int, float] = {}
+    roots_file = path.with_suffix(".roots")
+    while _owner_alive(owner, owner_started):
+        before = len(record)
+        for pid, started in _roots(roots_file).items():
+            record.setdefault(pid, started)
+        # every recorded process still running is walked: a child outlives its parent
+        _snapshot(live(record), record)
+        if len(record) != before:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+        time.sleep(INTERVAL)
+    stop_recorded(record)
+    shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
