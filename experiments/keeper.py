@@ -9,7 +9,9 @@ from the SuperLink at the end would miss them once the SuperLink is gone; the re
 does not. When the owner is gone (even SIGKILLed, which no cleanup code in it
 survives), the keeper terminates every recorded process still alive — by PID, each
 checked against its recorded start time so a reused PID is never touched — kills what
-is left after a grace period, removes the owner's private folder, and exits. The owner
+is left after a grace period, marks the owner's runs that were still ``running`` as
+``crashed`` (``RECORD.runs`` lists their folders), removes the owner's private folder,
+and exits. The owner
 stops the keeper itself (by PID) after its own cleanup, which reads the same record.
 """
 
@@ -126,8 +128,32 @@ def main(argv: list[str]) -> int:
             os.replace(tmp, path)
         time.sleep(INTERVAL)
     stop_recorded(record)
+    mark_orphaned_runs(path.with_suffix(".runs"), owner)
     shutil.rmtree(home, ignore_errors=True)
     return 0
+
+
+def mark_orphaned_runs(runs_file: Path, owner: int) -> None:
+    """Record the outcome the dead owner could not: each of its runs still ``running``
+    becomes ``crashed``, with the cause (its finished rounds stay in metrics.jsonl)."""
+    try:
+        folders = [Path(line) for line in runs_file.read_text().splitlines() if line]
+    except OSError:
+        return
+    for folder in folders:
+        info_path = folder / "run.json"
+        try:
+            info = json.loads(info_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("status") != "running":
+            continue
+        info.update({"status": "crashed", "error": f"fedpriv (pid {owner}) was killed "
+                     "before the run ended; the processes it started were stopped. The "
+                     "rounds that finished are in metrics.jsonl."})
+        tmp = folder / ".run.json.keeper"
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        os.replace(tmp, info_path)
 
 
 if __name__ == "__main__":

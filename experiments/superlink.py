@@ -10,6 +10,7 @@ ends, on success, on error and on Ctrl-C.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -22,9 +23,33 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tasks.config import to_toml
 
 from . import keeper, procs
+
+HOME_PREFIX = "fp-"
+OWNER_FILE = "owner.json"
+
+
+def remove_stale_homes(root: Path | None = None) -> list[Path]:
+    """Remove private Flower folders whose owning fedpriv process is gone (a crash that
+    even the keeper did not survive); folders without an owner file are left alone."""
+    removed = []
+    for home in Path(root or tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
+        try:
+            owner = json.loads((home / OWNER_FILE).read_text())
+            alive = abs(psutil.Process(int(owner["pid"])).create_time()
+                        - float(owner["started"])) < 1e-3
+        except psutil.Error:
+            alive = False
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not alive:
+            shutil.rmtree(home, ignore_errors=True)
+            removed.append(home)
+    return removed
 
 
 class SuperLinkError(RuntimeError):
@@ -105,7 +130,11 @@ class LocalSuperLink:
 
     def start(self) -> LocalSuperLink:
         t0 = time.perf_counter()
-        self.home = Path(tempfile.mkdtemp(prefix="fp-"))
+        remove_stale_homes()
+        self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
+        me = psutil.Process()
+        (self.home / OWNER_FILE).write_text(json.dumps({"pid": me.pid,
+                                                        "started": me.create_time()}))
         (self.home / "ray").mkdir()
         self.port = free_port()
         (self.home / "config.toml").write_text(
@@ -137,6 +166,11 @@ class LocalSuperLink:
     def record_path(self) -> Path:
         assert self.home is not None
         return self.home / "processes.json"
+
+    def watch_run(self, run_dir: Path) -> None:
+        """Have the keeper mark this run crashed if fedpriv dies before it ends."""
+        with open(self.record_path.with_suffix(".runs"), "a") as f:
+            f.write(f"{Path(run_dir).resolve()}\n")
 
     def _keep(self, *started: subprocess.Popen) -> None:
         """Have the keeper record these processes (and all they start); start it first."""
@@ -175,6 +209,8 @@ class LocalSuperLink:
                federation: Mapping[str, Any], on_line: Callable[[str], None]) -> int:
         """Run ``flwr run APP fedpriv --stream`` with this config; pass each output line on."""
         assert self.home is not None
+        if run_config.get("run-dir"):
+            self.watch_run(Path(str(run_config["run-dir"])))
         self._runs += 1
         overrides = self.home / f"run-{self._runs}.toml"
         overrides.write_text(to_toml(run_config))

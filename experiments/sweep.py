@@ -364,6 +364,7 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
         for c in group:
             c.run_dir = out / "cells" / f"{c.index:02d}"
             c.run_dir.mkdir(parents=True)
+            link.watch_run(c.run_dir)
         plan = out / f"cells-{g}.json"
         plan.write_text(json.dumps({"cells": [
             {"index": c.index, "label": c.label,

@@ -7,6 +7,7 @@ updates, evaluate the new global model on the held-out test set, append one reco
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tasks.config import RunConfig, validate
 
 from .console import say
 from .federation import now, run_federation
-from .results import RunFolder, default_run_name, read_run_info
+from .results import OutcomeAlreadyRecorded, RunFolder, default_run_name, read_run_info
 
 app = ServerApp()
 
@@ -49,10 +50,14 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
     say(f"results: {run.path}")
     try:
         info = run_federation(grid, context, cfg, run, cell)
+    except OutcomeAlreadyRecorded as exc:
+        say(f"error: {exc}")
+        raise
     except BaseException as exc:
         info = {**read_run_info(run.path), "status": "failed", "finished": now(),
                 "error": f"{type(exc).__name__}: {exc}"}
-        run.write_json("run.json", info)
+        with contextlib.suppress(OutcomeAlreadyRecorded):
+            run.write_info(info)
         say(f"error: {type(exc).__name__}: {exc}")
         raise
     final = info.get("final", {})

@@ -121,7 +121,8 @@ def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[Cli
     central = strategy.privacy if isinstance(strategy, CentralDP) else None
     fed = cfg.federation
     return PlainRounds(strategy, grid, partition_of, cfg.training.seed, fed.round_timeout,
-                       {"local-epochs": cfg.training.local_epochs}), central
+                       {"local-epochs": cfg.training.local_epochs},
+                       min_replies=min(fed.min_train_clients, len(clients))), central
 
 
 def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title: str
@@ -174,7 +175,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     t0 = time.perf_counter()
     info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
                             "versions": {name: version(name) for name in VERSIONS}}
-    run.write_json("run.json", info)
+    run.write_info(info)
     _seed_everything(cfg.training.seed)
     task = ServerTask.load(cfg)
     _describe(cfg, task, info)
@@ -235,6 +236,6 @@ def _finish(cfg: RunConfig, run: RunFolder, info: dict[str, Any], task: ServerTa
                                             None)
     info.update({"status": "finished", "finished": now(), "wall-s": time.perf_counter() - t0,
                  **outcome(records)})
-    run.write_json("run.json", info)
+    run.write_info(info)
     write_summary(run, cfg, info, records)
     return info

@@ -51,7 +51,7 @@ class RoundRecorder:
 
     def initial(self, test: dict[str, float]) -> None:
         self.info["initial"] = test
-        self.run.write_json("run.json", self.info)
+        self.run.write_info(self.info)
         say(table_header(self.privacy.enabled))
         say(table_row(0, test, None, "-", None, 0.0 if self.privacy.enabled else None))
 

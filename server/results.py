@@ -14,6 +14,11 @@ from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
 from .ledger import METRICS, RoundRecord
 
 RUN_INFO = "run.json"
+OUTCOMES = ("finished", "failed", "crashed", "interrupted")  # run.json's final statuses
+
+
+class OutcomeAlreadyRecorded(RuntimeError):
+    """run.json already holds the run's outcome (e.g. its owner recorded a crash)."""
 
 
 def new_run_dir(results_dir: str | Path, name: str) -> Path:
@@ -68,6 +73,17 @@ class RunFolder:
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+    def write_info(self, info: Mapping[str, Any]) -> None:
+        """Write run.json for a run in progress or ending; refused once an outcome is
+        recorded, so a ServerApp that lost its owner cannot overwrite the owner's
+        "crashed" or "interrupted" with its own ending."""
+        current = read_run_info(self.path).get("status")
+        if current in OUTCOMES:
+            raise OutcomeAlreadyRecorded(
+                f"{self.path / RUN_INFO} already records the outcome {current!r}; this "
+                "process no longer owns the run and stops without writing.")
+        self.write_json(RUN_INFO, info)
 
     def write_config(self, cfg: RunConfig) -> None:
         self.write_text("config.toml", "# Fully resolved run config of this run.\n"

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -60,12 +61,18 @@ class RoundLog:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # e.g. DP budget exhausted
     evaluated: list[dict[str, Any]] = field(default_factory=list)
 
-    def check_not_all_failed(self) -> None:
-        if not self.clients and self.failures:
+    def check_not_all_failed(self, min_replies: int = 1) -> None:
+        """Raise :class:`RoundFailed` when failures left fewer than ``min_replies``
+        clients (``min-train-clients``) with an answer: the federation can no longer do
+        what the run asked of it (e.g. its Ray actors died)."""
+        answered = len(self.clients) + len(self.skipped)
+        if self.failures and (not self.clients or answered < min_replies):
             reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"
                                 for f in self.failures[:3])
-            raise RoundFailed(f"round {self.round}: all {len(self.failures)} sampled clients "
-                              f"failed. First errors: {reasons}")
+            what = (f"all {len(self.failures)} sampled clients failed" if not self.clients
+                    else f"only {answered} of {answered + len(self.failures)} sampled "
+                    f"clients answered, fewer than min-train-clients = {min_replies}")
+            raise RoundFailed(f"round {self.round}: {what}. First errors: {reasons}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,28 @@ def metrics_of(msg: Message) -> dict[str, Any]:
     return out
 
 
+def update_problem(received: ArrayRecord | None, sent: ArrayRecord) -> str | None:
+    """Why a client's returned weights cannot be aggregated with the others, or None."""
+    if received is None:
+        return "no weights in the reply"
+    if list(received.keys()) != list(sent.keys()):
+        missing = [k for k in sent.keys() if k not in received]
+        extra = [k for k in received.keys() if k not in sent]
+        return f"weights named differently (missing {missing[:3]}, extra {extra[:3]})"
+    for key in sent.keys():
+        got, want = received[key], sent[key]
+        # the kind of number must match; its width may not (FedAdam's float64 model,
+        # the clients' float32 weights)
+        if tuple(got.shape) != tuple(want.shape) or \
+                np.dtype(got.dtype).kind != np.dtype(want.dtype).kind:
+            return (f"{key}: shape {tuple(got.shape)} {got.dtype}, expected "
+                    f"{tuple(want.shape)} {want.dtype}")
+        values = got.numpy()
+        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            return f"{key} holds NaN or Inf"
+    return None
+
+
 class PlainRounds:
     """Rounds of a Flower Message-API strategy, one :meth:`run_round` at a time.
 
@@ -106,7 +135,7 @@ class PlainRounds:
 
     def __init__(self, strategy: Strategy, grid: Grid, partition_of: Mapping[int, int],
                  seed: int, timeout: float, train_config: Mapping[str, Any],
-                 action: str = messages.FIT) -> None:
+                 action: str = messages.FIT, min_replies: int = 1) -> None:
         self.strategy = strategy
         self.grid = grid if isinstance(grid, FederationGrid) else FederationGrid(
             grid, partition_of)
@@ -115,18 +144,29 @@ class PlainRounds:
         self.timeout = timeout
         self.train_config = dict(train_config)
         self.action = action
+        self.min_replies = min_replies
 
     def _partition(self, node_id: int) -> int:
         return self.partition_of.get(node_id, -1)
 
-    def _split(self, replies: Iterable[Message]) -> tuple[list[Message], list[dict], list[dict]]:
-        """(updates to aggregate, clients that declined to train, error replies)."""
+    def _split(self, replies: Iterable[Message], sent: ArrayRecord | None = None
+               ) -> tuple[list[Message], list[dict], list[dict]]:
+        """(updates to aggregate, clients that declined to train, error replies); with
+        ``sent`` (the global model of a training round), a reply whose weights do not
+        match it (missing or extra keys, other shapes, another kind of number, NaN or
+        Inf) is refused
+        as a failure before anything is aggregated."""
         ok, skipped, failures = [], [], []
         for msg in replies:
             pid = self._partition(msg.metadata.src_node_id)
-            if msg.has_error():
+            bad = None
+            if not msg.has_error() and sent is not None and not metrics_of(msg).get(
+                    "dp-skipped"):
+                bad = update_problem(msg.content.array_records.get("arrays"), sent)
+            if msg.has_error() or bad:
                 failures.append({"partition-id": pid, "node-id": msg.metadata.src_node_id,
-                                 "error": msg.error.reason})
+                                 "error": msg.error.reason if msg.has_error()
+                                 else f"UpdateRejected: {bad}"})
             elif metrics_of(msg).get("dp-skipped"):
                 skipped.append({"partition-id": pid, **metrics_of(msg)})
             else:
@@ -149,9 +189,9 @@ class PlainRounds:
             msg.metadata.message_type = self.action
         log.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in out)
         ok, log.skipped, log.failures = self._split(
-            self.grid.send_and_receive(out, timeout=self.timeout))
+            self.grid.send_and_receive(out, timeout=self.timeout), arrays)
         log.clients = self._logged(ok)
-        log.check_not_all_failed()
+        log.check_not_all_failed(self.min_replies)
         new, _ = self.strategy.aggregate_train(server_round, ok)
         log.train_done = time.perf_counter()
         self._evaluate(server_round, new or arrays, log)

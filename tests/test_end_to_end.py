@@ -211,6 +211,9 @@ def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, res
     left = _gone(marker)  # the keeper stops SuperLink, SuperExec, simulation, Ray
     assert left == [], [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
     assert not any(os.path.exists(h) for h in homes)
+    info = read_run_info(only_run(results))  # and records the outcome fedpriv could not
+    assert info["status"] == "crashed" and f"fedpriv (pid {proc.pid}) was killed" in info["error"]
+    assert len(ledger_json(only_run(results))) >= 1
 
 
 @pytest.mark.parametrize("how", ["sigterm", "double-ctrl-c"])

@@ -131,13 +131,16 @@ secure-aggregation = true
     rows = {(r["dp"], r["secure-aggregation"]): r for r in csv.DictReader(open(out / "sweep.csv"))}
     assert all(r["status"] == "finished" for r in rows.values())
     step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels
-    sizes = [p["num-examples"] for p in json.loads(
-        (out / rows[("none", "False")]["run-dir"] / "partitions.json").read_text())["clients"]]
-    for dp, max_weight in (("none", 4000), ("local", max(sizes))):
+    # the clients' sizes, as the plain run's replies reported them (in simulation the
+    # server assigns partitions and asks nobody for sizes up front)
+    sizes = [c["num-examples"] for c in ledger_json(out / rows[("none", "False")]["run-dir"]
+                                                    )[0]["clients"]]
+    assert sum(sizes) == 4000
+    for dp, max_weight in (("none", 4000), ("local", 4000)):
         # same clients, same seeds: only quantization differs. Each of the k updates is
         # rounded by at most one step per coordinate, and the sum is divided by the sum of
-        # the weights n_i / max-weight (max-weight: the training set without DP, whose
-        # client sizes stay hidden; the largest client with local DP, where n is public).
+        # the weights n_i / max-weight (max-weight: the training set, which bounds every
+        # client without asking any; secagg-max-weight can set a tighter one).
         plain = torch.load(out / rows[(dp, "False")]["run-dir"] / "model.pt")["state-dict"]
         secure = torch.load(out / rows[(dp, "True")]["run-dir"] / "model.pt")["state-dict"]
         worst = max((plain[k] - secure[k]).abs().max().item() for k in plain)

@@ -46,12 +46,14 @@ def observed_run(path, values, rounds=1):
     task = ServerTask.load(cfg)
     run = RunFolder(path)
     run.write_config(cfg)
-    run.write_json("run.json", {"num-clients": n, "status": "finished"})
+    run.write_json("run.json", {"num-clients": n, "status": "running"})
     central = strategy.privacy if isinstance(strategy, CentralDP) else None
     recorder = RoundRecorder(run, {}, PrivacyLog(cfg, central, n), AnonymizationLog("none"))
     run_rounds(runner, ArrayRecord(task.model.state_dict()), rounds,
                CentralEvaluator(task.model, task.test, 512, resolve_device("cpu")), recorder,
                hooks=[task.observer(cfg, run, n)])
+    run.write_json("run.json", {**json.loads((path / "run.json").read_text()),
+                                "num-clients": n, "status": "finished"})
     return cfg
 
 

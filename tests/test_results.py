@@ -46,3 +46,38 @@ def test_ledger_is_appended_one_typed_line_per_round(tmp_path):
     assert res["steady-round-s"] == pytest.approx(3.5)
     run.write_json("run.json", {"status": "finished"})
     assert read_run_info(run.path) == {"status": "finished"}
+
+
+def test_an_outcome_is_recorded_once(tmp_path):
+    # A ServerApp that lost its owner must not overwrite the owner's "crashed".
+    from server.results import OutcomeAlreadyRecorded
+
+    run = RunFolder(tmp_path)
+    run.write_info({"status": "running"})
+    run.write_info({"status": "running", "rounds-completed": 1})  # progress: fine
+    run.write_json("run.json", {"status": "crashed", "error": "SuperLink died"})
+    with pytest.raises(OutcomeAlreadyRecorded, match="already records the outcome 'crashed'"):
+        run.write_info({"status": "finished"})
+    assert read_run_info(tmp_path)["status"] == "crashed"
+
+
+def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from experiments.superlink import OWNER_FILE, remove_stale_homes
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    me = psutil.Process()
+    for name, owner in (("fp-dead", {"pid": gone.pid, "started": started}),
+                        ("fp-live", {"pid": me.pid, "started": me.create_time()}),
+                        ("fp-unknown", None)):
+        (tmp_path / name).mkdir()
+        if owner:
+            (tmp_path / name / OWNER_FILE).write_text(json.dumps(owner))
+    assert remove_stale_homes(tmp_path) == [tmp_path / "fp-dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp-live", "fp-unknown"]

@@ -76,8 +76,9 @@ def test_target_accuracy_and_max_epsilon_stop_the_loop_explicitly(tmp_path):
     assert 2 <= len(ledger) < 10  # round 1 reaches about 0.54, not yet the target
     assert ledger[-1].accuracy >= 0.8 > max(r.accuracy for r in ledger[:-1])
 
+    # (a small clipping norm keeps the noisy model finite; epsilon does not depend on it)
     dp = validate({"num-clients": 3, "dp": "central", "noise-multiplier": 5.0,
-                   "max-epsilon": 1.5})
+                   "clipping-norm": 0.01, "max-epsilon": 1.5})
     out, ledger, _ = _loop(tmp_path / "b", dp, 10, stops=lambda privacy, central: {
         "stop_before": [central.stop_reason]})
     assert "past max-epsilon = 1.5" in out.stopped_early

@@ -134,6 +134,43 @@ def test_aggregation_order_round_log_and_message_type():
     assert {m.metadata.message_type for m in sent} == {messages.FIT}  # routed to @app.train("fit")
 
 
+def test_updates_with_nan_or_the_wrong_shape_or_dtype_are_refused_before_aggregation():
+    mapping = {1: 0, 2: 1, 3: 2, 4: 3}
+    bad = {2: np.array([np.nan, 1.0]), 3: np.zeros(3), 4: np.zeros(2, np.int64)}
+
+    def answer(m):
+        node = m.metadata.dst_node_id
+        if node == 1:
+            return _reply(m, 5.0)
+        return Message(RecordDict({"arrays": ArrayRecord([bad[node]]),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=m)
+
+    result = _runner(validate({}), NodeList(mapping, answer), mapping).run_round(
+        1, ArrayRecord([np.zeros(2)]))
+    np.testing.assert_allclose(result.arrays.to_numpy_ndarrays()[0], [5.0, 5.0])  # only node 1
+    assert [c["partition-id"] for c in result.log.clients] == [0]
+    reasons = {f["partition-id"]: f["error"] for f in result.log.failures}
+    assert set(reasons) == {1, 2, 3}
+    assert all(r.startswith("UpdateRejected: ") for r in reasons.values())
+    assert "NaN or Inf" in reasons[1]
+    assert "shape (3,)" in reasons[2] and "int64" in reasons[3]
+
+
+def test_a_round_below_min_train_clients_after_failures_stops_the_run():
+    # e.g. Ray actors died: 1 of 3 clients answers, the run asked for at least 2
+    mapping = {1: 0, 2: 1, 3: 2}
+    grid = NodeList(mapping, lambda m: _reply(m, 1.0) if m.metadata.dst_node_id == 1
+                    else _reply(m, 0, error="ActorDiedError: the actor died"))
+    runner = PlainRounds(build_strategy(validate({}), 3), grid, mapping, 42, 60.0,
+                         {"local-epochs": 1}, min_replies=2)
+    with pytest.raises(RoundFailed, match="only 1 of 3 sampled clients answered, fewer than "
+                                          "min-train-clients = 2.*ActorDiedError"):
+        runner.run_round(1, ArrayRecord([np.zeros(2)]))
+    # with min-train-clients = 1 the same round goes on, the failures recorded
+    ok = _runner(validate({}), grid, mapping).run_round(1, ArrayRecord([np.zeros(2)]))
+    assert len(ok.log.clients) == 1 and len(ok.log.failures) == 2
+
+
 def test_round_with_only_failures_raises_with_reasons():
     mapping = {1: 0, 2: 1}
     grid = NodeList(mapping, lambda m: _reply(m, 0, error=f"bad data {m.metadata.dst_node_id}"))
