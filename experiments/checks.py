@@ -8,11 +8,13 @@ process never imports torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 from clients.anonymized import released_data
@@ -24,7 +26,15 @@ from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.models import count_parameters
 from tasks.seeding import derive_seed
-from tasks.splits import client_split, dataset_for, heldout_split, model_for, partitions_for
+from tasks.splits import (
+    client_split,
+    dataset_for,
+    feature_shape,
+    heldout_split,
+    model_for,
+    model_name,
+    partitions_for,
+)
 from tasks.training import resolve_device
 
 from .preflight import Preflight
@@ -43,7 +53,14 @@ def preflight(cfg: RunConfig) -> Preflight:
     except OSError as exc:
         raise ConfigError(f"results-dir {str(results)!r} cannot be created: {exc}.") from exc
     resolve_device(cfg.resources.device)
+    cores = os.cpu_count() or 1
+    if cfg.resources.client_cpus > cores:
+        raise ConfigError(
+            f"client-cpus = {cfg.resources.client_cpus} but this machine has {cores} CPU "
+            f"cores: Ray could never place a client, and the run would stall. Use "
+            f"client-cpus <= {cores}.")
     data = dataset_for(cfg)
+    _mlp_fits(cfg)
     model, name = model_for(cfg)
     parts = partitions_for(cfg, cfg.federation.num_clients)
     sizes = [len(p) for p in parts]
@@ -70,6 +87,23 @@ def preflight(cfg: RunConfig) -> Preflight:
         _anonymizer_check(cfg, splits)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
                      torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes), labels)
+
+
+def _mlp_fits(cfg: RunConfig) -> None:
+    """Refuse hidden widths whose weights alone would not fit in a quarter of this
+    machine's memory (every client and the server hold a copy), before allocating."""
+    if model_name(cfg) != "mlp":
+        return
+    widths = [int(np.prod(feature_shape(cfg))), *cfg.training.hidden,
+              dataset_for(cfg).num_classes]
+    params = sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False))
+    budget = psutil.virtual_memory().total // 4
+    if params * 4 > budget:
+        raise ConfigError(
+            f"mlp-hidden = {cfg.training.mlp_hidden!r} gives an MLP of {params:,} weights "
+            f"({params * 4 / 2**30:,.1f} GiB in float32), more than a quarter of this "
+            f"machine's {psutil.virtual_memory().total / 2**30:.0f} GiB; every client and "
+            "the server hold a copy. Use narrower layers, e.g. mlp-hidden = '200,200'.")
 
 
 def _anonymizer_check(cfg: RunConfig, splits: list) -> None:

@@ -54,6 +54,10 @@ def resolve(preset: str | None, assignments: Iterable[str] = (),
     """Defaults <- preset <- --set key=value <- typed ``overrides`` (the Python API's),
     validated as a whole; folders made absolute (the ServerApp runs in another process
     and another working directory)."""
+    if preset is not None and not preset.strip():
+        raise ConfigError("--config '' names no preset. Give a bundled preset's name (see "
+                          "`fedpriv presets`) or a TOML file, or leave --config out to run "
+                          "the defaults.")
     values: dict[str, Any] = read_preset(preset) if preset else {}
     for text in assignments:
         key, value = parse_assignment(text)

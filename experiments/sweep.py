@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from .runner import (
 from .stats import fmt_ci
 from .superlink import LocalSuperLink
 from .sweep_plots import sweep_plots
+
+MAX_CELLS = 10_000  # a sweep is run cell by cell: beyond this it is a typo, not a plan
 
 
 @dataclass
@@ -122,6 +125,14 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     if unknown:
         raise ConfigError(f"sweep {path}: unknown top-level entries {sorted(unknown)}; allowed: "
                           "name, preset, seeds, [fixed], [grid], [[cells]].")
+    for section, kind in (("fixed", dict), ("grid", dict), ("cells", list)):
+        if section in raw and not isinstance(raw[section], kind):
+            example = {"fixed": "[fixed] with num-server-rounds = 5",
+                       "grid": "[grid] with num-clients = [5, 10]",
+                       "cells": "[[cells]] tables, each with keys"}[section]
+            raise ConfigError(f"sweep {path}: {section} must be a "
+                              f"{'table' if kind is dict else 'list of tables'}, got "
+                              f"{type(raw[section]).__name__} {raw[section]!r}; e.g. {example}.")
     grid = raw.get("grid", {})
     extra = raw.get("cells", [])
     if not all(isinstance(v, list) and v for v in grid.values()):
@@ -131,6 +142,11 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
         raise ConfigError(f"sweep {path}: [[cells]] entries must be tables of keys.")
     if not grid and not extra:
         raise ConfigError(f"sweep {path}: give a [grid] of lists and/or [[cells]] tables.")
+    size = math.prod(len(v) for v in grid.values()) if grid else 0
+    if size + len(extra) > MAX_CELLS:
+        raise ConfigError(f"sweep {path} has {size + len(extra):,} cells (the [grid] alone "
+                          f"{' x '.join(str(len(v)) for v in grid.values())}); at most "
+                          f"{MAX_CELLS:,} are allowed. Split it into several sweeps.")
     base: dict[str, Any] = {}
     if "preset" in raw:
         base.update(read_preset(str(raw["preset"])))
@@ -401,6 +417,10 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
 
 def replot(out: Path) -> None:
     """Redraw a finished sweep's comparison plots from its folder (sweep.csv + cells)."""
+    if not (out / "sweep.json").is_file() or not (out / "sweep.csv").is_file():
+        raise ConfigError(f"{out} is not a finished sweep's folder (no sweep.json and "
+                          "sweep.csv there). Give the folder `fedpriv sweep` printed, e.g. "
+                          "results/sweeps/20261122-101500-dp-epsilon-mnist.")
     spec = json.loads((out / "sweep.json").read_text())
     keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
     cells = []

@@ -1,5 +1,6 @@
 """The command line: --help documents every key; bad input fails fast, before any process starts."""
 
+import os
 import uuid
 
 import psutil
@@ -75,6 +76,14 @@ BAD_INPUT = [
     (["--set", "dp=local", "--set", "delta=0.01"], "is not below 1/n"),
     (["--set", "dp=central", "--set", "secure-aggregation=true"], "needs client-side clipping"),
     (["--set", "seed=1e20"], "seed = 1e+20 must be at most 2^63 - 1"),
+    (["--set", "hash-salt=a\nb"], "must not contain control characters"),
+    (["--set", "data-dir=in\tdir"], "must not contain control characters"),
+    (["--config", ""], "--config '' names no preset"),
+    (["--set", "model=mlp", "--set", "mlp-hidden=100000000,100000000"], "more than a quarter "
+                                                                         "of this machine"),
+    (["--set", "dp=local", "--set", "target-epsilon=1e300"], "target-epsilon = 1e+300 must "
+                                                             "be <= 10000"),
+    (["--set", f"client-cpus={(os.cpu_count() or 1) + 1}"], "CPU cores"),
 ]
 
 
@@ -142,6 +151,29 @@ def test_sweep_with_an_invalid_cell_is_refused(tmp_path):
     bad.write_text('[grid]\nnum-clients = [5, 0]\n')
     res = run_cli("sweep", str(bad), "--dry-run")
     assert res.returncode == 2 and "num-clients = 0 must be >= 1" in res.stderr
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("fixed = 3\n[grid]\nlr = [0.1]\n", "fixed must be a table, got int 3"),
+    ("grid = [1, 2]\n", "grid must be a table"),
+    ("cells = 'x'\n[grid]\nlr = [0.1]\n", "cells must be a list of tables"),
+    ("[grid]\n" + "".join(f"{k} = [{', '.join(str(i + 1) for i in range(10))}]\n"
+                          for k in ("seed", "num-clients", "local-epochs", "num-server-rounds",
+                                    "batch-size", "min-train-clients", "eval-batch-size")),
+     "has 10,000,000 cells"),
+])
+def test_malformed_or_huge_sweep_files_are_refused_at_once(tmp_path, text, fragment):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    res = run_cli("sweep", str(bad), "--dry-run")
+    assert res.returncode == 2 and fragment in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_replot_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path):
+    res = run_cli("sweep", str(tmp_path / "missing"), "--replot")
+    assert res.returncode == 2 and "is not a finished sweep's folder" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_docs_config_reference_is_current():

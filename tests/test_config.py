@@ -143,8 +143,14 @@ def test_parse_assignment_needs_equals():
 
 
 def test_to_toml_round_trips():
-    cfg = validate({"data-dir": 'we"ird\\path', "lr": 0.125, "hash-salt": "a\nb\tc\x01"})
+    cfg = validate({"data-dir": 'we"ird\\path', "lr": 0.125, "hash-salt": "a'b\"c#d é"})
     assert validate(tomllib.loads(to_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize("text", ["a\nb", "tab\there", "bell\x07", "del\x7f"])
+def test_control_characters_in_text_values_are_refused(text):
+    with pytest.raises(ConfigError, match="must not contain control characters"):
+        validate({"hash-salt": text})
 
 
 def test_every_key_has_help_and_group():

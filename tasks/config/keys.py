@@ -114,6 +114,9 @@ def _coerce(want: type, value: Any) -> tuple[Scalar | None, str | None]:
         return float(value), None
     if not isinstance(value, str):
         return None, "must be text (in TOML and --set, quote it: key='text')"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return None, ("must not contain control characters (a newline, tab or escape); "
+                      "they cannot be written into the config Flower reads")
     return value, None
 
 

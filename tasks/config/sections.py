@@ -87,7 +87,9 @@ class PrivacyConfig(Section):
                                 "whole run; the noise multiplier is derived from the planned "
                                 "rounds, local epochs, batch size and the client's data size, "
                                 "and a client whose next round would exceed it stops training. "
-                                "0 = use noise-multiplier, no budget.", lo=0)
+                                "0 = use noise-multiplier, no budget. At most 10,000: beyond, "
+                                "the noise is negligible and the guarantee meaningless (use "
+                                "dp = 'none').", lo=0, hi=10_000)
     noise_multiplier: float = key(1.0, "dp = local: DP-SGD noise multiplier sigma (when "
                                   "target-epsilon = 0). dp = central: DP-FedAvg noise "
                                   "multiplier z (noise std = z * clipping-norm on the sum of "
