@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.ledger import RoundRecord, read_ledger
 from server.privacy_log import headline_epsilon
-from server.results import default_run_name, new_run_dir, read_run_info
+from server.results import default_run_name, given_run_dir, new_run_dir, read_run_info
 from tasks.config import ConfigError, RunConfig, validate
 
 from .app_bundle import app_dir
@@ -135,12 +135,15 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
     echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
+    given = given_run_dir(cfg.results)  # an existing run is refused before any work
     pre = preflight_isolated(cfg)  # before any process starts: bad data is bad input
     echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
     if pre.privacy:
         echo(f"privacy: {pre.privacy}")
-    run_dir = new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+    run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
     nodes = fed.num_clients if supernodes else 0
     runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
                else "simulation runtime, Ray backend")

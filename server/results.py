@@ -37,6 +37,19 @@ def new_run_dir(results_dir: str | Path, name: str) -> Path:
     raise RuntimeError(f"could not create a new run folder under {root}")
 
 
+def given_run_dir(results: ResultsConfig) -> Path | None:
+    """``run-dir`` as an absolute path (None when not given); ConfigError when it already
+    holds a run, which fedpriv never overwrites."""
+    if not results.run_dir:
+        return None
+    path = Path(results.run_dir).expanduser().resolve()
+    if (path / METRICS).exists() or (path / RUN_INFO).exists():
+        raise ConfigError(
+            f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites results. "
+            "Leave run-dir empty to get a new folder under results-dir, or name a new one.")
+    return path
+
+
 def default_run_name(cfg: RunConfig) -> str:
     return f"{cfg.data.dataset}-{cfg.federation.strategy}-{cfg.data.partitioner}"
 
@@ -51,13 +64,8 @@ class RunFolder:
     @classmethod
     def open(cls, results: ResultsConfig, name: str) -> RunFolder:
         """Use ``run-dir`` if given (it must not hold a finished run) or make a new folder."""
-        if results.run_dir:
-            path = Path(results.run_dir).expanduser().resolve()
-            if (path / METRICS).exists() or (path / RUN_INFO).exists():
-                raise ConfigError(
-                    f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites "
-                    "results. Leave run-dir empty to get a new folder."
-                )
+        path = given_run_dir(results)
+        if path is not None:
             path.mkdir(parents=True, exist_ok=True)
         else:
             path = new_run_dir(results.results_dir, name)

@@ -24,6 +24,17 @@ def test_load_reads_a_run_folder_back_with_its_ledger_as_a_frame(tmp_path):
     assert repr(result).startswith("Result(finished, 2 rounds, accuracy ")
 
 
+def test_run_dir_of_an_existing_run_is_refused_not_replaced(tmp_path):
+    # it used to be replaced silently by a new timestamped folder
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "run.json").write_text('{"status": "finished"}')
+    with pytest.raises(fedpriv.ConfigError, match="already holds a run"):
+        fedpriv.run(num_clients=3, run_dir=str(old), results_dir=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists() and sorted(p.name for p in old.iterdir()) == [
+        "run.json"]
+
+
 def test_bad_input_raises_one_paragraph_before_anything_starts(tmp_path):
     with pytest.raises(fedpriv.ConfigError, match="num-clientz"):
         fedpriv.run(num_clientz=3, results_dir=str(tmp_path))
