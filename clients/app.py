@@ -30,6 +30,7 @@ from tasks.config import validate
 from tasks.training import evaluate, resolve_device
 
 from .anonymized import federated_cvae_release, federated_cvae_round
+from .state_store import state_mod
 from .update import Client, as_update, local_update
 
 LEGACY_METRICS = "fitres.metrics"  # Flower's legacy FitRes layout (SecAgg+ rounds)
@@ -100,7 +101,7 @@ def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     return reply
 
 
-app = ClientApp(mods=[assignment_mod, disclosure_mod])
+app = ClientApp(mods=[assignment_mod, state_mod, disclosure_mod])
 
 
 def _reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None) -> Message:

@@ -8,8 +8,11 @@ not sampled cost nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -90,19 +93,40 @@ class DPRound:
         return out
 
 
+def release_digest(cfg: RunConfig, server_round: int, state: Mapping[str, torch.Tensor],
+                   device: torch.device) -> str:
+    """What a round's DP-SGD release is computed from: the round, the global model and
+    every run-config key that can change training (not where results go, not how many
+    threads). Empty when training is not reproducible (GPU kernels, ``secure-rng``), so
+    that a repeated round is always accounted again (:meth:`ClientLedger.is_replay`)."""
+    if cfg.privacy.secure_rng or device.type != "cpu":
+        return ""
+    h = hashlib.sha256()
+    config = {k: v for k, v in asdict(cfg).items() if k not in ("results", "resources")}
+    h.update(json.dumps([server_round, config], sort_keys=True, default=str).encode())
+    for key, value in state.items():
+        h.update(key.encode())
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.Tensor,
              y: torch.Tensor, num_clients: int, seed: int, device: torch.device,
-             ids: torch.Tensor | None = None, canaries: CanaryHook | None = None) -> DPRound:
+             ids: torch.Tensor | None = None, canaries: CanaryHook | None = None,
+             server_round: int | None = None, digest: str = "") -> DPRound:
     """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget.
 
     With audit ``canaries`` (rows with ``ids`` >= 0) the per-sample gradients are
     materialized (Opacus' hooks mode, whatever grad-sample-mode says) so that each
-    canary row's gradient can be set before clipping and noise."""
+    canary row's gradient can be set before clipping and noise. A round this client
+    already trained from the same inputs (``digest``, after a resumed crash) is
+    recomputed without being accounted twice: its output is the one already sent."""
     t = cfg.training
     ledger = load_ledger(context) or new_ledger(cfg, len(y), num_clients)
     per_epoch = steps_per_epoch(len(y), t.batch_size)
     planned = t.local_epochs * per_epoch
-    if ledger.would_exceed(planned):
+    replay = server_round is not None and ledger.is_replay(server_round, digest)
+    if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
     optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
@@ -124,6 +148,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
             sum(n for _, _, n in taken) != planned:
         raise RuntimeError(f"Opacus accounted {taken}, expected {planned} steps at "
                            f"({ledger.noise_multiplier}, {ledger.sample_rate})")
-    ledger.record(planned)
+    if not replay:
+        ledger.record(planned, server_round, digest)
     save_ledger(context, ledger)
     return DPRound(ledger, result, private.module())

@@ -24,7 +24,7 @@ from tasks.splits import Split, client_split, model_for
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 from .anonymized import federated_cvae_release, holdout_split, released_data
-from .local_dp import dp_round
+from .local_dp import dp_round, release_digest
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     start = time.perf_counter()
     if cfg.privacy.dp == "local":
         outcome = dp_round(cfg, context, model, x, y, client.num_partitions, seed, device,
-                           ids=ids, canaries=hook)
+                           ids=ids, canaries=hook, server_round=server_round,
+                           digest=release_digest(cfg, server_round, state, device))
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics

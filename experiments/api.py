@@ -16,14 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.checkpoint import Checkpoint, resumable
 from server.ledger import RoundRecord, read_ledger
 from server.privacy_log import headline_epsilon
-from server.results import default_run_name, given_run_dir, new_run_dir, read_run_info
+from server.results import (
+    RunFolder,
+    default_run_name,
+    given_run_dir,
+    new_run_dir,
+    now,
+    read_run_info,
+)
 from tasks.config import ConfigError, RunConfig, validate
 
 from .app_bundle import app_dir
 from .configs import resolve
-from .preflight import preflight_isolated
+from .preflight import Preflight, preflight_isolated
 from .runner import execute
 from .superlink import LocalSuperLink
 from .sweep import run_sweep
@@ -136,14 +144,38 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
     given = given_run_dir(cfg.results)  # an existing run is refused before any work
-    pre = preflight_isolated(cfg)  # before any process starts: bad data is bad input
+    pre = _checked(cfg, echo)
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+    run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    return _launch(cfg, run_dir, pre, supernodes, verbose, echo)
+
+
+def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo = print) -> Result:
+    """Continue a crashed, interrupted or failed run from its last checkpointed round, in
+    its own folder, with its own config (:mod:`server.checkpoint`)."""
+    path, cfg = resumable(run_dir)
+    rounds = Checkpoint.load(path).round
+    echo(f"fedpriv run --resume · {path.name} · round {rounds} of "
+         f"{cfg.federation.num_server_rounds} checkpointed")
+    pre = _checked(cfg, echo)
+    RunFolder(path).reopen({"from-round": rounds, "at": now()})
+    return _launch(cfg, path, pre, False, verbose, echo)
+
+
+def _checked(cfg: RunConfig, echo: Echo) -> Preflight:
+    """The pre-flight check (before any process starts: bad data is bad input)."""
+    pre = preflight_isolated(cfg)
     echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
     if pre.privacy:
         echo(f"privacy: {pre.privacy}")
-    if given is not None:
-        given.mkdir(parents=True, exist_ok=True)
-    run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    return pre
+
+
+def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
+            echo: Echo) -> Result:
+    fed = cfg.federation
     nodes = fed.num_clients if supernodes else 0
     runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
                else "simulation runtime, Ray backend")

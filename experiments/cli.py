@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "partitioner)")
     run.add_argument("--verbose", action="store_true",
                      help="show Flower's and Ray's full log on the terminal")
+    run.add_argument("--resume", metavar="RUN_FOLDER", type=Path,
+                     help="continue a crashed, interrupted or failed run from its last "
+                          "checkpointed round, in its own folder with its own config (no "
+                          "--config/--set/--name/--supernodes then)")
     run.add_argument("--supernodes", action="store_true",
                      help="run on a real SuperLink and num-clients real SuperNodes on this "
                           "machine (loopback, deployment runtime) instead of the simulation "
@@ -145,18 +149,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     # Each command imports what it needs, so --help and bad input stay fast.
-    from .api import run_config
+    from .api import resume, run_config
     from .configs import resolve
 
     t0 = time.perf_counter()
-    result = run_config(resolve(args.config, args.set), name=args.name,
-                        supernodes=args.supernodes, verbose=args.verbose)
+    if args.resume is not None:
+        others = [flag for flag, given in (("--config", args.config), ("--set", args.set),
+                                           ("--name", args.name),
+                                           ("--supernodes", args.supernodes)) if given]
+        if others:
+            raise ConfigError(
+                f"--resume continues a run with the config it started with, so "
+                f"{', '.join(others)} cannot be combined with it. Drop "
+                f"{'them' if len(others) > 1 else 'it'}, or start a new run instead.")
+        result = resume(args.resume, verbose=args.verbose)
+    else:
+        result = run_config(resolve(args.config, args.set), name=args.name,
+                            supernodes=args.supernodes, verbose=args.verbose)
     if result.ok:
         print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
         print(f"  {list_results(result.run_dir)}")
         return 0
     print(f"run {result.status}: {result.error}\n  partial results and the full log "
           f"(flwr.log) are in {result.run_dir}", file=sys.stderr)
+    if (result.run_dir / "checkpoint" / "server.npz").is_file():
+        print(f"  continue from its last finished round with: fedpriv run --resume "
+              f"{result.run_dir}", file=sys.stderr)
     return 1
 
 

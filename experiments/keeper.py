@@ -150,7 +150,8 @@ def mark_orphaned_runs(runs_file: Path, owner: int) -> None:
             continue
         info.update({"status": "crashed", "error": f"fedpriv (pid {owner}) was killed "
                      "before the run ended; the processes it started were stopped. The "
-                     "rounds that finished are in metrics.jsonl."})
+                     "rounds that finished are in metrics.jsonl; continue with `fedpriv run "
+                     f"--resume {folder}`."})
         tmp = folder / ".run.json.keeper"
         tmp.write_text(json.dumps(info, indent=2) + "\n")
         os.replace(tmp, info_path)

@@ -86,6 +86,11 @@ def flower_env(home: Path) -> dict[str, str]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_TMPDIR": str(home / "ray"),
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        # Ray's single-machine mode: its node address is 127.0.0.1, so the GCS, raylet,
+        # workers and the simulation's driver listen on loopback only, not on every
+        # interface (Flower passes no node address to ray.init). A Ray cluster on other
+        # hosts is attached to with RAY_ADDRESS instead.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONUNBUFFERED": "1",
     })
     return env

@@ -5,9 +5,11 @@
     result.frame()                      # the ledger, one row per round (pandas)
     fedpriv.load("results/20261122-...").plots
     fedpriv.sweep("dp-epsilon-mnist", num_server_rounds=3).frame()
+    fedpriv.resume("results/20261122-...")  # a crashed run, from its last round
 """
 
-from experiments.api import Result, SweepResult, load, run, run_config, sweep
+from experiments.api import Result, SweepResult, load, resume, run, run_config, sweep
 from tasks.config import ConfigError
 
-__all__ = ["ConfigError", "Result", "SweepResult", "load", "run", "run_config", "sweep"]
+__all__ = ["ConfigError", "Result", "SweepResult", "load", "resume", "run", "run_config",
+           "sweep"]

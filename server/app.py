@@ -18,8 +18,8 @@ from flwr.serverapp import Grid, ServerApp
 from tasks.config import RunConfig, validate
 
 from .console import say
-from .federation import now, run_federation
-from .results import OutcomeAlreadyRecorded, RunFolder, default_run_name, read_run_info
+from .federation import run_federation
+from .results import OutcomeAlreadyRecorded, RunFolder, default_run_name, now, read_run_info
 
 app = ServerApp()
 
@@ -46,7 +46,8 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
             cell: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run into its own results folder; a failure is recorded in run.json and raised."""
     run = RunFolder.open(cfg.results, default_run_name(cfg))
-    run.write_config(cfg)
+    if not cfg.results.resume:  # a resumed run keeps the config it started with
+        run.write_config(cfg)
     say(f"results: {run.path}")
     try:
         info = run_federation(grid, context, cfg, run, cell)

@@ -7,7 +7,6 @@ loop (:mod:`server.loop`) with the recorder, the plot hook and the stop conditio
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 import time
 from collections.abc import Mapping
@@ -34,6 +33,9 @@ from tasks.models import count_parameters
 from tasks.splits import Split, dataset_for, feature_shape, heldout_split, model_for
 from tasks.training import resolve_device
 
+from .checkpoint import CLIENTS as CLIENT_STATES
+from .checkpoint import FOLDER as CHECKPOINT
+from .checkpoint import Checkpoint, CheckpointHook, ResumeError, needs_client_state, rewind_ledger
 from .console import say
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
@@ -44,14 +46,10 @@ from .observe import ObservationHook
 from .plots import PlotHook, plot_label_distribution
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
-from .results import RunFolder
+from .results import RunFolder, now, read_run_info
 from .summary import write_summary
 
 VERSIONS = ("flwr", "torch", "ray", "opacus", "numpy")
-
-
-def now() -> str:
-    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 @dataclass
@@ -173,8 +171,15 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     message, :class:`strategies.grid.FederationGrid`).
     """
     t0 = time.perf_counter()
+    checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
     info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
                             "versions": {name: version(name) for name in VERSIONS}}
+    if checkpoint is not None:  # what run.json said then, and how often it was resumed
+        info = {**checkpoint.info, "status": "running",
+                "resumed": read_run_info(run.path).get("resumed", [])}
+        rewind_ledger(run.path, checkpoint.round)
+        say(f"resuming after round {checkpoint.round} of "
+            f"{cfg.federation.num_server_rounds} from {run.path / 'checkpoint'}")
     run.write_info(info)
     _seed_everything(cfg.training.seed)
     task = ServerTask.load(cfg)
@@ -182,8 +187,14 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     title = (f"{cfg.data.dataset} · {task.model_name} · {cfg.federation.strategy} · "
              f"{cfg.federation.num_clients} clients ({cfg.data.partitioner})")
     clients = discover(grid, cfg, task, run, title)
+    state_dir = (str(run.path / CHECKPOINT / CLIENT_STATES)
+                 if cfg.results.checkpoint and simulated(grid) else "")
+    if checkpoint is not None and needs_client_state(cfg) and not state_dir:
+        raise ResumeError("this run's clients are real SuperNodes, which keep no state for "
+                          "a resume here: resuming would reset their epsilon")
+    info["client-state"] = state_dir or None
     grid = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
-                          assign=simulated(grid), cell=cell)
+                          assign=simulated(grid), cell=cell, state_dir=state_dir)
     info["num-clients"] = len(clients)
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "
@@ -196,7 +207,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
         say(f"clients send in the clear only: {', '.join(sorted(disclosure.allowed or ()))} "
             f"({disclosure.reason})")
     anonymization = AnonymizationLog(cfg.anonymization.anonymizer)
-    if cfg.anonymization.anonymizer == "cvae-federated":
+    if cfg.anonymization.anonymizer == "cvae-federated" and checkpoint is None:
         info["cvae-phase"] = run_cvae_phase(grid, cfg, {c.node_id: c.partition_id
                                                         for c in clients},
                                             int(task.test.x.shape[1]), task.data.num_classes,
@@ -204,18 +215,26 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
         anonymization.add(info["cvae-phase"]["clients"])  # each scored the release it sampled
     runner, central = build_runner(cfg, grid, context, clients, task, disclosure, info)
     privacy = PrivacyLog(cfg, central, len(clients))
+    initial = ArrayRecord(task.model.state_dict())
+    if checkpoint is not None:
+        runner.restore(checkpoint.runner)
+        privacy.restore(checkpoint.privacy)
+        anonymization.restore(checkpoint.anonymization)
+        initial = checkpoint.model
     recorder = RoundRecorder(run, info, privacy, anonymization)
     info["setup-s"] = time.perf_counter() - t0
     evaluator = task.evaluator(cfg)
     hooks: list[RoundHook] = [PlotHook(run.path, info, title)]
     if cfg.leakage.enabled:
         hooks.append(task.observer(cfg, run, len(clients)))
+    if cfg.results.checkpoint:
+        hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info))
     result = run_rounds(
-        runner, ArrayRecord(task.model.state_dict()), cfg.federation.num_server_rounds,
-        evaluator, recorder, hooks=hooks,
+        runner, initial, cfg.federation.num_server_rounds, evaluator, recorder, hooks=hooks,
         stop_before=[central.stop_reason] if central is not None else [],
         stop_after=[lambda r: privacy.stop_reason(r.round),
-                    target_accuracy_reached(cfg.federation.target_accuracy)])
+                    target_accuracy_reached(cfg.federation.target_accuracy)],
+        start=checkpoint.round + 1 if checkpoint is not None else 1)
     if result.stopped_early:
         info["stopped-early"] = result.stopped_early
         say(f"stopping early: {result.stopped_early}")

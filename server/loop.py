@@ -38,13 +38,19 @@ class LoopOutcome:
 def run_rounds(runner: RoundRunner, initial: ArrayRecord, num_rounds: int,
                evaluate: Evaluate, recorder: RoundRecorder, *,
                hooks: Sequence[RoundHook] = (), stop_before: Sequence[StopBefore] = (),
-               stop_after: Sequence[StopAfter] = ()) -> LoopOutcome:
-    """Evaluate the initial model, then run, evaluate and record rounds until done or stopped."""
+               stop_after: Sequence[StopAfter] = (), start: int = 1) -> LoopOutcome:
+    """Evaluate the initial model, then run, evaluate and record rounds until done or stopped.
+
+    ``start`` > 1: a resumed run, ``initial`` being the checkpointed model of round
+    ``start - 1`` (already evaluated and recorded)."""
     arrays = initial
-    recorder.initial(evaluate(arrays))
+    if start == 1:
+        recorder.initial(evaluate(arrays))
+    else:
+        recorder.resumed(start)
     reason = None
     try:
-        for rnd in range(1, num_rounds + 1):
+        for rnd in range(start, num_rounds + 1):
             if reason := _first(stop(rnd) for stop in stop_before):
                 break
             result = runner.run_round(rnd, arrays)

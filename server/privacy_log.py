@@ -54,6 +54,12 @@ class AnonymizationLog:
                 seen.append(int(c["partition-id"]))
         return seen
 
+    def state(self) -> dict[str, Any]:
+        return {str(p): s for p, s in self.scores.items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.scores = {int(p): dict(s) for p, s in state.items()}
+
     def summary(self) -> dict[str, Any] | None:
         if not self.scores:
             return None
@@ -108,6 +114,18 @@ class PrivacyLog:
             "skipped": [c["partition-id"] for c in log.skipped],
             "exhausted": sorted(self.exhausted),
         }
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the latest epsilon and delta each client reported, and
+        when each first ran out of budget (the central accountant is the runner's)."""
+        return {"epsilon": {str(p): e for p, e in self.epsilon.items()},
+                "delta": {str(p): d for p, d in self.delta.items()},
+                "exhausted": {str(p): r for p, r in self.exhausted.items()}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.epsilon = {int(p): float(e) for p, e in state["epsilon"].items()}
+        self.delta = {int(p): float(d) for p, d in state["delta"].items()}
+        self.exhausted = {int(p): int(r) for p, r in state["exhausted"].items()}
 
     def stop_reason(self, server_round: int) -> str | None:
         """Why the run cannot go on: every client has spent its budget."""

@@ -48,12 +48,18 @@ class RoundRecorder:
         self.privacy = privacy
         self.anonymization = anonymization
         self.t_first_round: float | None = None
+        self.elapsed_before = 0.0  # a resumed run's elapsed time before it was resumed
 
     def initial(self, test: dict[str, float]) -> None:
         self.info["initial"] = test
         self.run.write_info(self.info)
         say(table_header(self.privacy.enabled))
         say(table_row(0, test, None, "-", None, 0.0 if self.privacy.enabled else None))
+
+    def resumed(self, start: int) -> None:
+        """A resumed run: the table goes on at round ``start``; elapsed time too."""
+        self.elapsed_before = float(self.info.get("elapsed-s", 0.0))
+        say(table_header(self.privacy.enabled))
 
     def record(self, log: RoundLog, test: dict[str, float], eval_s: float) -> RoundRecord:
         now = time.perf_counter()
@@ -64,7 +70,8 @@ class RoundRecorder:
             clients=log.clients, failures=log.failures,
             time={"round-s": now - log.started,
                   "train-s": (log.train_done or now) - log.started,
-                  "central-eval-s": eval_s, "elapsed-s": now - self.t_first_round},
+                  "central-eval-s": eval_s,
+                  "elapsed-s": self.elapsed_before + now - self.t_first_round},
             privacy=self.privacy.update(log.round, log),
             anonymization=self.anonymization.entry(log.clients), skipped=log.skipped)
         if record.anonymization is not None:
@@ -76,6 +83,7 @@ class RoundRecorder:
                                   "clients": log.evaluated}
         self.run.append_round(record)
         self.info["rounds-completed"] = log.round
+        self.info["elapsed-s"] = record.time["elapsed-s"]
         self._print(record, log)
         return record
 

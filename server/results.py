@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import time
@@ -15,6 +16,11 @@ from .ledger import METRICS, RoundRecord
 
 RUN_INFO = "run.json"
 OUTCOMES = ("finished", "failed", "crashed", "interrupted")  # run.json's final statuses
+
+
+def now() -> str:
+    """The local time, as run.json records it."""
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 class OutcomeAlreadyRecorded(RuntimeError):
@@ -43,6 +49,8 @@ def given_run_dir(results: ResultsConfig) -> Path | None:
     if not results.run_dir:
         return None
     path = Path(results.run_dir).expanduser().resolve()
+    if results.resume:  # checked by server.checkpoint.resumable
+        return path
     if (path / METRICS).exists() or (path / RUN_INFO).exists():
         raise ConfigError(
             f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites results. "
@@ -92,6 +100,15 @@ class RunFolder:
                 f"{self.path / RUN_INFO} already records the outcome {current!r}; this "
                 "process no longer owns the run and stops without writing.")
         self.write_json(RUN_INFO, info)
+
+    def reopen(self, note: dict[str, Any]) -> None:
+        """Mark a crashed, interrupted or failed run as running again (its owner resumes
+        it): the one deliberate exception to recording an outcome once."""
+        info = read_run_info(self.path)
+        earlier = {"status": info.get("status"), "error": info.get("error"), **note}
+        self.write_json(RUN_INFO, {**{k: v for k, v in info.items() if k != "error"},
+                                   "status": "running",
+                                   "resumed": [*info.get("resumed", []), earlier]})
 
     def write_config(self, cfg: RunConfig) -> None:
         self.write_text("config.toml", "# Fully resolved run config of this run.\n"

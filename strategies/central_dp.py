@@ -98,6 +98,15 @@ class CentralPrivacy:
         self.last_round_released = True
         return [(c + u).astype(c.dtype) for c, u in zip(current, out.update, strict=True)]
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: rounds released so far and the (adaptive) clipping norm."""
+        return {"releases": self.accountant.releases,
+                "clipping-norm": self.mechanism.clipping_norm}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.accountant.releases = int(state["releases"])
+        self.mechanism.clipping_norm = float(state["clipping-norm"])
+
     def describe(self) -> dict[str, Any]:
         """The privacy part of a ledger record."""
         p = self.params

@@ -12,6 +12,8 @@ Every runner (plain, SecAgg+, the CVAE phase) talks to the clients through a
   asking every node which one it holds (one message per node: 25 s for 1,000 nodes).
   The pairing travels in every message (``fedpriv.node``), and
   :func:`clients.app.assignment_mod` makes it the node's ``node_config`` for that message;
+  with it, the folder where each client keeps its state for a resume
+  (``state-dir``, :mod:`clients.state_store`);
 * in a sweep run inside one simulation, **tells each node which cell** the message
   belongs to (``fedpriv.cell``: the cell's index and the run-config keys in which it
   differs from the simulation's own), so warm clients serve every cell in turn.
@@ -28,18 +30,19 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from tasks.messages import CELL_RECORD, NODE_RECORD
+from tasks.messages import CELL_RECORD, NODE_RECORD, STATE_DIR
 
 
 class FederationGrid(Grid):
     """A Grid restricted to the run's nodes, ordered by partition, stamping each message."""
 
     def __init__(self, grid: Grid, partition_of: Mapping[int, int], *, assign: bool = False,
-                 cell: Mapping[str, Any] | None = None) -> None:
+                 cell: Mapping[str, Any] | None = None, state_dir: str = "") -> None:
         self._grid = grid.grid if isinstance(grid, FederationGrid) else grid
         self.partition_of = dict(partition_of)
         self.assign = assign
         self.cell = dict(cell) if cell else None
+        self.state_dir = state_dir
         self._order = sorted(self.partition_of, key=lambda n: (self.partition_of[n], n))
 
     @property
@@ -61,7 +64,9 @@ class FederationGrid(Grid):
         extra: dict[str, ConfigRecord] = {}
         if self.assign and node in self.partition_of:
             extra[NODE_RECORD] = ConfigRecord({"partition-id": self.partition_of[node],
-                                               "num-partitions": len(self.partition_of)})
+                                               "num-partitions": len(self.partition_of),
+                                               **({STATE_DIR: self.state_dir}
+                                                  if self.state_dir else {})})
         if self.cell is not None:
             extra[CELL_RECORD] = ConfigRecord(self.cell)
         if extra:

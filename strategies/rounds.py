@@ -36,6 +36,7 @@ from tasks import messages
 from tasks.seeding import seed_sampling
 
 from .grid import FederationGrid
+from .state import RunnerState, restore_strategy, strategy_state
 
 
 def short_reason(reason: str) -> str:
@@ -95,6 +96,12 @@ class RoundResult:
 class RoundRunner(Protocol):
     def run_round(self, server_round: int, arrays: ArrayRecord) -> RoundResult: ...
 
+    def state(self) -> RunnerState:
+        """What the next round needs besides the global model (for checkpoints)."""
+        ...
+
+    def restore(self, state: RunnerState) -> None: ...
+
 
 def metrics_of(msg: Message) -> dict[str, Any]:
     """Every metric a reply carries, merged."""
@@ -148,6 +155,12 @@ class PlainRounds:
 
     def _partition(self, node_id: int) -> int:
         return self.partition_of.get(node_id, -1)
+
+    def state(self) -> RunnerState:
+        return strategy_state(self.strategy)
+
+    def restore(self, state: RunnerState) -> None:
+        restore_strategy(self.strategy, state)
 
     def _split(self, replies: Iterable[Message], sent: ArrayRecord | None = None
                ) -> tuple[list[Message], list[dict], list[dict]]:

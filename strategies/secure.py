@@ -49,6 +49,7 @@ from tasks.seeding import sample_cohort, sampling_rng
 
 from .central_dp import CentralPrivacy, central_params
 from .rounds import RoundLog, RoundResult
+from .state import RunnerState
 
 
 def quantization_slack(s: SecAggConfig, num_parameters: int) -> float:
@@ -86,6 +87,13 @@ class SecureRounds:
         self.current = RoundLog(0)
         self._global: list[np.ndarray] = []
         self._result: list[np.ndarray] | None = None
+
+    def state(self) -> RunnerState:
+        return ({"central": self.central.state()} if self.central is not None else {}), {}
+
+    def restore(self, state: RunnerState) -> None:
+        if self.central is not None:
+            self.central.restore(state[0]["central"])
 
     def sample(self, server_round: int) -> list[int]:
         """Node ids of this round's clients: the plain rounds' rule, so both pick the same."""

@@ -13,5 +13,6 @@ EVALUATE = "evaluate"  # evaluate the global model on the client's own data
 
 # Records the server adds to a message's content (strategies.grid.FederationGrid) and the
 # ClientApp's assignment mod removes before any handler sees the message:
-NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions"}: in simulation
+NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions", "state-dir"}: simulation
 CELL_RECORD = "fedpriv.cell"  # {"cell": index, key: value...}: a sweep cell's config
+STATE_DIR = "state-dir"  # node_config key: where a client keeps its state (clients.state_store)

@@ -200,11 +200,31 @@ def _gone(marker, timeout=30.0):
     return _processes_with(marker)
 
 
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def _listening(pids):
+    """(process name, address) of every listening TCP socket of ``pids``."""
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            out += [(proc.name(), c.laddr.ip) for c in proc.net_connections("inet")
+                    if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
 def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, results):
     marker = uuid.uuid4().hex
     proc = _start_and_wait_for_round(results, marker)
     homes = {psutil.Process(p).environ().get("FLWR_HOME") for p in _processes_with(marker)}
     homes.discard(None)
+    # SuperLink, SuperExec, flwr-simulation, Ray's GCS, raylet and workers: loopback only
+    listening = _listening(_processes_with(marker))
+    assert any("gcs_server" in name for name, _ in listening), listening
+    assert all(ip in LOOPBACK for _, ip in listening), listening
     assert homes and all(os.path.isdir(h) for h in homes)
     proc.kill()  # SIGKILL: no cleanup code in fedpriv runs
     proc.wait(timeout=30)
@@ -282,3 +302,38 @@ def test_the_python_api_runs_a_federation_and_reads_it_back(results):
     again = fedpriv.load(result.run_dir)
     assert again.ledger == result.ledger and again.status == "finished"
     assert result.run_dir / "plots" / "accuracy.png" in result.plots
+
+
+def test_kill_9_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, results):
+    """Local DP: kill -9 of fedpriv after round 2, `fedpriv run --resume`, and the ledger
+    (accuracy, loss, sampled clients, every client's epsilon) equals a run never killed."""
+    keys = ["--set", "num-clients=3", "--set", "num-server-rounds=4", "--set", "dp=local",
+            "--set", "noise-multiplier=1.0"]
+    whole = run_cli("run", *keys, "--set", f"results-dir={results / 'whole'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", *keys, "--set",
+                             f"results-dir={results / 'killed'}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if line.strip().startswith("2 |"):
+            break
+        assert time.monotonic() < deadline, "no second round in time"
+    proc.kill()
+    proc.wait(timeout=30)
+    killed = only_run(results / "killed")
+    deadline = time.monotonic() + 30
+    while read_run_info(killed).get("status") == "running" and time.monotonic() < deadline:
+        time.sleep(0.5)  # the keeper records the crash
+    assert read_run_info(killed)["status"] == "crashed"
+    res = run_cli("run", "--resume", str(killed), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "resuming after round" in res.stdout
+    a, b = ledger_json(only_run(results / "whole")), ledger_json(killed)
+    assert [r["round"] for r in b] == [1, 2, 3, 4]
+    for key in ("test", "sampled", "privacy"):
+        assert [r[key] for r in b] == [r[key] for r in a], key
+    info = read_run_info(killed)
+    assert info["status"] == "finished" and info["resumed"][0]["status"] == "crashed"
+    again = run_cli("run", "--resume", str(killed), cwd=tmp_path)
+    assert again.returncode == 2 and "already finished" in again.stderr

@@ -106,6 +106,8 @@ class ClientLedger:
     accountant: str = "rdp"
     budget: float = 0.0  # total epsilon allowed; 0 = no limit
     history: list[Entry] = field(default_factory=list)
+    # round -> digest of what the client trained on in it (see :meth:`is_replay`)
+    released: dict[int, str] = field(default_factory=dict)
 
     def epsilon(self, extra_steps: int = 0) -> float:
         """Epsilon spent so far, or after ``extra_steps`` more steps."""
@@ -117,10 +119,25 @@ class ClientLedger:
     def would_exceed(self, steps: int) -> bool:
         return self.budget > 0 and self.epsilon(steps) > self.budget * (1 + 1e-9)
 
-    def record(self, steps: int) -> None:
+    def record(self, steps: int, server_round: int | None = None, digest: str = "") -> None:
+        """Account ``steps`` more steps; with a ``digest``, remember what round
+        ``server_round``'s release was computed from."""
         if steps > 0:
             self.history = list(merge([*self.history,
                                        (self.noise_multiplier, self.sample_rate, steps)]))
+        if server_round is not None and digest:
+            self.released[int(server_round)] = digest
+
+    def is_replay(self, server_round: int, digest: str) -> bool:
+        """Whether round ``server_round`` was already trained from exactly these inputs.
+
+        A run resumed after a crash asks again for a round whose update a client may
+        already have sent. Training is a deterministic function of the global model, the
+        run config, the seed derived from them and the client's data (on CPU, without
+        ``secure-rng``), so the same ``digest`` means the same output: sending it again
+        reveals nothing new and costs no privacy. Any other input is a new release.
+        """
+        return bool(digest) and self.released.get(int(server_round)) == digest
 
     @property
     def steps(self) -> int:
@@ -132,12 +149,17 @@ class ClientLedger:
                 "delta": self.delta, "accountant": self.accountant, "budget": self.budget,
                 "history-sigma": [float(e[0]) for e in self.history],
                 "history-q": [float(e[1]) for e in self.history],
-                "history-steps": [int(e[2]) for e in self.history]}
+                "history-steps": [int(e[2]) for e in self.history],
+                "released-rounds": [int(r) for r in self.released],
+                "released-digests": list(self.released.values())}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClientLedger:
         history = list(zip(d.get("history-sigma", []), d.get("history-q", []),
                            d.get("history-steps", []), strict=True))
+        released = dict(zip(d.get("released-rounds", []), d.get("released-digests", []),
+                            strict=True))
         return cls(float(d["noise-multiplier"]), float(d["sample-rate"]), float(d["delta"]),
                    str(d["accountant"]), float(d["budget"]),
-                   [(float(s), float(q), int(n)) for s, q, n in history])
+                   [(float(s), float(q), int(n)) for s, q, n in history],
+                   {int(r): str(k) for r, k in released.items()})

@@ -375,6 +375,11 @@ class ResultsConfig(Section):
                        "timestamped folder under results-dir. An existing run is never "
                        "overwritten.")
     save_model: bool = key(True, "Save the final global model as model.pt.")
+    checkpoint: bool = key(True, "Write checkpoint/ after every round (global model, strategy "
+                           "and privacy state; each client keeps its own) so that `fedpriv "
+                           "run --resume RUN_FOLDER` can continue a crashed run.")
+    resume: bool = key(False, "Continue the run in run-dir from its last checkpoint (set by "
+                       "`fedpriv run --resume`).")
     sweep_cells: str = key("", "A sweep's cells file (JSON, written by fedpriv sweep): the "
                            "ServerApp runs each cell in it, one after another, in this one "
                            "simulation. Empty = one run.")

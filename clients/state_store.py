@@ -1,0 +1,76 @@
+"""A client's own state on its own disk, so a resumed run goes on from it.
+
+``Context.state`` lives in memory: one run in simulation, one process on a SuperNode.
+What must outlive a crash is the client's, not the server's: its DP-SGD ledger (a
+server must never be able to reset a client's epsilon) and the federated CVAE's
+encoder and decoder. :func:`state_mod` writes the node's state to
+``<state-dir>/partition-<id>.state`` whenever a message changed it (atomically, in
+Flower's own RecordDict serialization), and a fresh ``Context`` (the resumed run's)
+starts from that file. SecAgg+'s per-round protocol state is not kept: a round in
+progress is redone from its start.
+
+``state-dir`` is in the node's ``node_config``: on a SuperNode the host's own choice;
+in simulation the server names a folder inside the run folder
+(:class:`strategies.grid.FederationGrid`). Without it nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
+
+from tasks.messages import STATE_DIR
+
+TRANSIENT = (RECORD_KEY_STATE,)  # per-round protocol state, redone after a crash
+
+
+def state_file(node_config: dict) -> Path | None:
+    """Where this node keeps its state for the partition it serves (None: nowhere)."""
+    folder = node_config.get(STATE_DIR)
+    if not folder:
+        return None
+    return Path(str(folder)) / f"partition-{int(node_config['partition-id'])}.state"
+
+
+def _lasting(state: RecordDict) -> bytes:
+    kept = RecordDict({k: v for k, v in state.items() if k not in TRANSIENT})
+    return recorddict_to_proto(kept).SerializeToString(deterministic=True) if kept else b""
+
+
+def load_state(path: Path) -> RecordDict:
+    proto = RecordDictProto()
+    proto.ParseFromString(path.read_bytes())
+    return recorddict_from_proto(proto)
+
+
+def save_state(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def state_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Start a fresh Context from the node's saved state; save it when a message changed it."""
+    path = state_file(context.node_config)
+    if path is None:
+        return call_next(msg, context)
+    before = _lasting(context.state)
+    if not before and path.exists():
+        for name, record in load_state(path).items():
+            context.state[name] = record
+        before = _lasting(context.state)
+    reply = call_next(msg, context)
+    after = _lasting(context.state)
+    if after != before:
+        save_state(path, after)
+    return reply

@@ -1,0 +1,156 @@
+"""Per-round checkpoints, and what `fedpriv run --resume` checks before it continues a run.
+
+After every recorded round the server writes ``<run>/checkpoint/server.npz``
+atomically (a temporary file, fsync, rename): the round number, the global model, the
+round runner's state (FedAdam's moments, FedAvgM's momentum, DP-FedAvg's accountant
+and clipping norm: :mod:`strategies.state`), the privacy and anonymization logs and
+run.json's running fields. Each client keeps its own state (its DP-SGD ledger, its
+CVAE) on its own side (:mod:`clients.state_store`; in simulation under
+``<run>/checkpoint/clients``). Sampling, DP noise and every client's training are
+seeded from the run seed and the round number, so nothing else needs saving: a run
+resumed from round R goes on exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from strategies.rounds import RoundResult, RoundRunner
+from strategies.state import RunnerState
+from tasks.config import ConfigError, RunConfig, validate
+
+from .ledger import METRICS, RoundRecord, read_ledger
+from .privacy_log import AnonymizationLog, PrivacyLog
+from .results import OUTCOMES, RUN_INFO, read_run_info
+
+FOLDER = "checkpoint"
+SERVER_FILE = "server.npz"
+CLIENTS = "clients"  # each simulated client's own state (clients.state_store)
+RESUMABLE = ("crashed", "interrupted", "failed")  # a finished run has nothing left to do
+
+
+class ResumeError(RuntimeError):
+    """The run cannot be resumed as asked without breaking a privacy guarantee."""
+
+
+@dataclass
+class Checkpoint:
+    """The server's state after round ``round``."""
+
+    round: int
+    model: ArrayRecord
+    runner: RunnerState
+    privacy: dict[str, Any] = field(default_factory=dict)
+    anonymization: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # run.json as it was then
+
+    def save(self, run_dir: Path) -> None:
+        folder = run_dir / FOLDER
+        folder.mkdir(exist_ok=True)
+        keys = list(self.model.keys())
+        meta = {"round": self.round, "model-keys": keys, "runner": self.runner[0],
+                "privacy": self.privacy, "anonymization": self.anonymization,
+                "info": self.info}
+        arrays = {f"model.{i}": self.model[k].numpy() for i, k in enumerate(keys)}
+        arrays.update({f"runner.{k}": v for k, v in self.runner[1].items()})
+        blob = np.frombuffer(json.dumps(meta, default=_plain).encode(), dtype=np.uint8)
+        tmp = folder / f".{SERVER_FILE}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=blob, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / SERVER_FILE)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Checkpoint:
+        with np.load(run_dir / FOLDER / SERVER_FILE, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes().decode())
+            model = ArrayRecord({k: Array(z[f"model.{i}"])
+                                 for i, k in enumerate(meta["model-keys"])})
+            runner = {k[len("runner."):]: z[k] for k in z.files if k.startswith("runner.")}
+        return cls(int(meta["round"]), model, (meta["runner"], runner), meta["privacy"],
+                   meta["anonymization"], meta["info"])
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+class CheckpointHook:
+    """Writes the checkpoint after each recorded round (:class:`server.loop.RoundHook`)."""
+
+    def __init__(self, run_dir: Path, runner: RoundRunner, privacy: PrivacyLog,
+                 anonymization: AnonymizationLog, info: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.runner = runner
+        self.privacy = privacy
+        self.anonymization = anonymization
+        self.info = info
+
+    def after_round(self, record: RoundRecord, arrays: ArrayRecord,
+                    result: RoundResult) -> None:
+        Checkpoint(record.round, arrays, self.runner.state(), self.privacy.state(),
+                   self.anonymization.state(), dict(self.info)).save(self.run_dir)
+
+    def finish(self) -> None:
+        return None
+
+
+def needs_client_state(cfg: RunConfig) -> bool:
+    """Whether the clients hold state a resume must not lose (a DP ledger, a CVAE)."""
+    return cfg.privacy.dp == "local" or cfg.anonymization.anonymizer == "cvae-federated"
+
+
+def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
+    """The run folder and its config, checked to be resumable: ConfigError (what is
+    wrong, what to do) before any work when it is not a run, finished, still running,
+    has no checkpoint, or its clients kept no state that its privacy depends on."""
+    path = Path(run_dir).expanduser().resolve()
+    if not (path / RUN_INFO).is_file() or not (path / "config.toml").is_file():
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: not a fedpriv run folder (it has no run.json and "
+            "config.toml). Give the folder `fedpriv run` printed, e.g. "
+            "results/20261122-101500-mnist-fedavg-iid.")
+    info = read_run_info(path)
+    status = info.get("status", "running")
+    if status == "finished":
+        raise ConfigError(f"--resume {str(path)!r}: this run already finished; there is "
+                          "nothing to resume. Start a new run with more rounds instead.")
+    if status not in OUTCOMES:
+        raise ConfigError(
+            f"--resume {str(path)!r}: run.json says the run is still {status!r}. If its "
+            "fedpriv process is still running, wait for it or stop it (Ctrl-C); a killed "
+            "one is marked 'crashed' by fedpriv's keeper within seconds.")
+    if not (path / FOLDER / SERVER_FILE).is_file():
+        raise ConfigError(
+            f"--resume {str(path)!r}: the run {status} before its first round was "
+            "checkpointed (or ran with checkpoint = false), so there is nothing to continue "
+            "from. Start it again as a new run.")
+    with open(path / "config.toml", "rb") as f:
+        cfg = validate({**tomllib.load(f), "run-dir": str(path), "resume": True})
+    if needs_client_state(cfg) and not info.get("client-state"):
+        raise ConfigError(
+            f"--resume {str(path)!r}: its clients' state (DP-SGD ledgers or CVAE) was not "
+            "kept (the run used real SuperNodes without a state-dir), so resuming would "
+            "reset their epsilon. Start it again as a new run.")
+    return path, cfg
+
+
+def rewind_ledger(run_dir: Path, last_round: int) -> list[RoundRecord]:
+    """Keep the ledger's rounds up to ``last_round`` (a round recorded after the last
+    checkpoint is run again); returns them."""
+    kept = [r for r in read_ledger(run_dir) if r.round <= last_round]
+    tmp = run_dir / f".{METRICS}.tmp"
+    tmp.write_text("".join(json.dumps(r.to_json(), default=_plain) + "\n" for r in kept))
+    os.replace(tmp, run_dir / METRICS)
+    return kept

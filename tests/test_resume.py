@@ -1,0 +1,132 @@
+"""Resume after a crash: a resumed run's ledger equals an uninterrupted run's, epsilon is
+never reset, and a round the clients trained before the crash is not accounted twice.
+
+The real ServerApp code and the real ClientApp (mods, handlers, Opacus) in-process
+(tests/inprocess.py); the crash is the server losing the replies of round 3 after the
+clients trained it — the worst moment, since the clients' privacy ledgers already
+count it. The end-to-end version (kill -9 of fedpriv) is in test_end_to_end.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from server.app import run_one
+from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, resumable
+from server.ledger import read_ledger
+from server.results import RunFolder, read_run_info
+from tasks.config import ConfigError, validate
+
+from .inprocess import InProcessGrid
+from .test_strategies import _task_identity  # noqa: F401  (fixture)
+
+BASE = {"num-clients": 4, "num-server-rounds": 4, "fraction-train": 0.5, "batch-size": 64,
+        "save-model": False, "local-epochs": 1}
+TIMING = ("train-time-s",)
+
+
+class LostReplies(InProcessGrid):
+    """Clients train round ``crash_round`` (and keep its state); the server never hears back."""
+
+    def __init__(self, cfg, crash_round):
+        super().__init__(cfg, simulated=True)
+        self.crash_round = crash_round
+        self.training_calls = 0
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if any(m.metadata.message_type.startswith("train") for m in messages):
+            self.training_calls += 1
+            if self.training_calls == self.crash_round:
+                raise ConnectionError("lost the connection to the SuperLink")
+        return replies
+
+
+def _context(cfg):
+    return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                   run_config=cfg.flat())
+
+
+def _comparable(records):
+    return [{"round": r.round, "test": r.test, "sampled": r.sampled, "privacy": r.privacy,
+             "clients": [{k: v for k, v in c.items() if k not in TIMING} for c in r.clients]}
+            for r in records]
+
+
+def _crash_and_resume(tmp_path, values, crash_round=3):
+    """Run ``values`` uninterrupted and with a crash in ``crash_round``, then resume."""
+    whole = validate({**values, "run-dir": str(tmp_path / "whole")})
+    run_one(InProcessGrid(whole, simulated=True), _context(whole), whole)
+    cfg = validate({**values, "run-dir": str(tmp_path / "crashed")})
+    grid = LostReplies(cfg, crash_round)
+    with pytest.raises(ConnectionError):
+        run_one(grid, _context(cfg), cfg)
+    crashed = tmp_path / "crashed"
+    assert read_run_info(crashed)["status"] == "failed"
+    assert [r.round for r in read_ledger(crashed)] == list(range(1, crash_round))
+    assert Checkpoint.load(crashed).round == crash_round - 1
+    RunFolder(resumable(crashed)[0]).reopen({"from-round": crash_round - 1})
+    again = validate({**values, "run-dir": str(crashed), "resume": True})
+    fresh = InProcessGrid(again, simulated=True)  # new processes: empty Contexts
+    run_one(fresh, _context(again), again)
+    return read_ledger(tmp_path / "whole"), read_ledger(crashed), grid, fresh
+
+
+def test_resumed_local_dp_run_equals_an_uninterrupted_one(tmp_path, _task_identity):  # noqa: F811
+    values = {**BASE, "dp": "local", "noise-multiplier": 1.0, "strategy": "fedadam",
+              "server-lr": 0.01}
+    whole, resumed, crashed_grid, fresh = _crash_and_resume(tmp_path, values)
+    assert _comparable(resumed) == _comparable(whole)
+    info = read_run_info(tmp_path / "crashed")
+    assert info["status"] == "finished" and info["rounds-completed"] == 4
+    assert info["resumed"][0]["status"] == "failed" and "SuperLink" in info["resumed"][0]["error"]
+    # the clients that trained the lost round 3 replayed it without paying twice: each
+    # client's ledger counts every round it was sampled in, once
+    for pid in range(4):
+        rounds = [r.round for r in whole if pid in r.sampled]
+        ledger = json.loads(json.dumps(dict(
+            fresh.contexts[1000 + pid].state.config_records["dp-sgd"])))
+        assert sorted(ledger["released-rounds"]) == rounds
+    third = {c["partition-id"]: c["epsilon"] for c in resumed[2].clients}
+    assert third == {c["partition-id"]: c["epsilon"] for c in whole[2].clients}
+    # the crashed run's clients did train round 3: their state on disk said so
+    assert crashed_grid.training_calls == 3
+    states = list((tmp_path / "crashed" / FOLDER / "clients").glob("partition-*.state"))
+    assert len(states) == 4
+
+
+@pytest.mark.parametrize("values", [
+    # the accountant and the adaptive clipping norm are restored, not reset
+    {"dp": "central", "noise-multiplier": 0.1, "clipping-norm": 1.0,
+     "central-clipping": "server-adaptive"},
+    # FedAvgM's server momentum is restored
+    {"strategy": "fedavgm", "server-momentum": 0.9, "server-lr": 1.0},
+], ids=["central-dp-adaptive", "fedavgm"])
+def test_resumed_run_restores_the_strategy_state(tmp_path, _task_identity, values):  # noqa: F811
+    whole, resumed, _, _ = _crash_and_resume(tmp_path, {**BASE, **values}, crash_round=2)
+    assert _comparable(resumed) == _comparable(whole)
+    if values.get("dp") == "central":
+        assert resumed[-1].privacy["releases"] == 4
+        assert resumed[-1].privacy["clipping-norm"] != 1.0
+
+
+def test_resume_is_refused_for_finished_running_and_unknown_folders(tmp_path):
+    with pytest.raises(ConfigError, match="not a fedpriv run folder"):
+        resumable(tmp_path)
+    (tmp_path / "config.toml").write_text("")
+    (tmp_path / "run.json").write_text(json.dumps({"status": "finished"}))
+    with pytest.raises(ConfigError, match="already finished"):
+        resumable(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
+    with pytest.raises(ConfigError, match="still 'running'"):
+        resumable(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "crashed"}))
+    with pytest.raises(ConfigError, match="before its first round was checkpointed"):
+        resumable(tmp_path)
+    (tmp_path / FOLDER).mkdir()
+    (tmp_path / FOLDER / SERVER_FILE).write_bytes(b"")
+    assert resumable(tmp_path)[0] == tmp_path.resolve()
