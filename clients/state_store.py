@@ -16,7 +16,6 @@ in simulation the server names a folder inside the run folder
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
@@ -25,6 +24,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
+from tasks.files import write_atomic
 from tasks.messages import STATE_DIR
 
 TRANSIENT = (RECORD_KEY_STATE,)  # per-round protocol state, redone after a crash
@@ -51,12 +51,7 @@ def load_state(path: Path) -> RecordDict:
 
 def save_state(path: Path, blob: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: f.write(blob))
 
 
 def state_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.checkpoint import Checkpoint, resumable
+from server.checkpoint import FOLDER as CHECKPOINT
+from server.checkpoint import SERVER_FILE, Checkpoint, resumable
 from server.ledger import RoundRecord, read_ledger
 from server.privacy_log import headline_epsilon
 from server.results import (
@@ -32,7 +33,7 @@ from tasks.config import ConfigError, RunConfig, validate
 from .app_bundle import app_dir
 from .configs import resolve
 from .preflight import Preflight, preflight_isolated
-from .runner import execute
+from .runner import RunOutcome, execute
 from .superlink import LocalSuperLink
 from .sweep import run_sweep
 
@@ -173,8 +174,32 @@ def _checked(cfg: RunConfig, echo: Echo) -> Preflight:
     return pre
 
 
+MAX_RESTARTS = 3  # simulation restarts after dead Ray workers, per run
+
+
 def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
             echo: Echo) -> Result:
+    """Run ``cfg`` into ``run_dir``; when a simulated client's Ray worker dies
+    (:class:`strategies.rounds.WorkerLost`), restart the simulation from the last
+    checkpoint, up to :data:`MAX_RESTARTS` times."""
+    for attempt in range(MAX_RESTARTS + 1):
+        outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo)
+        lost = outcome.status == "failed" and "WorkerLost" in (outcome.error or "")
+        if not lost or attempt == MAX_RESTARTS or not (
+                run_dir / CHECKPOINT / SERVER_FILE).is_file():
+            break
+        rounds = Checkpoint.load(run_dir).round
+        echo(f"{outcome.error.removeprefix('WorkerLost: ')}; restarting the simulation from "
+             f"the checkpoint of round {rounds} ({attempt + 1}/{MAX_RESTARTS})")
+        RunFolder(run_dir).reopen({"from-round": rounds, "at": now(), "automatic": True})
+        cfg = validate({**cfg.flat(), "run-dir": str(run_dir), "resume": True})
+    # the config it was given (the ServerApp may have died before writing config.toml)
+    return Result(run_dir, cfg, read_ledger(run_dir),
+                  {**outcome.info, "status": outcome.status, "error": outcome.error})
+
+
+def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
+          echo: Echo) -> RunOutcome:
     fed = cfg.federation
     nodes = fed.num_clients if supernodes else 0
     runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
@@ -183,11 +208,8 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
     with LocalSuperLink(supernodes=nodes) as link:
         echo(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
              f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
-        outcome = execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
-                          echo=echo, label_counts=pre.label_counts)
-    # the config it was given (the ServerApp may have died before writing config.toml)
-    return Result(run_dir, cfg, read_ledger(run_dir),
-                  {**outcome.info, "status": outcome.status, "error": outcome.error})
+        return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
+                       echo=echo, label_counts=pre.label_counts)
 
 
 def run(preset: str | None = None, *, name: str | None = None, supernodes: bool = False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,6 +41,25 @@ from tasks.training import resolve_device
 from .preflight import Preflight
 
 
+def writable(folder: Path, key: str) -> None:
+    """ConfigError unless ``folder`` exists or can be made, and a file can be written in
+    it (a read-only mount, a folder of another user, a full disk): checked by writing."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{key} {str(folder)!r} cannot be created: "
+                          f"{exc.strerror or exc}. Choose a folder you can write to.") from None
+    try:
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"fedpriv")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise ConfigError(f"{key} {str(folder)!r} cannot be written to: "
+                          f"{exc.strerror or exc}. Choose a folder you can write to (and "
+                          "that has free space).") from None
+
+
 def preflight(cfg: RunConfig) -> Preflight:
     """Load the dataset, build the model and partition the data exactly as the run will.
 
@@ -47,11 +67,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     data, a model that does not fit the data, an infeasible partitioning, an
     unwritable results folder. The partitioning is cached on disk for the clients.
     """
-    results = Path(cfg.results.results_dir)
-    try:
-        results.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"results-dir {str(results)!r} cannot be created: {exc}.") from exc
+    writable(Path(cfg.results.results_dir), "results-dir")
     resolve_device(cfg.resources.device)
     cores = os.cpu_count() or 1
     if cfg.resources.client_cpus > cores:

@@ -33,6 +33,14 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}.") from exc
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start:exc.start + 1]
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start} is {bad!r}); TOML "
+                          "files must be UTF-8. Save it as UTF-8, e.g. with `iconv -f latin1 "
+                          f"-t utf-8 {path.name}`.") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); check that it is a "
+                          "readable file.") from None
 
 
 def read_preset(name: str) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from experiments.procs import terminate_then_kill
+
 INTERVAL = 0.5
 GRACE = 5.0
 
@@ -53,18 +55,7 @@ def live(record: dict[int, float]) -> list[psutil.Process]:
 
 def stop_recorded(record: dict[int, float], grace: float = GRACE) -> None:
     """SIGTERM every recorded live process, then SIGKILL what is left after ``grace``."""
-    procs = live(record)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive + [p for p in live(record) if p not in alive]:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    terminate_then_kill(lambda: live(record), grace)
 
 
 def _snapshot(roots: list[psutil.Process], record: dict[int, float]) -> bool:

@@ -48,23 +48,26 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def terminate_then_kill(current: Callable[[], list[psutil.Process]], grace: float
+                        ) -> list[psutil.Process]:
+    """SIGTERM every process ``current()`` lists; after ``grace`` seconds SIGKILL those
+    still alive and any it lists anew (born in between). Returns the ones killed."""
+    procs = current()
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive += [p for p in current() if p not in alive]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return alive
+
+
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM a process we started and every descendant; SIGKILL what is left after ``grace``."""
-    procs = tree(proc.pid)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    # Children may have been born between the snapshot and SIGTERM.
-    alive += [p for p in tree(proc.pid) if p not in alive]
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    killed = terminate_then_kill(lambda: tree(proc.pid), grace)
+    psutil.wait_procs(killed, timeout=grace)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from server.console import PREFIX
 from server.plots import plot_label_distribution
 from server.results import RunFolder, read_run_info
 from tasks.config import RunConfig
+from tasks.files import explain
 
 from .procs import interruption, stream_child
 from .release_plot import plot_in_child
@@ -49,18 +51,22 @@ class LogFilter:
     """Write every line to the log file; show fedpriv's own lines (and errors) on the terminal."""
 
     def __init__(self, log_path: Path, verbose: bool, echo: Callable[[str], None]) -> None:
-        self.log = open(log_path, "a")
+        self.path = log_path
+        self.log: TextIO | None = open(log_path, "a")
         self.verbose = verbose
         self.echo = echo
         self.errors_shown = 0
+        self.last_error: str | None = None  # the ServerApp's last "error: ..." line
         self.t0 = time.perf_counter()
 
     def __call__(self, raw: str) -> None:
         line = ANSI.sub("", raw)
-        self.log.write(f"[{time.perf_counter() - self.t0:7.2f}s] {line}\n")
-        self.log.flush()
+        self._write(f"[{time.perf_counter() - self.t0:7.2f}s] {line}\n")
         if PREFIX in line:
-            self.echo(line.split(PREFIX, 1)[1])
+            own = line.split(PREFIX, 1)[1]
+            if own.startswith("error: ") and not own.startswith("error: run.json"):
+                self.last_error = own.removeprefix("error: ")
+            self.echo(own)
         elif self.verbose:
             self.echo(line)
         elif ERROR_LINE.search(line.strip()):
@@ -70,8 +76,24 @@ class LogFilter:
             elif self.errors_shown == MAX_ERROR_LINES + 1:
                 self.echo("  | (more errors in flwr.log)")
 
+    def _write(self, text: str) -> None:
+        """Keep the log; if the disk will not take it, say so once and go on without it."""
+        if self.log is None:
+            return
+        try:
+            self.log.write(text)
+            self.log.flush()
+        except OSError as exc:
+            self.echo(f"warning: {explain(self.path, exc)}; the rest of Flower's log is "
+                      "not kept")
+            with contextlib.suppress(OSError):
+                self.log.close()
+            self.log = None
+
     def close(self) -> None:
-        self.log.close()
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                self.log.close()
 
 
 def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
@@ -102,7 +124,8 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     try:
         link.submit(app, {**cfg.flat(), "run-dir": str(run_dir)}, federation_config(cfg, cuda),
                     log)
-        status, error = recorded_outcome(run_dir, run_dir / "flwr.log", link.died())
+        status, error = recorded_outcome(run_dir, run_dir / "flwr.log", link.died(),
+                                         log.last_error)
     except KeyboardInterrupt as exc:
         status, error = "interrupted", interruption(exc)
         raise
@@ -112,15 +135,18 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     return after_run(cfg, run_dir, status, error, time.perf_counter() - t0, echo, label_counts)
 
 
-def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None
-                     ) -> tuple[str, str | None]:
+def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None,
+                     said: str | None = None) -> tuple[str, str | None]:
     """(status, error) as the ServerApp recorded them in run.json; "crashed" when it
-    recorded nothing (``died``: a process fedpriv started that is gone, the likely cause)."""
+    recorded nothing (``died``: a process fedpriv started that is gone, the likely cause;
+    ``said``: the error the ServerApp printed, e.g. when run.json could not be written)."""
     info = read_run_info(run_dir)
-    status = info.get("status", "crashed")
+    status = info.get("status", "running")
     if status == "running":
-        status = "crashed"
+        status = "failed" if said else "crashed"
     error = info.get("error")
+    if status == "failed" and not error and said:
+        error = said
     if status == "crashed":
         error = f"the ServerApp stopped without recording an outcome; see {log_path}"
         if died:
@@ -132,10 +158,17 @@ def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None
 
 
 def mark_unfinished(run_dir: Path, status: str, error: str | None) -> None:
-    """Record an interrupted or crashed run in its run.json (the ServerApp could not)."""
+    """Record an interrupted, crashed or failed run in its run.json (the ServerApp could
+    not); a disk that will not take it is reported, not raised."""
     info = read_run_info(run_dir)
-    if status in ("interrupted", "crashed") and info.get("status", "running") == "running":
-        RunFolder(run_dir).write_json("run.json", {**info, "status": status, "error": error})
+    if status in ("interrupted", "crashed", "failed") and \
+            info.get("status", "running") == "running":
+        try:
+            RunFolder(run_dir).write_json("run.json", {**info, "status": status,
+                                                       "error": error})
+        except OSError as exc:
+            print(f"fedpriv: warning: the run's outcome ({status}) is not in run.json: {exc}",
+                  file=sys.stderr)
 
 
 def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wall_s: float,

@@ -150,7 +150,10 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     base: dict[str, Any] = {}
     if "preset" in raw:
         base.update(read_preset(str(raw["preset"])))
-    base.update(raw.get("fixed", {}))
+    try:  # every fixed value must be valid, even one the grid overrides in every cell
+        base.update(validate_partial(raw.get("fixed", {})))
+    except ConfigError as exc:
+        raise ConfigError(f"sweep {path}, [fixed]: {exc}") from None
     for text in overrides:
         key, value = parse_assignment(text)
         base[key] = value

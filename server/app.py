@@ -7,7 +7,6 @@ updates, evaluate the new global model on the held-out test set, append one reco
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from strategies.rounds import WorkerLost
 from tasks.config import RunConfig, validate
 
 from .console import say
@@ -57,9 +57,13 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
     except BaseException as exc:
         info = {**read_run_info(run.path), "status": "failed", "finished": now(),
                 "error": f"{type(exc).__name__}: {exc}"}
-        with contextlib.suppress(OutcomeAlreadyRecorded):
-            run.write_info(info)
         say(f"error: {type(exc).__name__}: {exc}")
+        try:
+            run.write_info(info)
+        except OutcomeAlreadyRecorded:
+            pass
+        except OSError as also:  # e.g. the disk is still full: the terminal has the cause
+            say(f"error: run.json could not record it either: {also}")
         raise
     final = info.get("final", {})
     say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
@@ -86,5 +90,13 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
                       run_config=dict(values))
         try:
             run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
+        except WorkerLost as exc:  # the warm clients are broken: the later cells cannot run
+            for rest in cells[n:]:
+                folder = Path(rest["config"]["run-dir"])
+                folder.mkdir(parents=True, exist_ok=True)
+                RunFolder(folder).write_info({
+                    "status": "failed", "finished": now(),
+                    "error": f"not run: in cell {cell['index']}, {exc}. Run this cell again."})
+            raise
         except Exception:  # recorded in the cell's run.json; the sweep goes on
             continue

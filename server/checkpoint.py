@@ -14,7 +14,6 @@ resumed from round R goes on exactly as an uninterrupted one would.
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from flwr.app import Array, ArrayRecord
 from strategies.rounds import RoundResult, RoundRunner
 from strategies.state import RunnerState
 from tasks.config import ConfigError, RunConfig, validate
+from tasks.files import write_atomic
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
@@ -62,12 +62,7 @@ class Checkpoint:
         arrays = {f"model.{i}": self.model[k].numpy() for i, k in enumerate(keys)}
         arrays.update({f"runner.{k}": v for k, v in self.runner[1].items()})
         blob = np.frombuffer(json.dumps(meta, default=_plain).encode(), dtype=np.uint8)
-        tmp = folder / f".{SERVER_FILE}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=blob, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / SERVER_FILE)
+        write_atomic(folder / SERVER_FILE, lambda f: np.savez(f, meta=blob, **arrays))
 
     @classmethod
     def load(cls, run_dir: Path) -> Checkpoint:
@@ -150,7 +145,6 @@ def rewind_ledger(run_dir: Path, last_round: int) -> list[RoundRecord]:
     """Keep the ledger's rounds up to ``last_round`` (a round recorded after the last
     checkpoint is run again); returns them."""
     kept = [r for r in read_ledger(run_dir) if r.round <= last_round]
-    tmp = run_dir / f".{METRICS}.tmp"
-    tmp.write_text("".join(json.dumps(r.to_json(), default=_plain) + "\n" for r in kept))
-    os.replace(tmp, run_dir / METRICS)
+    text = "".join(json.dumps(r.to_json(), default=_plain) + "\n" for r in kept)
+    write_atomic(run_dir / METRICS, lambda f: f.write(text.encode()))
     return kept

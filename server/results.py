@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
+from tasks.files import append_line, write_atomic
 
 from .ledger import METRICS, RoundRecord
 
@@ -83,9 +83,7 @@ class RunFolder:
         return self.path / name
 
     def write_text(self, name: str, text: str) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.path / name)
+        write_atomic(self.path / name, lambda f: f.write(text.encode()))
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, default=_json_default) + "\n")
@@ -120,10 +118,7 @@ class RunFolder:
 
     def append_jsonl(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one JSON line to ``name`` and force it to disk."""
-        with open(self.path / name, "a") as f:
-            f.write(json.dumps(record, default=_json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path / name, json.dumps(record, default=_json_default))
 
 
 def _json_default(obj: Any) -> Any:

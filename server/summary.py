@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from strategies.rounds import short_reason
 from tasks.config import RunConfig
 
 from .ledger import RoundRecord, outcome
@@ -60,6 +61,28 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
     return lines
 
 
+def failure_lines(records: Sequence[RoundRecord], info: Mapping[str, Any],
+                  most: int = 10) -> list[str]:
+    """Which clients failed, when and why; and each time the run was resumed."""
+    failures = [(r.round, f) for r in records for f in r.failures]
+    lines = []
+    if failures:
+        lines.append(f"- client failures: {len(failures)} in "
+                     f"{len({rnd for rnd, _ in failures})} round(s) (refused or lost replies; "
+                     "each round aggregated the others):")
+        lines += [f"  - round {rnd}, client {f.get('partition-id')}"
+                  f"{' (' + f['phase'] + ')' if f.get('phase') else ''}: "
+                  f"{short_reason(str(f.get('error', '')))[:300]}"
+                  for rnd, f in failures[:most]]
+        if len(failures) > most:
+            lines.append(f"  - ... {len(failures) - most} more in metrics.jsonl")
+    for r in info.get("resumed", []):
+        how = "restarted automatically" if r.get("automatic") else "resumed"
+        lines.append(f"- {how} after round {r.get('from-round')} ({r.get('at')}); it had "
+                     f"{r.get('status')}: {r.get('error')}")
+    return lines
+
+
 def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
                   records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
@@ -97,6 +120,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
                      f"{b.get('backbone')} trained on {b.get('trained-on')}")
     if info.get("stopped-early"):
         lines.append(f"- stopped early: {info['stopped-early']}")
+    lines += failure_lines(records, info)
     if res:
         initial = info.get("initial", {})
         lines += [

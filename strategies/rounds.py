@@ -49,6 +49,21 @@ class RoundFailed(RuntimeError):
     """Every client sampled in a round replied with an error."""
 
 
+class WorkerLost(RoundFailed):
+    """A simulated client's Ray worker died in this round.
+
+    Flower 1.41's actor pool keeps a dead actor and hands it every later job, so the
+    federation only shrinks from here. The round is not recorded; fedpriv restarts the
+    simulation from the last checkpoint (:func:`experiments.api.resume`), which gives
+    every client a live worker and redoes this round as it would have run.
+    """
+
+
+# How Flower reports a job whose Ray actor died (ray.exceptions.RayActorError and its
+# subclasses ActorDiedError, ActorUnavailableError).
+DEAD_WORKER = re.compile(r"ray\.exceptions\.(RayActorError|ActorDiedError|ActorUnavailableError)")
+
+
 @dataclass
 class RoundLog:
     """What the server observed in one round."""
@@ -65,7 +80,12 @@ class RoundLog:
     def check_not_all_failed(self, min_replies: int = 1) -> None:
         """Raise :class:`RoundFailed` when failures left fewer than ``min_replies``
         clients (``min-train-clients``) with an answer: the federation can no longer do
-        what the run asked of it (e.g. its Ray actors died)."""
+        what the run asked of it; :class:`WorkerLost` when a simulated client's worker
+        died."""
+        dead = [f for f in self.failures if DEAD_WORKER.search(f["error"])]
+        if dead:
+            raise WorkerLost(f"round {self.round}: the Ray worker serving client "
+                             f"{dead[0]['partition-id']} died ({short_reason(dead[0]['error'])})")
         answered = len(self.clients) + len(self.skipped)
         if self.failures and (not self.clients or answered < min_replies):
             reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"

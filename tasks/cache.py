@@ -13,6 +13,7 @@ Location: ``$FEDPRIV_CACHE``, else ``$XDG_CACHE_HOME/fedpriv``, else ``~/.cache/
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -85,4 +86,5 @@ def save_atomic(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         os.replace(tmp, path)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

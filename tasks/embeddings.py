@@ -137,7 +137,15 @@ class TorchvisionResNet18(nn.Module):
         from torchvision.models import resnet18  # the ImageNet architecture, not tasks.models'
 
         self.net = resnet18()
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, not a torch file, or pickled code
+            raise ConfigError(
+                f"backbone-weights {weights!r} cannot be read as a PyTorch state dict "
+                f"(torch.load raised {type(exc).__name__}: the file is truncated, not one "
+                "torch.save wrote, or holds objects other than tensors). Give a "
+                "torchvision ResNet-18 weights file such as resnet18-f37072fd.pth, saved "
+                "with torch.save(model.state_dict(), path).") from None
         if isinstance(state, dict) and "state_dict" in state:
             state = state["state_dict"]
         try:
@@ -224,10 +232,13 @@ def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
         return TorchvisionResNet18(spec.weights, raw).eval(), _weights_info(spec)
     path = _cache_path(spec)
     if path.is_file():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, saved["classes"])
-        net.load_state_dict(saved["state"])
-        return net.eval(), saved["info"]
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, saved["classes"])
+            net.load_state_dict(saved["state"])
+            return net.eval(), saved["info"]
+        except Exception:  # a damaged cache entry is a miss: train the backbone again
+            path.unlink(missing_ok=True)
     net, info = _train_backbone(spec, raw)
     save_atomic(path, lambda tmp: torch.save(
         {"state": net.state_dict(), "classes": net.head.out_features, "info": info}, tmp))

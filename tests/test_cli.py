@@ -192,3 +192,20 @@ def test_the_final_line_lists_what_the_run_wrote(tmp_path):
     line = list_results(tmp_path)
     assert line == "run.json, summary.md, plots/{accuracy,loss}.png"
     assert "model.pt" not in line  # save-model = false wrote none
+
+
+def test_unusable_files_and_folders_are_refused_before_work(tmp_path):
+    junk = tmp_path / "weights.pt"
+    junk.write_bytes(os.urandom(2000))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    cases = [
+        ([f"backbone-weights={junk}", "features=embeddings"], "cannot be read as a PyTorch"),
+        ([f"data-dir={a_file}"], "is a file, not a folder"),
+        ([f"data-dir={a_file}", "download=true"], "is a file, not a folder"),
+        (["results-dir=/proc"], "cannot be written to"),  # a read-only file system
+        ([f"results-dir={a_file}/results"], "cannot be created"),
+    ]
+    for sets, fragment in cases:
+        with pytest.raises(ConfigError, match=fragment):
+            preflight(resolve(None, sets))

@@ -337,3 +337,32 @@ def test_kill_9_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, result
     assert info["status"] == "finished" and info["resumed"][0]["status"] == "crashed"
     again = run_cli("run", "--resume", str(killed), cwd=tmp_path)
     assert again.returncode == 2 and "already finished" in again.stderr
+
+    # A simulated client's Ray worker killed after round 1: Flower would keep handing
+    # jobs to the dead actor; fedpriv restarts the simulation from the checkpoint and the
+    # ledger is again the uninterrupted run's, every client in every round.
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", *keys, "--set",
+                             f"results-dir={results / 'worker'}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.strip().startswith("1 |"):
+            break
+    actors = [p for p in _processes_with(marker)
+              if "ClientAppActor" in " ".join(psutil.Process(p).cmdline())]
+    assert actors, [psutil.Process(p).cmdline() for p in _processes_with(marker)]
+    os.kill(actors[0], signal.SIGKILL)
+    out += proc.communicate(timeout=600)[0]
+    text = "".join(out)
+    assert proc.returncode == 0, text
+    assert "restarting the simulation from the checkpoint of round" in text
+    worker = only_run(results / "worker")
+    c = ledger_json(worker)
+    for key in ("test", "sampled", "privacy"):
+        assert [r[key] for r in c] == [r[key] for r in a], key
+    assert all(len(r["clients"]) == 3 for r in c)
+    assert read_run_info(worker)["resumed"][0]["automatic"] is True
+    assert _gone(marker) == []

@@ -10,14 +10,18 @@ count it. The end-to-end version (kill -9 of fedpriv) is in test_end_to_end.py.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from flwr.app import Context, RecordDict
 
+from experiments.runner import LogFilter, recorded_outcome
 from server.app import run_one
 from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, resumable
-from server.ledger import read_ledger
+from server.console import PREFIX
+from server.ledger import RoundRecord, read_ledger
 from server.results import RunFolder, read_run_info
+from server.summary import failure_lines
 from tasks.config import ConfigError, validate
 
 from .inprocess import InProcessGrid
@@ -84,6 +88,7 @@ def test_resumed_local_dp_run_equals_an_uninterrupted_one(tmp_path, _task_identi
     info = read_run_info(tmp_path / "crashed")
     assert info["status"] == "finished" and info["rounds-completed"] == 4
     assert info["resumed"][0]["status"] == "failed" and "SuperLink" in info["resumed"][0]["error"]
+    assert "resumed after round 2" in (tmp_path / "crashed" / "summary.md").read_text()
     # the clients that trained the lost round 3 replayed it without paying twice: each
     # client's ledger counts every round it was sampled in, once
     for pid in range(4):
@@ -130,3 +135,64 @@ def test_resume_is_refused_for_finished_running_and_unknown_folders(tmp_path):
     (tmp_path / FOLDER).mkdir()
     (tmp_path / FOLDER / SERVER_FILE).write_bytes(b"")
     assert resumable(tmp_path)[0] == tmp_path.resolve()
+
+
+FULL = "/dev/full"  # every write to it fails with ENOSPC, as on a full disk
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="needs Linux's /dev/full")
+def test_a_full_disk_stops_the_run_with_its_cause_and_no_half_written_files(
+        tmp_path, _task_identity, capsys):  # noqa: F811
+    cfg = validate({**BASE, "num-server-rounds": 3, "run-dir": str(tmp_path / "run")})
+    (tmp_path / "run").mkdir()
+    run = RunFolder(tmp_path / "run")
+    # the checkpoint's file system fills up after round 1 (round 1's was written)
+    run_one_round = validate({**BASE, "num-server-rounds": 1,
+                              "run-dir": str(tmp_path / "one")})
+    run_one(InProcessGrid(run_one_round, simulated=True), _context(run_one_round), run_one_round)
+    (run.path / FOLDER).mkdir()
+    os.symlink(FULL, run.path / FOLDER / f".{SERVER_FILE}.{os.getpid()}.tmp")
+    with pytest.raises(OSError, match="No space left on device.*the disk is full"):
+        run_one(InProcessGrid(cfg, simulated=True), _context(cfg), cfg)
+    info = read_run_info(run.path)
+    assert info["status"] == "failed" and "the disk is full" in info["error"]
+    assert [r.round for r in read_ledger(run.path)] == [1]  # the round itself is kept
+    assert not (run.path / FOLDER / f".{SERVER_FILE}.{os.getpid()}.tmp").exists()
+    assert "error: WriteFailed: cannot write" in capsys.readouterr().out
+    # the ledger's own disk full: no half line is left for a reader to choke on
+    (tmp_path / "ledger").mkdir()
+    os.symlink(FULL, tmp_path / "ledger" / "metrics.jsonl")
+    with pytest.raises(OSError, match="the disk is full"):
+        RunFolder(tmp_path / "ledger").append_jsonl("metrics.jsonl", {"round": 1})
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="needs Linux's /dev/full")
+def test_a_full_disk_under_flwr_log_is_said_once_and_the_printed_cause_is_the_outcome(
+        tmp_path):
+    os.symlink(FULL, tmp_path / "flwr.log")
+    seen = []
+    log = LogFilter(tmp_path / "flwr.log", False, seen.append)
+    cause = "WriteFailed: cannot write run.json: No space left on device (the disk is full)"
+    for line in ("round 1", f"error: {cause}", "error: run.json could not record it either"):
+        log(f"{PREFIX}{line}")
+    log.close()
+    assert sum("the rest of Flower's log is not kept" in s for s in seen) == 1
+    assert f"error: {cause}" in seen
+    # run.json never got the outcome: the cause the ServerApp printed is the outcome
+    assert recorded_outcome(tmp_path, tmp_path / "flwr.log", None, log.last_error) == (
+        "failed", cause)
+
+
+def test_the_summary_names_each_failed_client_its_round_and_cause():
+    rec = RoundRecord(round=3, test={"accuracy": 0.5, "loss": 1.0}, train={}, sampled=[0, 1],
+                      clients=[{"partition-id": 0}], time={"round-s": 1.0},
+                      failures=[{"partition-id": 1, "error": "<class 'ClientAppException'>:<'\n"
+                                 "Traceback (most recent call last):\nValueError: boom\n'>"}, {"partition-id": 0, "phase": "evaluate",
+                                             "error": "UpdateRejected: w holds NaN or Inf"}])
+    lines = failure_lines([rec], {"resumed": [{"from-round": 2, "at": "t", "status": "crashed",
+                                               "error": "killed", "automatic": True}]})
+    text = "\n".join(lines)
+    assert "2 in 1 round(s)" in text
+    assert "round 3, client 1: ValueError: boom" in text
+    assert "round 3, client 0 (evaluate): UpdateRejected: w holds NaN or Inf" in text
+    assert "restarted automatically after round 2" in text

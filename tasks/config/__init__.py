@@ -115,6 +115,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         raise ConfigError(
             f"--set {text!r} is not of the form key=value (e.g. --set num-clients=20).")
     name, raw = (s.strip() for s in text.split("=", 1))
+    if not name:
+        raise ConfigError(f"--set {text!r} has no key before '='; the form is key=value "
+                          "(e.g. --set num-clients=20).")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

@@ -74,7 +74,7 @@ def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
 
 def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
     return (f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
-            f"{'inf' if hi is None else hi}{')' if hi_open else ']'}")
+            f"{'inf)' if hi is None else str(hi) + (')' if hi_open else ']')}")
 
 
 def key(default: Scalar, help: str, *, choices: tuple[str, ...] | None = None,

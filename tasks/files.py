@@ -1,0 +1,63 @@
+"""Writing result files so that a crash or a full disk never leaves half a file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+class WriteFailed(OSError):
+    """A result file could not be written; the message says why and what to do."""
+
+
+def explain(path: Path, exc: OSError) -> WriteFailed:
+    """``exc`` as one sentence a user can act on (a full disk says so)."""
+    why = exc.strerror or str(exc)
+    advice = {errno.ENOSPC: "the disk is full: free some space",
+              errno.EDQUOT: "the disk quota is used up: free some space",
+              errno.EROFS: "the file system is read-only: choose another results-dir",
+              errno.EACCES: "permission denied: choose a results-dir you can write to"}.get(
+        exc.errno or 0, "check the folder")
+    failed = WriteFailed(f"cannot write {path}: {why} ({advice})")
+    failed.errno = exc.errno
+    return failed
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` into a temporary file beside ``path``, force it to disk, rename it over
+    ``path``; on failure the temporary file is removed and :class:`WriteFailed` raised."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise explain(path, exc) from None
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line and force it to disk; on failure cut the file back to where it
+    was (no half line for a reader to choke on) and raise :class:`WriteFailed`."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise explain(path, exc) from None
+    finally:
+        os.close(fd)
