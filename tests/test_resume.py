@@ -186,9 +186,11 @@ def test_a_full_disk_under_flwr_log_is_said_once_and_the_printed_cause_is_the_ou
 def test_the_summary_names_each_failed_client_its_round_and_cause():
     rec = RoundRecord(round=3, test={"accuracy": 0.5, "loss": 1.0}, train={}, sampled=[0, 1],
                       clients=[{"partition-id": 0}], time={"round-s": 1.0},
-                      failures=[{"partition-id": 1, "error": "<class 'ClientAppException'>:<'\n"
-                                 "Traceback (most recent call last):\nValueError: boom\n'>"}, {"partition-id": 0, "phase": "evaluate",
-                                             "error": "UpdateRejected: w holds NaN or Inf"}])
+                      failures=[
+                          {"partition-id": 1, "error": "<class 'ClientAppException'>:<'\n"
+                           "Traceback (most recent call last):\nValueError: boom\n'>"},
+                          {"partition-id": 0, "phase": "evaluate",
+                           "error": "UpdateRejected: w holds NaN or Inf"}])
     lines = failure_lines([rec], {"resumed": [{"from-round": 2, "at": "t", "status": "crashed",
                                                "error": "killed", "automatic": True}]})
     text = "\n".join(lines)
