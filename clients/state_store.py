@@ -30,12 +30,17 @@ from tasks.messages import STATE_DIR
 TRANSIENT = (RECORD_KEY_STATE,)  # per-round protocol state, redone after a crash
 
 
-def state_file(node_config: dict) -> Path | None:
-    """Where this node keeps its state for the partition it serves (None: nowhere)."""
+def state_file(node_config: dict, run_config: dict) -> Path | None:
+    """Where this node keeps its state for the partition it serves in this run (None:
+    nowhere): ``<state-dir>/<run folder's name>/partition-<id>.state``, so a SuperNode
+    that serves several runs keeps their ledgers apart, and a resumed run (same folder)
+    finds its own."""
     folder = node_config.get(STATE_DIR)
     if not folder:
         return None
-    return Path(str(folder)) / f"partition-{int(node_config['partition-id'])}.state"
+    run = Path(str(run_config.get("run-dir") or "run")).name
+    run = "".join(c if c.isalnum() or c in "-_." else "-" for c in run).strip(".") or "run"
+    return Path(str(folder)) / run / f"partition-{int(node_config['partition-id'])}.state"
 
 
 def _lasting(state: RecordDict) -> bytes:
@@ -56,7 +61,7 @@ def save_state(path: Path, blob: bytes) -> None:
 
 def state_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Start a fresh Context from the node's saved state; save it when a message changed it."""
-    path = state_file(context.node_config)
+    path = state_file(context.node_config, context.run_config)
     if path is None:
         return call_next(msg, context)
     before = _lasting(context.state)

@@ -32,6 +32,7 @@ from tasks.config import ConfigError, RunConfig, validate
 
 from .app_bundle import app_dir
 from .configs import resolve
+from .deploy import Connection, DeployedSuperLink
 from .preflight import Preflight, preflight_isolated
 from .runner import RunOutcome, execute
 from .superlink import LocalSuperLink
@@ -210,6 +211,23 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
              f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
         return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                        echo=echo, label_counts=pre.label_counts)
+
+
+def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
+                 verbose: bool = False, echo: Echo = print) -> Result:
+    """Submit ``cfg`` to a running deployment (``fedpriv deploy superlink``) and wait for
+    it; the ServerApp writes the usual results folder on the SuperLink's host (run this
+    there, or give a results-dir that exists there)."""
+    echo(f"fedpriv deploy run · {link.address} · {cfg.data.dataset} · "
+         f"{cfg.federation.num_server_rounds} rounds · seed {cfg.training.seed}")
+    given = given_run_dir(cfg.results)
+    pre = _checked(cfg, echo)
+    run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    with DeployedSuperLink(link) as deployed:
+        outcome = execute(deployed, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
+                          echo=echo, label_counts=pre.label_counts)
+    return Result(run_dir, cfg, read_ledger(run_dir),
+                  {**outcome.info, "status": outcome.status, "error": outcome.error})
 
 
 def run(preset: str | None = None, *, name: str | None = None, supernodes: bool = False,

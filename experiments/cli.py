@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tasks.config import SCHEMA, ConfigError, defaults, to_toml, validate
 
-from . import configs
+from . import configs, deploy_cli
 
 EXIT_BAD_INPUT = 2
 
@@ -138,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     attack.add_argument("--client", type=int, action="append", metavar="C",
                         help="only this observed client's partition id (repeatable)")
 
+    deploy_cli.add_parser(sub)
+
     keys = sub.add_parser("keys", help="print every run-config key with default and allowed "
                                        "values")
     keys.add_argument("--markdown", action="store_true", help="as docs/CONFIG.md")
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             run_attacks(args.run_dir, names or None, args.set, args.round, args.client,
                         echo=print)
             return 0
+        if args.command == "deploy":
+            return deploy_cli.run(args)
         if args.command == "keys":
             if args.toml:
                 print(to_toml(defaults()), end="")

@@ -118,8 +118,9 @@ def main(argv: list[str]) -> int:
             tmp.write_text(json.dumps(record))
             os.replace(tmp, path)
         time.sleep(INTERVAL)
-    stop_recorded(record)
+    # the outcome first: a ServerApp stopped below must not record its own ending
     mark_orphaned_runs(path.with_suffix(".runs"), owner)
+    stop_recorded(record)
     shutil.rmtree(home, ignore_errors=True)
     return 0
 
@@ -140,7 +141,7 @@ def mark_orphaned_runs(runs_file: Path, owner: int) -> None:
         if info.get("status") != "running":
             continue
         info.update({"status": "crashed", "error": f"fedpriv (pid {owner}) was killed "
-                     "before the run ended; the processes it started were stopped. The "
+                     "before the run ended; the processes it started are stopped. The "
                      "rounds that finished are in metrics.jsonl; continue with `fedpriv run "
                      f"--resume {folder}`."})
         tmp = folder / ".run.json.keeper"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import os
+import queue
 import signal
 import subprocess
 import threading
@@ -93,17 +95,61 @@ def _die_with_parent() -> None:
         pass
 
 
-def stream_child(cmd: list[str], on_line: Callable[[str], None]) -> int:
-    """Run ``cmd``, passing each output line on; stop it (by PID) if we are interrupted,
-    and have the kernel stop it if we are killed. Returns its exit code."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, bufsize=1, errors="replace",
-                            preexec_fn=_die_with_parent)
+def stop_group(pgid: int, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, the process group of a child started in a session of its own
+    (its id is that child's PID): what it started and left behind when it exited."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if sig == signal.SIGTERM:
+            wait_until(lambda: not _group_alive(pgid), grace)
+
+
+def _group_alive(pgid: int) -> bool:
     try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stream_child(cmd: list[str], on_line: Callable[[str], None],
+                 env: dict[str, str] | None = None) -> int:
+    """Run ``cmd``, passing each output line on; stop it (by PID) if we are interrupted,
+    and have the kernel stop it if we are killed. When it exits, whatever it started and
+    left running (holding its output open) is stopped too. Returns its exit code."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, bufsize=1, errors="replace",
+                            preexec_fn=_die_with_parent, start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    ended: float | None = None
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if proc.poll() is not None:
+                    if ended is None:
+                        ended = time.monotonic()
+                        stop_group(proc.pid)
+                    elif time.monotonic() - ended > 5:
+                        break
+                continue
+            if line is None:
+                break
             on_line(line.rstrip("\n"))
         return proc.wait()
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # interrupted: the child, its group, then any stragglers
+            stop_group(proc.pid)
             stop_tree(proc)

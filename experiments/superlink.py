@@ -74,25 +74,27 @@ def flower_executable(name: str) -> str:
     return found
 
 
-def flower_env(home: Path) -> dict[str, str]:
+def flower_env(home: Path | None) -> dict[str, str]:
+    """The environment of the Flower processes fedpriv starts (``home``: a private
+    FLWR_HOME; None keeps the user's)."""
     env = dict(os.environ)
     # Flower starts flower-superexec / flwr-simulation by name: make this environment's
     # scripts findable even when it was not activated (e.g. .venv/bin/fedpriv).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if home is not None:
+        env.update({"FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray")})
     env.update({
-        "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "RAY_TMPDIR": str(home / "ray"),
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-        # Ray's single-machine mode: its node address is 127.0.0.1, so the GCS, raylet,
-        # workers and the simulation's driver listen on loopback only, not on every
-        # interface (Flower passes no node address to ray.init). A Ray cluster on other
-        # hosts is attached to with RAY_ADDRESS instead.
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONUNBUFFERED": "1",
     })
+    # Ray's single-machine mode: its node address is 127.0.0.1, so the GCS, raylet,
+    # workers and the simulation's driver listen on loopback only, not on every interface
+    # (Flower passes no node address to ray.init). A private Ray, never a cluster's.
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return env
 
 
@@ -112,6 +114,7 @@ class LocalSuperLink:
         self.startup_timeout = startup_timeout
         self.cwd = cwd or Path.cwd()
         self.num_supernodes = supernodes
+        self.simulation = supernodes == 0  # else real SuperNodes: no federation config
         self.nodes: list[subprocess.Popen] = []
         self.home: Path | None = None
         self.port: int | None = None
@@ -221,7 +224,7 @@ class LocalSuperLink:
         overrides.write_text(to_toml(run_config))
         cmd = [flower_executable("flwr"), "run", str(app_dir), self.CONNECTION, "--stream",
                "--run-config", str(overrides)]
-        if not self.num_supernodes:  # the simulated federation's size and resources
+        if self.simulation:  # the simulated federation's size and resources
             cmd += ["--federation-config",
                     " ".join(f"{k}={_toml_value(v)}" for k, v in federation.items())]
         client = subprocess.Popen(cmd, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,

@@ -194,7 +194,8 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
                           "a resume here: resuming would reset their epsilon")
     info["client-state"] = state_dir or None
     grid = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
-                          assign=simulated(grid), cell=cell, state_dir=state_dir)
+                          assign=simulated(grid), cell=cell, state_dir=state_dir,
+                          poll_interval=cfg.federation.reply_poll_interval)
     info["num-clients"] = len(clients)
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "

@@ -44,7 +44,10 @@ def common_args(fed: FederationConfig, num_clients: int) -> dict[str, Any]:
     return {"fraction_train": fed.fraction_train, "fraction_evaluate": fed.fraction_evaluate,
             "min_train_nodes": min(fed.min_train_clients, num_clients),
             "min_evaluate_nodes": 1 if fed.fraction_evaluate > 0 else 0,
-            "min_available_nodes": num_clients, "weighted_by_key": WEIGHT_KEY,
+            # a round goes on with the nodes still connected (a SuperNode may die; Flower
+            # would otherwise wait for it forever, checking once a second)
+            "min_available_nodes": min(fed.min_train_clients, num_clients),
+            "weighted_by_key": WEIGHT_KEY,
             "train_metrics_aggr_fn": weighted_metrics,
             "evaluate_metrics_aggr_fn": weighted_metrics}
 

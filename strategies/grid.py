@@ -24,11 +24,13 @@ the view only orders and filters, and adds nothing to the messages.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.superlink.grid.http_grid import HttpGrid
 
 from tasks.messages import CELL_RECORD, NODE_RECORD, STATE_DIR
 
@@ -37,12 +39,15 @@ class FederationGrid(Grid):
     """A Grid restricted to the run's nodes, ordered by partition, stamping each message."""
 
     def __init__(self, grid: Grid, partition_of: Mapping[int, int], *, assign: bool = False,
-                 cell: Mapping[str, Any] | None = None, state_dir: str = "") -> None:
+                 cell: Mapping[str, Any] | None = None, state_dir: str = "",
+                 poll_interval: float = 0.2) -> None:
         self._grid = grid.grid if isinstance(grid, FederationGrid) else grid
         self.partition_of = dict(partition_of)
         self.assign = assign
         self.cell = dict(cell) if cell else None
         self.state_dir = state_dir
+        self.poll_interval = poll_interval
+        self._sent_to: dict[str, int] = {}  # message id -> the node it was sent to
         self._order = sorted(self.partition_of, key=lambda n: (self.partition_of[n], n))
 
     @property
@@ -53,6 +58,15 @@ class FederationGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         live = set(self._grid.get_node_ids())
         return [n for n in self._order if n in live]
+
+    def node_of(self, reply: Message) -> int:
+        """The node a reply is about: its sender, or, for an error the SuperLink answered
+        in a node's place (e.g. NODE_UNAVAILABLE after a SuperNode died), the node the
+        message went to."""
+        src = reply.metadata.src_node_id
+        if src in self.partition_of:
+            return src
+        return self._sent_to.get(reply.metadata.reply_to_message_id, src)
 
     def stamp(self, msg: Message) -> Message:
         """Add the node's partition (in simulation) and the sweep cell to ``msg``.
@@ -92,4 +106,23 @@ class FederationGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        return self._grid.send_and_receive([self.stamp(m) for m in messages], timeout=timeout)
+        """Send, then collect replies until all are in or ``timeout`` passes. The
+        simulation's in-memory grid keeps its own loop; on a real SuperLink replies are
+        checked every ``poll_interval`` s instead of Flower's fixed 3 s."""
+        stamped = [self.stamp(m) for m in messages]
+        if not isinstance(self._grid, HttpGrid):  # the simulation's in-memory grid
+            return self._grid.send_and_receive(stamped, timeout=timeout)
+        ids = list(self._grid.push_messages(stamped))
+        # only the latest batch: its replies are read before the next one is sent
+        self._sent_to = {i: m.metadata.dst_node_id for i, m in zip(ids, stamped, strict=True)}
+        waiting = set(ids)
+        end = time.monotonic() + (timeout or 0.0)
+        replies: list[Message] = []
+        while waiting:
+            got = list(self._grid.pull_messages(waiting))
+            replies += got
+            waiting -= {m.metadata.reply_to_message_id for m in got}
+            if not waiting or (timeout is not None and time.monotonic() >= end):
+                break
+            time.sleep(self.poll_interval)
+        return replies

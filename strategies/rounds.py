@@ -191,13 +191,14 @@ class PlainRounds:
         as a failure before anything is aggregated."""
         ok, skipped, failures = [], [], []
         for msg in replies:
-            pid = self._partition(msg.metadata.src_node_id)
+            node = self.grid.node_of(msg)
+            pid = self._partition(node)
             bad = None
             if not msg.has_error() and sent is not None and not metrics_of(msg).get(
                     "dp-skipped"):
                 bad = update_problem(msg.content.array_records.get("arrays"), sent)
             if msg.has_error() or bad:
-                failures.append({"partition-id": pid, "node-id": msg.metadata.src_node_id,
+                failures.append({"partition-id": pid, "node-id": node,
                                  "error": msg.error.reason if msg.has_error()
                                  else f"UpdateRejected: {bad}"})
             elif metrics_of(msg).get("dp-skipped"):

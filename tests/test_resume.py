@@ -100,7 +100,7 @@ def test_resumed_local_dp_run_equals_an_uninterrupted_one(tmp_path, _task_identi
     assert third == {c["partition-id"]: c["epsilon"] for c in whole[2].clients}
     # the crashed run's clients did train round 3: their state on disk said so
     assert crashed_grid.training_calls == 3
-    states = list((tmp_path / "crashed" / FOLDER / "clients").glob("partition-*.state"))
+    states = list((tmp_path / "crashed" / FOLDER / "clients").rglob("partition-*.state"))
     assert len(states) == 4
 
 

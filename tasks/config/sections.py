@@ -73,6 +73,9 @@ class FederationConfig(Section):
                                  "round.", lo=0, hi=1)
     round_timeout: float = key(600.0, "Seconds to wait for client replies in a round.", lo=0,
                                lo_open=True)
+    reply_poll_interval: float = key(0.2, "On real SuperNodes: seconds between the server's "
+                                     "checks for replies (Flower's own grid waits 3 s).",
+                                     lo=0.01, hi=10)
 
 
 @dataclass(frozen=True)

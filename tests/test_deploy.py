@@ -1,0 +1,225 @@
+"""`fedpriv deploy`: certificates and keys that real TLS and Flower accept, and (slow) a
+multi-host test bed on loopback: a SuperLink with TLS and SuperNode authentication, three
+SuperNodes as separate processes, one killed during a round, an unregistered SuperNode
+and a wrong CA refused. Every process the tests start is stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import (
+    load_ssh_private_key,
+    load_ssh_public_key,
+)
+
+from experiments.credentials import certificate_hosts, write_certificates, write_node_keys
+from experiments.deploy import Connection, superlink_command, supernode_command
+from server.results import read_run_info
+from tasks.config import ConfigError
+
+from .conftest import REPO, ledger_json, only_run
+from .test_cli import _processes_with
+
+
+def _handshake(certs, ca: Path, server_name: str) -> None:
+    """A real TLS handshake: the SuperLink's certificate, verified against ``ca``."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs.cert, certs.key)
+    client_ctx = ssl.create_default_context(cafile=str(ca))
+    a, b = socket.socketpair()
+    errors = []
+
+    def serve():
+        try:
+            with server_ctx.wrap_socket(a, server_side=True) as s:
+                s.recv(1)
+        except (ssl.SSLError, OSError) as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with client_ctx.wrap_socket(b, server_hostname=server_name) as c:
+            c.send(b"x")
+    finally:
+        t.join(5)
+
+
+def test_certificates_pass_a_real_tls_handshake_for_each_name_and_only_with_their_ca(tmp_path):
+    certs = write_certificates(tmp_path / "certs", ["server.lab", "10.0.0.5"])
+    assert set(certificate_hosts(certs.cert)) == {"server.lab", "10.0.0.5", "127.0.0.1",
+                                                   "localhost"}
+    for name in ("server.lab", "10.0.0.5", "127.0.0.1", "localhost"):
+        _handshake(certs, certs.ca, name)
+    with pytest.raises(ssl.SSLCertVerificationError):  # a name it was not made for
+        _handshake(certs, certs.ca, "other.lab")
+    other = write_certificates(tmp_path / "other", ["server.lab"])
+    with pytest.raises(ssl.SSLCertVerificationError):  # another deployment's CA
+        _handshake(certs, other.ca, "server.lab")
+    assert oct(certs.key.stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(ConfigError, match="not a host name"):
+        write_certificates(tmp_path / "bad", ["http://server.lab"])
+
+
+def test_node_keys_are_p384_openssh_pairs(tmp_path):
+    paths = write_node_keys(tmp_path, 2)
+    for path in paths:
+        private = load_ssh_private_key(path.read_bytes(), None)
+        public = load_ssh_public_key(path.with_suffix(".pub").read_bytes())
+        assert isinstance(private, ec.EllipticCurvePrivateKey)
+        assert private.curve.name == "secp384r1"
+        assert private.public_key().public_numbers() == public.public_numbers()
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert paths[0].read_bytes() != paths[1].read_bytes()
+
+
+def test_commands_are_secure_by_default_and_refuse_bad_addresses(tmp_path):
+    certs = write_certificates(tmp_path / "certs", ["server.lab"])
+    cmd = superlink_command(certs, tmp_path / "state", "0.0.0.0", 9092)
+    assert "--enable-supernode-auth" in cmd and "--insecure" not in cmd
+    assert cmd[cmd.index("--database") + 1] == str(tmp_path / "state" / "state.db")
+    with pytest.raises(ConfigError, match="needs TLS"):
+        superlink_command(None, tmp_path / "state", "127.0.0.1", 9092)
+    link = Connection("server.lab:9092", certs.ca)
+    node = supernode_command(link, {"partition-id": 1, "num-partitions": 3}, None)
+    assert node[node.index("--root-certificates") + 1] == str(certs.ca)
+    assert node[node.index("--node-config") + 1] == "partition-id=1 num-partitions=3"
+    for bad in ("server.lab", "server.lab:99999", ":9092"):
+        with pytest.raises(ConfigError, match="is not HOST:PORT"):
+            Connection(bad, certs.ca)
+    with pytest.raises(ConfigError, match="does not exist"):
+        Connection("server.lab:9092", tmp_path / "missing.crt")
+
+
+def _fedpriv(*args: str, marker: str, log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen([sys.executable, "-m", "experiments.cli", *args], cwd=REPO,
+                            stdout=out, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
+
+
+def _wait_for(path: Path, text: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} not in {path} after {timeout} s:\n"
+                         f"{path.read_text(errors='replace')[-2000:] if path.exists() else ''}")
+
+
+@pytest.mark.slow
+def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_path):
+    marker = uuid.uuid4().hex
+    started: list[subprocess.Popen] = []
+    run = [sys.executable, "-m", "experiments.cli", "deploy"]
+    subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
+                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "4"], cwd=REPO,
+                   check=True, capture_output=True)
+    ca = str(tmp_path / "certs" / "ca.crt")
+    port = _free_port()
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]
+    try:
+        started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
+                                "--state", str(tmp_path / "state"), "--port", str(port),
+                                marker=marker, log=tmp_path / "superlink.log"))
+        _wait_for(tmp_path / "superlink.log", "Uvicorn running on https")
+        keys = [str(tmp_path / "keys" / f"supernode-{i}.pub") for i in range(3)]
+        reg = subprocess.run([*run, "register", *keys, *link], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert reg.returncode == 0 and reg.stdout.count("registered successfully") == 3, reg
+        for i in range(3):
+            started.append(_fedpriv(
+                "deploy", "supernode", *link, "--key", str(tmp_path / "keys" / f"supernode-{i}"),
+                "--partition-id", str(i), "--num-partitions", "3", "--port", str(_free_port()),
+                marker=marker, log=tmp_path / f"supernode-{i}.log"))
+        # a SuperNode whose key was never registered is refused (Flower's code 305)
+        stranger = subprocess.run(
+            [*run, "supernode", *link, "--key", str(tmp_path / "keys" / "supernode-3"),
+             "--partition-id", "0", "--num-partitions", "3", "--port", str(_free_port())],
+            cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert stranger.returncode != 0, stranger.stdout[-2000:]
+        assert "refused this SuperNode" in stranger.stdout
+        # another deployment's CA cannot talk to this SuperLink
+        other = tmp_path / "other"
+        subprocess.run([*run, "certs", str(other), "--host", "server.lab"], cwd=REPO,
+                       check=True, capture_output=True)
+        wrong = subprocess.run([*run, "register", "--ls", "--superlink", f"127.0.0.1:{port}",
+                                "--ca", str(other / "ca.crt")], cwd=REPO, capture_output=True,
+                               text=True, timeout=120)
+        assert wrong.returncode != 0 and "unavailable" in wrong.stdout + wrong.stderr
+        listed = subprocess.run([*run, "register", "--ls", *link], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        deadline = time.monotonic() + 60
+        while listed.stdout.count("online") < 3 and time.monotonic() < deadline:
+            time.sleep(2)
+            listed = subprocess.run([*run, "register", "--ls", *link], cwd=REPO,
+                                    capture_output=True, text=True, timeout=120)
+        assert listed.stdout.count("online") == 3, listed.stdout
+
+        results = tmp_path / "results"
+        job = _fedpriv("deploy", "run", *link, "--set", "num-clients=3", "--set",
+                       "num-server-rounds=3", "--set", f"results-dir={results}",
+                       marker=marker)
+        started.append(job)
+        lines = []
+        for line in job.stdout:
+            lines.append(line)
+            if line.strip().startswith("1 |"):
+                break
+        # round 2 has begun: SuperNode 2's Flower process dies without a goodbye
+        node2 = [p for p in psutil.Process(started[3].pid).children(recursive=True)
+                 if "flower-supernode" in " ".join(_cmdline(p))]
+        assert node2
+        os.kill(node2[0].pid, signal.SIGKILL)
+        lines += job.communicate(timeout=600)[0]
+        text = "".join(lines)
+        assert job.returncode == 0, text
+        ledger = ledger_json(only_run(results))
+        assert [r["round"] for r in ledger] == [1, 2, 3]
+        assert sorted(c["partition-id"] for c in ledger[0]["clients"]) == [0, 1, 2]
+        for r in ledger[1:]:  # the others trained; client 2's failure is recorded
+            assert sorted(c["partition-id"] for c in r["clients"]) == [0, 1], r
+            assert [f["partition-id"] for f in r["failures"]] in ([2], []), r["failures"]
+        assert any(f["partition-id"] == 2 for r in ledger[1:] for f in r["failures"])
+        assert "client error(s), e.g. client 2" in text
+        assert read_run_info(only_run(results))["status"] == "finished"
+    finally:
+        for proc in reversed(started):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_with(marker) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # gone, or a zombie
+        return []
