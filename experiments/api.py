@@ -206,7 +206,10 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
     runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
                else "simulation runtime, Ray backend")
     echo(f"starting Flower SuperLink ({runtime})...")
-    with LocalSuperLink(supernodes=nodes) as link:
+    ray = "" if nodes else cfg.resources.ray_address
+    if ray:
+        echo(f"the simulated clients run on the Ray cluster at {ray}")
+    with LocalSuperLink(supernodes=nodes, ray=ray) as link:
         echo(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
              f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
         return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,

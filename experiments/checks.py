@@ -70,7 +70,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     writable(Path(cfg.results.results_dir), "results-dir")
     resolve_device(cfg.resources.device)
     cores = os.cpu_count() or 1
-    if cfg.resources.client_cpus > cores:
+    if cfg.resources.client_cpus > cores and not cfg.resources.ray_address:
         raise ConfigError(
             f"client-cpus = {cfg.resources.client_cpus} but this machine has {cores} CPU "
             f"cores: Ray could never place a client, and the run would stall. Use "

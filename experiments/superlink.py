@@ -74,15 +74,17 @@ def flower_executable(name: str) -> str:
     return found
 
 
-def flower_env(home: Path | None) -> dict[str, str]:
+def flower_env(home: Path | None, ray: str = "") -> dict[str, str]:
     """The environment of the Flower processes fedpriv starts (``home``: a private
-    FLWR_HOME; None keeps the user's)."""
+    FLWR_HOME; None keeps the user's; ``ray``: a Ray cluster's HOST:PORT to attach to)."""
     env = dict(os.environ)
     # Flower starts flower-superexec / flwr-simulation by name: make this environment's
     # scripts findable even when it was not activated (e.g. .venv/bin/fedpriv).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if home is not None:
-        env.update({"FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray")})
+        env["FLWR_HOME"] = str(home)
+        if not ray:  # a cluster keeps its session files where its head put them
+            env["RAY_TMPDIR"] = str(home / "ray")
     env.update({
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
@@ -92,9 +94,13 @@ def flower_env(home: Path | None) -> dict[str, str]:
     })
     # Ray's single-machine mode: its node address is 127.0.0.1, so the GCS, raylet,
     # workers and the simulation's driver listen on loopback only, not on every interface
-    # (Flower passes no node address to ray.init). A private Ray, never a cluster's.
+    # (Flower passes no node address to ray.init). Also for a cluster whose head is on
+    # loopback: otherwise Ray turns 127.0.0.1 into this host's network address.
     env.pop("RAY_ADDRESS", None)
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if ray:  # Flower's ray.init() without an address attaches to RAY_ADDRESS
+        env["RAY_ADDRESS"] = ray
+    if not ray or ray.rpartition(":")[0] in ("127.0.0.1", "localhost"):
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return env
 
 
@@ -110,11 +116,12 @@ class LocalSuperLink:
     CONNECTION = "fedpriv"
 
     def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None,
-                 supernodes: int = 0) -> None:
+                 supernodes: int = 0, ray: str = "") -> None:
         self.startup_timeout = startup_timeout
         self.cwd = cwd or Path.cwd()
         self.num_supernodes = supernodes
         self.simulation = supernodes == 0  # else real SuperNodes: no federation config
+        self.ray = ray  # a Ray cluster to run the simulation on ("": a private Ray)
         self.nodes: list[subprocess.Popen] = []
         self.home: Path | None = None
         self.port: int | None = None
@@ -127,7 +134,7 @@ class LocalSuperLink:
     @property
     def env(self) -> dict[str, str]:
         assert self.home is not None
-        return flower_env(self.home)
+        return flower_env(self.home, self.ray)
 
     def _healthy(self) -> bool:
         try:

@@ -294,7 +294,7 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
          "cells": spec.extra, "seeds": spec.seeds}, indent=2))
     t0 = time.perf_counter()
     try:
-        with LocalSuperLink() as link:
+        with LocalSuperLink(ray=cells[0].config.resources.ray_address) as link:
             if separate:
                 _run_separately(link, out, spec, cells, verbose)
             else:

@@ -6,11 +6,13 @@ and a wrong CA refused. Every process the tests start is stopped by PID."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -223,3 +225,44 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return p.cmdline()
     except psutil.Error:  # gone, or a zombie
         return []
+
+
+@pytest.mark.slow
+def test_the_simulation_runs_on_an_existing_ray_cluster(tmp_path):
+    """A Ray head started here (loopback, by PID), and `fedpriv run --set ray-address=...`:
+    Flower's Ray backend attaches to it and the clients' actors run in its workers."""
+    marker = uuid.uuid4().hex
+    port = _free_port()
+    session = Path(tempfile.mkdtemp(prefix="fpray-"))  # short: Ray's socket paths are limited
+    env = {**os.environ, "FEDPRIV_TEST_MARKER": marker, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    try:
+        head = subprocess.run(
+            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--port", str(port),
+             "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard",
+             "false", "--temp-dir", str(session), "--disable-usage-stats"],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert head.returncode == 0, head.stdout + head.stderr
+        results = tmp_path / "results"
+        res = subprocess.run(
+            [sys.executable, "-m", "experiments.cli", "run", "--set", "num-clients=3", "--set",
+             "num-server-rounds=2", "--set", f"ray-address=127.0.0.1:{port}", "--set",
+             f"results-dir={results}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert f"run on the Ray cluster at 127.0.0.1:{port}" in res.stdout
+        assert read_run_info(only_run(results))["status"] == "finished"
+        # the clients ran in the cluster's workers (the cluster's own session logs)
+        logs = [p.read_text(errors="replace") for p in session.glob("session_*/logs/worker-*")]
+        assert any("ClientAppActor" in text for text in logs), len(logs)
+    finally:
+        procs = []
+        for pid in _processes_with(marker):
+            try:
+                procs.append(psutil.Process(pid))
+                procs[-1].terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        for p in alive:
+            p.kill()
+        shutil.rmtree(session, ignore_errors=True)
+    assert _processes_with(marker) == []

@@ -21,6 +21,11 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     errors += _secagg_checks(cfg)
     errors += _embedding_checks(cfg)
     errors += _leakage_checks(cfg)
+    ray = cfg.resources.ray_address
+    host, _, port = ray.rpartition(":")
+    if ray and (not host or not port.isdigit() or not 0 < int(port) < 65536):
+        errors.append(f"ray-address = {ray!r} is not HOST:PORT: give the Ray head's address "
+                      "as `ray start --head --port 6379` prints it, e.g. 10.0.0.5:6379.")
     try:
         parse_hidden(cfg.training.mlp_hidden)
     except ValueError as exc:

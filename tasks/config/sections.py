@@ -368,6 +368,10 @@ class ResourcesConfig(Section):
                              "(ignored on CPU-only machines).", lo=0, hi=1)
     client_threads: int = key(1, "torch threads per client (more than client-cpus slows "
                               "training down).", lo=1)
+    ray_address: str = key("", "Run the simulated clients on an existing Ray cluster: its "
+                           "head's HOST:PORT (`ray start --head --port 6379`). Every node "
+                           "needs this environment and the data. Empty: a private Ray on "
+                           "this machine, bound to loopback.", allowed="HOST:PORT or empty")
 
 
 @dataclass(frozen=True)
