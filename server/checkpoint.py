@@ -29,7 +29,7 @@ from tasks.files import write_atomic
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
-from .results import OUTCOMES, RUN_INFO, read_run_info
+from .results import OUTCOMES, RUN_INFO, json_default, read_run_info
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
@@ -61,7 +61,7 @@ class Checkpoint:
                 "info": self.info}
         arrays = {f"model.{i}": self.model[k].numpy() for i, k in enumerate(keys)}
         arrays.update({f"runner.{k}": v for k, v in self.runner[1].items()})
-        blob = np.frombuffer(json.dumps(meta, default=_plain).encode(), dtype=np.uint8)
+        blob = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
         write_atomic(folder / SERVER_FILE, lambda f: np.savez(f, meta=blob, **arrays))
 
     @classmethod
@@ -73,12 +73,6 @@ class Checkpoint:
             runner = {k[len("runner."):]: z[k] for k in z.files if k.startswith("runner.")}
         return cls(int(meta["round"]), model, (meta["runner"], runner), meta["privacy"],
                    meta["anonymization"], meta["info"])
-
-
-def _plain(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 class CheckpointHook:
@@ -145,6 +139,6 @@ def rewind_ledger(run_dir: Path, last_round: int) -> list[RoundRecord]:
     """Keep the ledger's rounds up to ``last_round`` (a round recorded after the last
     checkpoint is run again); returns them."""
     kept = [r for r in read_ledger(run_dir) if r.round <= last_round]
-    text = "".join(json.dumps(r.to_json(), default=_plain) + "\n" for r in kept)
+    text = "".join(json.dumps(r.to_json(), default=json_default) + "\n" for r in kept)
     write_atomic(run_dir / METRICS, lambda f: f.write(text.encode()))
     return kept

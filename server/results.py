@@ -86,7 +86,7 @@ class RunFolder:
         write_atomic(self.path / name, lambda f: f.write(text.encode()))
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_text(name, json.dumps(obj, indent=2, default=_json_default) + "\n")
+        self.write_text(name, json.dumps(obj, indent=2, default=json_default) + "\n")
 
     def write_info(self, info: Mapping[str, Any]) -> None:
         """Write run.json for a run in progress or ending; refused once an outcome is
@@ -118,10 +118,11 @@ class RunFolder:
 
     def append_jsonl(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one JSON line to ``name`` and force it to disk."""
-        append_line(self.path / name, json.dumps(record, default=_json_default))
+        append_line(self.path / name, json.dumps(record, default=json_default))
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """What the result files' JSON does with numpy values and paths."""
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, Path):

@@ -5,6 +5,7 @@ and a wrong CA refused. Every process the tests start is stopped by PID."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -41,14 +42,12 @@ def _handshake(certs, ca: Path, server_name: str) -> None:
     server_ctx.load_cert_chain(certs.cert, certs.key)
     client_ctx = ssl.create_default_context(cafile=str(ca))
     a, b = socket.socketpair()
-    errors = []
 
     def serve():
-        try:
-            with server_ctx.wrap_socket(a, server_side=True) as s:
-                s.recv(1)
-        except (ssl.SSLError, OSError) as exc:
-            errors.append(exc)
+        # the client's side decides; a refused handshake ends the server's side too
+        with contextlib.suppress(ssl.SSLError, OSError), \
+                server_ctx.wrap_socket(a, server_side=True) as s:
+            s.recv(1)
 
     t = threading.Thread(target=serve)
     t.start()
@@ -265,4 +264,28 @@ def test_the_simulation_runs_on_an_existing_ray_cluster(tmp_path):
         for p in alive:
             p.kill()
         shutil.rmtree(session, ignore_errors=True)
+    assert _processes_with(marker) == []
+
+
+@pytest.mark.slow
+def test_kill_9_of_fedpriv_deploy_leaves_no_flower_process(tmp_path):
+    """`fedpriv deploy superlink` and `supernode` killed with SIGKILL: their Flower
+    processes (SuperLink, SuperNode and the SuperExecs below them) stop too."""
+    marker = uuid.uuid4().hex
+    port = _free_port()
+    link = _fedpriv("deploy", "superlink", "--insecure", "--state", str(tmp_path / "state"),
+                    "--port", str(port), marker=marker, log=tmp_path / "superlink.log")
+    _wait_for(tmp_path / "superlink.log", "Starting Flower SuperLink")
+    node = _fedpriv("deploy", "supernode", "--superlink", f"127.0.0.1:{port}", "--insecure",
+                    "--partition-id", "0", "--num-partitions", "1", "--port", str(_free_port()),
+                    marker=marker, log=tmp_path / "supernode.log")
+    _wait_for(tmp_path / "supernode.log", "Starting Flower SuperNode")
+    flower = [p for p in _processes_with(marker) if p not in (link.pid, node.pid)]
+    assert len(flower) >= 2, flower  # at least flower-superlink and flower-supernode
+    for proc in (node, link):
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert _processes_with(marker) == []
