@@ -59,8 +59,8 @@ def superlink_command(certs: Certificates | None, state: Path, host: str, port: 
     """``flower-superlink`` in deployment mode: TLS (unless ``certs`` is None), SuperNode
     authentication, and its state in ``state/state.db``."""
     if certs is None and auth:
-        raise ConfigError("SuperNode authentication needs TLS: give --certs, or add --no-auth "
-                          "to an --insecure loopback demo.")
+        raise ConfigError("SuperNode authentication needs TLS: give --certs (an --insecure "
+                          "loopback demo runs without authentication).")
     cmd = [flower_executable("flower-superlink"), "--host", host, "--port", str(port),
            "--database", str(state / "state.db"), "--disable-runtime-dependency-installation"]
     if certs is None:
@@ -72,7 +72,7 @@ def superlink_command(certs: Certificates | None, state: Path, host: str, port: 
 
 def supernode_command(link: Connection, node_config: dict[str, str | int], key: Path | None,
                       host: str = "127.0.0.1", port: int = 9094) -> list[str]:
-    """``flower-supernode`` for one host: its partition or its own data, its key."""
+    """``flower-supernode`` for one host: the partition it serves, its key."""
     config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
                       for k, v in node_config.items())
     cmd = [flower_executable("flower-supernode"), "--superlink", link.address, *link.flags(),
