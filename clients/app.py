@@ -9,6 +9,8 @@ handler only, and the disclosure mod to every reply.
 
 from __future__ import annotations
 
+import sys
+
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ from tasks.config import validate
 from tasks.training import evaluate, resolve_device
 
 from .anonymized import federated_cvae_release, federated_cvae_round
-from .state_store import state_mod
+from .state_store import state_file, state_mod
 from .update import Client, as_update, local_update
 
 LEGACY_METRICS = "fitres.metrics"  # Flower's legacy FitRes layout (SecAgg+ rounds)
@@ -65,11 +67,21 @@ def disclosure_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     return reply
 
 
+def in_simulation() -> bool:
+    """True inside Flower's simulation runtime, whose ClientApps run in its Ray workers. Only
+    there is a node a worker the server may pair with a partition and a state folder; a
+    real SuperNode runs its ClientApp in a process of its own, without Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Serve the partition and the sweep cell the server stamped on the message.
 
     In simulation the server pairs nodes with partitions (:mod:`strategies.grid`): its
-    ``fedpriv.node`` record becomes this message's ``node_config``. In a sweep run inside
+    ``fedpriv.node`` record becomes this message's ``node_config``. A real SuperNode
+    ignores that record: its partition, its data (``data-path``) and the folder it writes
+    its state to (``state-dir``) are its host's choice, never the server's. In a sweep run inside
     one simulation, ``fedpriv.cell`` carries the cell's run-config keys: the handlers see
     that cell's run config, and a ``Context.state`` of that cell's own (its records are
     kept under a ``cell-<index>/`` prefix), so one cell's DP ledger or CVAE decoder is
@@ -77,6 +89,8 @@ def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     """
     content = msg.content
     node = content.config_records.get(messages.NODE_RECORD)
+    if node is not None and not in_simulation():
+        node = None  # a real SuperNode's host decides what it serves and where it writes
     cell = content.config_records.get(messages.CELL_RECORD)
     if node is None and cell is None:
         return call_next(msg, context)
@@ -113,10 +127,14 @@ def _reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None) -> Me
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
-    """Report which partition this node holds, its size and label histogram."""
+    """Report which partition this node holds, whether it is the host's own data and
+    whether the node keeps its state for a resume, its size and label histogram."""
     client = Client.of(context)
     return _reply(msg, {"partition-id": client.partition_id,
                         "num-partitions": client.num_partitions,
+                        "own-data": int(bool(context.node_config.get(messages.DATA_PATH))),
+                        "keeps-state": int(state_file(context.node_config,
+                                                      context.run_config) is not None),
                         "num-examples": len(client.data),
                         "label-counts": client.data.label_counts()})
 

@@ -19,8 +19,9 @@ from privacy.anonymize import public_transform
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
 from privacy.dp.dpfedavg import CLIP_KEY, UNCLIPPED_KEY, clip
 from tasks.config import RunConfig, validate
+from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
-from tasks.splits import Split, client_split, model_for
+from tasks.splits import Split, client_split, model_for, own_split
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 from .anonymized import federated_cvae_release, holdout_split, released_data
@@ -42,7 +43,8 @@ class Client:
         torch.set_num_threads(cfg.resources.client_threads)
         pid = int(context.node_config["partition-id"])
         n = int(context.node_config["num-partitions"])
-        return cls(cfg, pid, n, client_split(cfg, pid, n))
+        own = context.node_config.get(DATA_PATH)
+        return cls(cfg, pid, n, own_split(cfg, str(own)) if own else client_split(cfg, pid, n))
 
     @property
     def seed(self) -> int:

@@ -226,6 +226,25 @@ def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
     given = given_run_dir(cfg.results)
     pre = _checked(cfg, echo)
     run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+    return _submit(cfg, link, run_dir, pre, verbose, echo)
+
+
+def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = False,
+                    echo: Echo = print) -> Result:
+    """Continue a deployed run (e.g. one Flower marked failed when its SuperLink restarted)
+    from its last checkpointed round; every SuperNode must have kept its state
+    (``--state-dir``), or the ServerApp refuses before the first round."""
+    path, cfg = resumable(run_dir)
+    rounds = Checkpoint.load(path).round
+    echo(f"fedpriv deploy run --resume · {path.name} · round {rounds} of "
+         f"{cfg.federation.num_server_rounds} checkpointed · {link.address}")
+    pre = _checked(cfg, echo)
+    RunFolder(path).reopen({"from-round": rounds, "at": now()})
+    return _submit(cfg, link, path, pre, verbose, echo)
+
+
+def _submit(cfg: RunConfig, link: Connection, run_dir: Path, pre: Preflight, verbose: bool,
+            echo: Echo) -> Result:
     with DeployedSuperLink(link) as deployed:
         outcome = execute(deployed, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                           echo=echo, label_counts=pre.label_counts)

@@ -79,17 +79,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     node.add_argument("--key", type=Path, help="this host's private key (with authentication)")
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
+    node.add_argument("--data-path", type=Path,
+                      help="this host's own training data, which the server never sees: an "
+                           ".npz file (arrays x, y) or an ImageFolder-layout folder "
+                           "(<class index>/<images>); default: partition I of the shared "
+                           "dataset")
     node.add_argument("--state-dir", type=Path,
-                      help="where this client keeps its state (DP ledger) between runs")
+                      help="where this client keeps its state (DP ledger, CVAE) so that "
+                           "`fedpriv deploy run --resume` can go on without resetting it")
     node.add_argument("--port", type=int, default=9094,
                       help="local port of this SuperNode's ClientApp API (default 9094)")
 
-    run = cmds.add_parser("run", help="submit a run to the deployment and wait for it")
+    run = cmds.add_parser("run", help="submit a run to the deployment and wait for it "
+                                      "(run it on the SuperLink's host: the results folder "
+                                      "is written there)")
     connection(run)
     run.add_argument("--config", metavar="PRESET",
                      help=f"a preset TOML file, or the name of one in {PRESETS}")
     run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
     run.add_argument("--name")
+    run.add_argument("--resume", metavar="RUN_FOLDER", type=Path,
+                     help="continue a crashed or failed deployed run (e.g. after a SuperLink "
+                          "restart) from its last checkpointed round, with its own config; "
+                          "its SuperNodes must have kept their state (--state-dir)")
     run.add_argument("--verbose", action="store_true")
 
 
@@ -139,17 +151,30 @@ def run(args: argparse.Namespace) -> int:
                               f"{args.num_partitions}).")
         config: dict[str, str | int] = {"partition-id": args.partition_id,
                                         "num-partitions": args.num_partitions}
+        if args.data_path is not None:
+            from tasks.local_data import describe
+
+            print(f"own data: {describe(args.data_path)}")
+            config["data-path"] = str(args.data_path.resolve())
         if args.state_dir is not None:
             args.state_dir.mkdir(parents=True, exist_ok=True)
             config["state-dir"] = str(args.state_dir.resolve())
         return deploy.serve_supernode(_connection(args), config, args.key, args.port)
     if cmd == "run":
-        from .api import run_deployed
+        from .api import resume_deployed, run_deployed
         from .configs import resolve
 
         t0 = time.perf_counter()
-        result = run_deployed(resolve(args.config, args.set), _connection(args),
-                              name=args.name, verbose=args.verbose)
+        if args.resume is not None:
+            given = [f for f, v in (("--config", args.config), ("--set", args.set),
+                                    ("--name", args.name)) if v]
+            if given:
+                raise ConfigError(f"fedpriv deploy run --resume continues a run with its own "
+                                  f"config; drop {', '.join(given)}.")
+            result = resume_deployed(args.resume, _connection(args), verbose=args.verbose)
+        else:
+            result = run_deployed(resolve(args.config, args.set), _connection(args),
+                                  name=args.name, verbose=args.verbose)
         if result.ok:
             print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
             return 0

@@ -6,6 +6,7 @@ attacks (:mod:`privacy.attacks`) never see what it returns.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from privacy.attacks.observation import Observation
 from server.federation import ServerTask
 from server.ledger import read_ledger
 from server.results import read_run_info
-from tasks.config import RunConfig
+from tasks.config import ConfigError, RunConfig
 from tasks.seeding import derive_seed
 from tasks.splits import client_split
 
@@ -36,6 +37,14 @@ class Truth:
 
 
 
+def _own_data_clients(run_dir: Path) -> set[int]:
+    path = run_dir / "partitions.json"
+    if not path.is_file():
+        return set()
+    clients = json.loads(path.read_text()).get("clients", [])
+    return {int(c["partition-id"]) for c in clients if c.get("own-data")}
+
+
 def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path) -> Truth:
     """What the observed client really trained on (the scoring side only)."""
     info = read_run_info(run_dir)
@@ -47,6 +56,12 @@ def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path)
                 else list(range(n)))
     else:
         pids = [obs.client]
+    own = _own_data_clients(run_dir) & set(pids)
+    if own:
+        raise ConfigError(
+            f"client(s) {', '.join(map(str, sorted(own)))} trained on their host's own data "
+            "(data-path), which the scorer never sees: their leakage cannot be scored against "
+            "ground truth. Run the leakage study on a shared dataset's partitions.")
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
     rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
     xs, ys, members, nonmembers = [], [], [], []

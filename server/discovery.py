@@ -31,9 +31,13 @@ class ClientInfo:
     num_partitions: int
     num_examples: int | None  # None: not disclosed by the client
     label_counts: list[int] | None
+    own_data: bool = False  # the host serves its own data (data-path), not a partition
+    keeps_state: bool = False  # the node keeps its state (state-dir) for a resume
 
     def as_json(self) -> dict:
         out: dict = {"partition-id": self.partition_id, "node-id": self.node_id}
+        if self.own_data:
+            out["own-data"] = True
         if self.num_examples is not None:
             out["num-examples"] = self.num_examples
         if self.label_counts is not None:
@@ -57,7 +61,8 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
         size = int(m["num-examples"]) if "num-examples" in m else None
         labels = [int(c) for c in m["label-counts"]] if "label-counts" in m else None
         infos.append(ClientInfo(reply.metadata.src_node_id, int(m["partition-id"]),
-                                int(m["num-partitions"]), size, labels))
+                                int(m["num-partitions"]), size, labels,
+                                bool(m.get("own-data", 0)), bool(m.get("keeps-state", 0))))
     if errors:
         raise DiscoveryError(f"{len(errors)} client(s) failed to load their data. First "
                              f"error: {errors[0]}")

@@ -189,13 +189,18 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     clients = discover(grid, cfg, task, run, title)
     state_dir = (str(run.path / CHECKPOINT / CLIENT_STATES)
                  if cfg.results.checkpoint and simulated(grid) else "")
-    if checkpoint is not None and needs_client_state(cfg) and not state_dir:
-        raise ResumeError("this run's clients are real SuperNodes, which keep no state for "
-                          "a resume here: resuming would reset their epsilon")
-    info["client-state"] = state_dir or None
+    stateless = [] if state_dir else [c.partition_id for c in clients if not c.keeps_state]
+    if checkpoint is not None and needs_client_state(cfg) and stateless:
+        raise ResumeError(
+            f"the SuperNodes of client(s) {', '.join(map(str, stateless))} keep no state "
+            "(they were started without a state-dir), so resuming would reset their epsilon "
+            "or CVAE; start every SuperNode with --state-dir to resume this run")
+    info["client-state"] = state_dir or (None if stateless else "on each SuperNode (state-dir)")
     grid = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
                           assign=simulated(grid), cell=cell, state_dir=state_dir,
-                          poll_interval=cfg.federation.reply_poll_interval)
+                          poll_interval=cfg.federation.reply_poll_interval,
+                          min_nodes=min(cfg.federation.min_train_clients, len(clients)),
+                          wait_limit=cfg.federation.round_timeout)
     info["num-clients"] = len(clients)
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "

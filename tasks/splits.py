@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from .config import RunConfig
-from .datasets import DatasetBundle, client_dataset
+from .datasets import DatasetBundle, client_dataset, dataset_meta
 from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
+from .errors import ConfigError
+from .local_data import read_local_data
 from .models import build_model, resolve_model_name
 from .partition import LabelsKey, PartitionArgs, cached_partitions, label_histogram
 
@@ -59,7 +61,7 @@ def feature_shape(cfg: RunConfig) -> tuple[int, ...]:
     """What the model reads: image shape, tabular width, or the embedding width."""
     if cfg.embeddings.enabled:
         return (_backbone(cfg).dim,)
-    return dataset_for(cfg).input_shape
+    return dataset_meta(cfg.data.dataset).input_shape
 
 
 def model_name(cfg: RunConfig) -> str:
@@ -70,7 +72,7 @@ def model_name(cfg: RunConfig) -> str:
 def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:
     """The model a run config asks for, sized for what the clients train on."""
     name = model_name(cfg)
-    return (build_model(name, feature_shape(cfg), dataset_for(cfg).num_classes,
+    return (build_model(name, feature_shape(cfg), dataset_meta(cfg.data.dataset).num_classes,
                         cfg.training.hidden), name)
 
 
@@ -90,6 +92,19 @@ def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Spli
     else:
         x = data.to_tensor(data.x_train[idx])
     return Split(x, torch.from_numpy(data.y_train[idx]), data.num_classes)
+
+
+def own_split(cfg: RunConfig, data_path: str) -> Split:
+    """A host's own training examples (:mod:`tasks.local_data`), read as the run's dataset
+    reads its rows; the dataset itself is not needed on the host."""
+    if cfg.embeddings.enabled:
+        raise ConfigError(
+            f"data-path {data_path!r}: features = 'embeddings' needs the backbone's training "
+            "data on every host, so a host's own data is read as raw features only. Run with "
+            "features = 'raw', or serve a partition of the shared dataset instead.")
+    meta = dataset_meta(cfg.data.dataset)
+    x, y = read_local_data(data_path, meta)
+    return Split(meta.to_tensor(x), torch.from_numpy(y), meta.num_classes)
 
 
 def heldout_split(cfg: RunConfig) -> Split:

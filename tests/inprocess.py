@@ -9,7 +9,8 @@ tests (marked slow) run the same code through the real runtime.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from unittest import mock
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
@@ -42,17 +43,20 @@ class LocalGrid(Grid):
 
 
 class InProcessGrid(LocalGrid):
-    """``num_clients`` nodes, node ``NODE_ID_BASE + i`` holding partition i."""
+    """``num_clients`` nodes, node ``NODE_ID_BASE + i`` holding partition i (plus what
+    ``node_config(i)`` adds to its node config, as a SuperNode's host would)."""
 
     def __init__(self, cfg: RunConfig, num_clients: int | None = None,
-                 node_ids: Iterable[int] | None = None, simulated: bool = False) -> None:
+                 node_ids: Iterable[int] | None = None, simulated: bool = False,
+                 node_config: Callable[[int], dict] | None = None) -> None:
         # simulated: the server pairs nodes with partitions, as in Flower's simulation
         self.assigns_partitions = simulated
         n = num_clients or cfg.federation.num_clients
         ids = list(node_ids) if node_ids is not None else [NODE_ID_BASE + i for i in range(n)]
         self.contexts = {
             nid: Context(run_id=1, node_id=nid, state=RecordDict(), run_config=cfg.flat(),
-                         node_config={"partition-id": pid, "num-partitions": n})
+                         node_config={"partition-id": pid, "num-partitions": n,
+                                      **(node_config(pid) if node_config else {})})
             for pid, nid in enumerate(ids)}
         self.sent: list[Message] = []
 
@@ -66,7 +70,10 @@ class InProcessGrid(LocalGrid):
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> list[Message]:
         replies = []
-        for msg in messages:
-            self.sent.append(msg)
-            replies.append(client_app.app(msg, self.contexts[msg.metadata.dst_node_id]))
+        # a simulated federation's nodes trust the server's assignment, as Flower's Ray
+        # workers do (clients.app.in_simulation); real SuperNodes' do not
+        with mock.patch.object(client_app, "in_simulation", return_value=self.assigns_partitions):
+            for msg in messages:
+                self.sent.append(msg)
+                replies.append(client_app.app(msg, self.contexts[msg.metadata.dst_node_id]))
         return replies

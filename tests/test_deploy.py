@@ -289,3 +289,115 @@ def test_kill_9_of_fedpriv_deploy_leaves_no_flower_process(tmp_path):
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_with(marker) == []
+
+
+def _stop_all(started: list[subprocess.Popen], marker: str) -> None:
+    for proc in reversed(started):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _online(link: list[str], count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = subprocess.run([sys.executable, "-m", "experiments.cli", "deploy", "register",
+                                 "--ls", *link], cwd=REPO, capture_output=True, text=True,
+                                timeout=120)
+        if listed.stdout.count("online") >= count or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert listed.stdout.count("online") == count, listed.stdout + listed.stderr
+
+
+@pytest.mark.slow
+def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_reset(tmp_path):
+    """kill -9 of the SuperLink during round 3 of a local-DP run: the run fails; the
+    SuperLink restarted on its database still knows both SuperNodes' keys; they reconnect
+    by themselves; `fedpriv deploy run --resume` finishes the run from the round-2
+    checkpoint, and each client's own ledger (on its host, in its state-dir) counts each
+    round once. Host 1 trains on its own .npz file (data-path)."""
+    import numpy as np
+
+    from clients.state_store import load_state
+    from tasks.datasets import load_dataset
+
+    marker = uuid.uuid4().hex
+    started: list[subprocess.Popen] = []
+    run = [sys.executable, "-m", "experiments.cli", "deploy"]
+    subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
+                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "2"], cwd=REPO,
+                   check=True, capture_output=True)
+    digits = load_dataset("mnist")
+    rows = np.random.default_rng(1).permutation(len(digits.y_train))[:400]
+    np.savez(tmp_path / "host-1.npz", x=digits.x_train[rows], y=digits.y_train[rows])
+    port = _free_port()
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", str(tmp_path / "certs" / "ca.crt")]
+    serve = ["deploy", "superlink", "--certs", str(tmp_path / "certs"), "--state",
+             str(tmp_path / "state"), "--port", str(port)]
+    try:
+        started.append(_fedpriv(*serve, marker=marker, log=tmp_path / "superlink.log"))
+        _wait_for(tmp_path / "superlink.log", "Uvicorn running on https")
+        reg = subprocess.run([*run, "register", *[str(tmp_path / "keys" / f"supernode-{i}.pub")
+                                                  for i in range(2)], *link],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert reg.returncode == 0, reg
+        for i in range(2):
+            own = ["--data-path", str(tmp_path / "host-1.npz")] if i == 1 else []
+            started.append(_fedpriv(
+                "deploy", "supernode", *link, "--key", str(tmp_path / "keys" / f"supernode-{i}"),
+                "--partition-id", str(i), "--num-partitions", "2", "--port", str(_free_port()),
+                "--state-dir", str(tmp_path / f"host-{i}"), *own,
+                marker=marker, log=tmp_path / f"supernode-{i}.log"))
+        _online(link, 2)
+        results = tmp_path / "results"
+        job = _fedpriv("deploy", "run", *link, "--set", "num-clients=2", "--set",
+                       "num-server-rounds=4", "--set", "dp=local", "--set",
+                       "noise-multiplier=1.0", "--set", f"results-dir={results}",
+                       marker=marker)
+        started.append(job)
+        lines = []
+        for line in job.stdout:
+            lines.append(line)
+            if line.strip().startswith("2 |"):
+                break
+        superlink = [p for p in psutil.Process(started[0].pid).children(recursive=True)
+                     if "flower-superlink" in " ".join(_cmdline(p))]
+        assert superlink
+        os.kill(superlink[0].pid, signal.SIGKILL)  # the server host loses its SuperLink
+        lines += job.communicate(timeout=300)[0]
+        assert job.returncode != 0, "".join(lines)
+        folder = only_run(results)
+        assert read_run_info(folder)["status"] in ("failed", "crashed")
+        started[0].wait(timeout=60)  # fedpriv deploy superlink ends with its SuperLink
+
+        started.append(_fedpriv(*serve, marker=marker, log=tmp_path / "superlink-2.log"))
+        _wait_for(tmp_path / "superlink-2.log", "Uvicorn running on https")
+        _online(link, 2, timeout=120)  # the keys were kept in state.db; the nodes came back
+        again = subprocess.run([*run, "run", *link, "--resume", str(folder)], cwd=REPO,
+                               capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert "round 2 of 4 checkpointed" in again.stdout
+        info = read_run_info(folder)
+        assert info["status"] == "finished" and info["resumed"][0]["from-round"] == 2
+        ledger = ledger_json(folder)
+        assert [r["round"] for r in ledger] == [1, 2, 3, 4]
+        sizes = {c["partition-id"]: c["num-examples"] for c in ledger[-1]["clients"]}
+        assert sizes[1] == 400  # host 1's own file
+        eps = [{c["partition-id"]: c["epsilon"] for c in r["clients"]} for r in ledger]
+        assert all(eps[k][p] > eps[k - 1][p] for k in (1, 2, 3) for p in (0, 1)), eps
+        for i in range(2):  # each host's own ledger: every round released once
+            state = load_state(tmp_path / f"host-{i}" / folder.name / f"partition-{i}.state")
+            assert sorted(state.config_records["dp-sgd"]["released-rounds"]) == [1, 2, 3, 4]
+    finally:
+        _stop_all(started, marker)
+    assert _processes_with(marker) == []

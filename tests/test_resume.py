@@ -17,7 +17,7 @@ from flwr.app import Context, RecordDict
 
 from experiments.runner import LogFilter, recorded_outcome
 from server.app import run_one
-from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, resumable
+from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, ResumeError, resumable
 from server.console import PREFIX
 from server.ledger import RoundRecord, read_ledger
 from server.results import RunFolder, read_run_info
@@ -35,8 +35,8 @@ TIMING = ("train-time-s",)
 class LostReplies(InProcessGrid):
     """Clients train round ``crash_round`` (and keep its state); the server never hears back."""
 
-    def __init__(self, cfg, crash_round):
-        super().__init__(cfg, simulated=True)
+    def __init__(self, cfg, crash_round, **grid):
+        super().__init__(cfg, **{"simulated": True, **grid})
         self.crash_round = crash_round
         self.training_calls = 0
 
@@ -61,12 +61,14 @@ def _comparable(records):
             for r in records]
 
 
-def _crash_and_resume(tmp_path, values, crash_round=3):
-    """Run ``values`` uninterrupted and with a crash in ``crash_round``, then resume."""
+def _crash_and_resume(tmp_path, values, crash_round=3, **grid):
+    """Run ``values`` uninterrupted and with a crash in ``crash_round``, then resume
+    (``grid``: how the nodes are set up; by default simulated nodes)."""
+    grid = {"simulated": True, **grid}
     whole = validate({**values, "run-dir": str(tmp_path / "whole")})
-    run_one(InProcessGrid(whole, simulated=True), _context(whole), whole)
+    run_one(InProcessGrid(whole, **grid), _context(whole), whole)
     cfg = validate({**values, "run-dir": str(tmp_path / "crashed")})
-    grid = LostReplies(cfg, crash_round)
+    grid, setup = LostReplies(cfg, crash_round, **grid), grid
     with pytest.raises(ConnectionError):
         run_one(grid, _context(cfg), cfg)
     crashed = tmp_path / "crashed"
@@ -75,7 +77,7 @@ def _crash_and_resume(tmp_path, values, crash_round=3):
     assert Checkpoint.load(crashed).round == crash_round - 1
     RunFolder(resumable(crashed)[0]).reopen({"from-round": crash_round - 1})
     again = validate({**values, "run-dir": str(crashed), "resume": True})
-    fresh = InProcessGrid(again, simulated=True)  # new processes: empty Contexts
+    fresh = InProcessGrid(again, **setup)  # new processes: empty Contexts
     run_one(fresh, _context(again), again)
     return read_ledger(tmp_path / "whole"), read_ledger(crashed), grid, fresh
 
@@ -117,6 +119,41 @@ def test_resumed_run_restores_the_strategy_state(tmp_path, _task_identity, value
     if values.get("dp") == "central":
         assert resumed[-1].privacy["releases"] == 4
         assert resumed[-1].privacy["clipping-norm"] != 1.0
+
+
+def test_supernodes_with_a_state_dir_resume_like_simulated_clients(tmp_path,
+                                                                   _task_identity):  # noqa: F811
+    """Real SuperNodes (the server assigns nothing) keep their ledgers in their host's own
+    state-dir: the resumed run equals the uninterrupted one, each round counted once."""
+    values = {**BASE, "dp": "local", "noise-multiplier": 1.0}
+    states = tmp_path / "hosts"
+    whole, resumed, _, fresh = _crash_and_resume(
+        tmp_path, values, simulated=False,
+        node_config=lambda pid: {"state-dir": str(states / f"host-{pid}")})
+    assert _comparable(resumed) == _comparable(whole)
+    assert read_run_info(tmp_path / "crashed")["client-state"] == "on each SuperNode (state-dir)"
+    assert sorted(p.relative_to(states).as_posix() for p in states.rglob("*.state")) == [
+        f"host-{i}/{run}/partition-{i}.state" for i in range(4)
+        for run in ("crashed", "whole")]
+    for pid in range(4):
+        ledger = fresh.contexts[1000 + pid].state.config_records["dp-sgd"]
+        assert sorted(ledger["released-rounds"]) == [r.round for r in whole if pid in r.sampled]
+
+
+def test_resume_is_refused_when_a_supernode_keeps_no_state(tmp_path, _task_identity):  # noqa: F811
+    values = {**BASE, "dp": "local", "noise-multiplier": 1.0, "num-server-rounds": 2}
+    cfg = validate({**values, "run-dir": str(tmp_path / "run")})
+    keeps = {0: True, 1: True, 2: False, 3: True}
+    setup = {"simulated": False, "node_config": lambda pid: (
+        {"state-dir": str(tmp_path / "hosts")} if keeps[pid] else {})}
+    with pytest.raises(ConnectionError):
+        run_one(LostReplies(cfg, 2, **setup), _context(cfg), cfg)
+    with pytest.raises(ConfigError, match="real SuperNodes without a state-dir"):
+        resumable(tmp_path / "run")  # run.json recorded that client 2 keeps nothing
+    RunFolder(tmp_path / "run").reopen({"from-round": 1})
+    again = validate({**values, "run-dir": str(tmp_path / "run"), "resume": True})
+    with pytest.raises(ResumeError, match=r"client\(s\) 2 keep no state"):
+        run_one(InProcessGrid(again, **setup), _context(again), again)
 
 
 def test_resume_is_refused_for_finished_running_and_unknown_folders(tmp_path):

@@ -6,6 +6,8 @@ with every registered strategy runs the real ClientApp in this process
 the end-to-end tests.
 """
 
+import time
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
@@ -200,3 +202,24 @@ def test_every_strategy_trains_the_real_clients(name):
     assert start < 0.2 and final > 0.5, (name, start, final)
     if name == "fedprox":  # the proximal term reached the clients
         assert all(m.content["config"]["proximal-mu"] == 0.01 for m in grid.sent)
+
+
+def test_a_federation_short_of_clients_stops_with_a_cause_instead_of_waiting_forever():
+    """Flower's own wait (``sample_nodes`` loops while fewer than ``min_available_nodes``
+    are connected) ends once the run's grid has been short for round-timeout seconds."""
+    from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+    from strategies.grid import FederationGrid, TooFewClients
+
+    nodes = NodeList([11, 12, 13])
+    grid = FederationGrid(nodes, {11: 0, 12: 1, 13: 2}, min_nodes=2, wait_limit=1.5)
+    assert sample_nodes(grid, 2, 2)[1] == [11, 12, 13]
+    nodes.ids = [12]  # two SuperNodes died
+    t0 = time.monotonic()
+    with pytest.raises(TooFewClients, match=r"only 1 of the run's 3 clients .* client\(s\) 0, 2"):
+        sample_nodes(grid, 2, 2)
+    assert 1.5 < time.monotonic() - t0 < 10
+    nodes.ids = [11, 12]  # enough again: the clock starts over
+    assert list(grid.get_node_ids()) == [11, 12]
+    nodes.ids = [12]
+    assert list(grid.get_node_ids()) == [12]  # short again, but not yet for long

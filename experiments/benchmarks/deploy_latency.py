@@ -4,8 +4,9 @@ against the simulation of the same workload, and what fedpriv's polling settings
 Runs the same config (default: 3 clients, 4 rounds, embedded MNIST, small CNN) as
 
 1. a simulation (``fedpriv run``),
-2. real SuperNodes with Flower's own 3 s reply poll (``reply-poll-interval = 3``),
-3. real SuperNodes with fedpriv's default reply poll and SuperExec poll,
+2. real SuperNodes with Flower's own polls (3 s reply poll, 1 s SuperExec poll),
+3. real SuperNodes with fedpriv's reply poll, Flower's 1 s SuperExec poll,
+4. real SuperNodes with fedpriv's defaults (reply poll and SuperExec poll),
 
 and prints the steady round time (rounds 2..R), the training time the clients reported,
 and the rest (Flower's transport: polls, a new ClientApp process per message).
@@ -17,6 +18,7 @@ and the rest (Flower's transport: polls, a new ClientApp process per message).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -24,19 +26,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.superlink import SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S
 from server.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(results: Path, sets: list[str], supernodes: bool) -> tuple[float, list]:
+def _run(results: Path, sets: list[str], supernodes: bool,
+         env: dict[str, str] | None = None) -> tuple[float, list]:
     cmd = [sys.executable, "-m", "experiments.cli", "run", "--set", f"results-dir={results}"]
     for s in sets:
         cmd += ["--set", s]
     if supernodes:
         cmd.append("--supernodes")
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -62,12 +67,16 @@ def main(argv: list[str] | None = None) -> int:
             "local-epochs=1"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("simulation (Ray)", False, []),
-                 ("SuperNodes, Flower's 3 s reply poll", True, ["reply-poll-interval=3"]),
-                 ("SuperNodes, fedpriv's defaults", True, [])]
-        for i, (name, nodes, extra) in enumerate(cases):
+        flower_exec = {SUPEREXEC_POLL_ENV: "1.0"}  # Flower 1.41's own SuperExec poll
+        cases = [("simulation (Ray)", False, [], {}),
+                 ("SuperNodes, Flower's polls (reply 3 s, SuperExec 1 s)", True,
+                  ["reply-poll-interval=3"], flower_exec),
+                 ("SuperNodes, reply poll 0.2 s, SuperExec 1 s", True, [], flower_exec),
+                 (f"SuperNodes, fedpriv's defaults (reply 0.2 s, SuperExec {SUPEREXEC_POLL_S} s)",
+                  True, [], {})]
+        for i, (name, nodes, extra, env) in enumerate(cases):
             print(f"running: {name}...", flush=True)
-            wall, ledger = _run(Path(tmp) / str(i), base + extra, nodes)
+            wall, ledger = _run(Path(tmp) / str(i), base + extra, nodes, env)
             rows.append(_row(name, wall, ledger))
     print(f"\n{args.clients} clients, {args.rounds} rounds, embedded MNIST, small CNN "
           "(steady = rounds 2..R; transport = round minus the slowest client's training)")

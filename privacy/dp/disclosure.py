@@ -2,8 +2,9 @@
 
 Every value in a client's reply is one of:
 
-- **identity**: which partition the node holds (``partition-id``, ``num-partitions``):
-  node configuration, not data; the server knows whom it talks to anyway.
+- **identity**: which partition the node holds (``partition-id``, ``num-partitions``),
+  whether it serves its own data (``own-data``) and keeps state for a resume
+  (``keeps-state``): node configuration, not data; the server knows whom it talks to.
 - **a function of the record count n and the config**: ``num-examples`` and what local
   DP-SGD derives from n (``epsilon``, ``delta``, ``noise-multiplier``, ``sample-rate``,
   ``dp-steps``, ``dp-skipped``, ``train-steps``). DP-SGD's accounting treats n as public
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-IDENTITY = frozenset({"partition-id", "num-partitions"})
+IDENTITY = frozenset({"partition-id", "num-partitions", "own-data", "keeps-state"})
 RECORD_COUNT = frozenset({"num-examples", "train-steps", "epsilon", "delta",
                           "noise-multiplier", "sample-rate", "dp-steps", "dp-skipped"})
 
