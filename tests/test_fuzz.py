@@ -180,3 +180,23 @@ def test_open_ended_ranges_read_as_excluding_infinity():
     assert _interval(1, None, False, False) == "[1, inf)"
     assert _interval(0, 1, False, True) == "[0, 1)"
     assert "inf]" not in cli.keys_reference()
+
+
+def test_bad_deploy_inputs_are_refused_before_any_process_starts(capsys, guarded, tmp_path,
+                                                                 monkeypatch):
+    import experiments.deploy
+
+    def started(*a, **k):
+        raise AssertionError("a bad input reached a Flower process")
+
+    monkeypatch.setattr(experiments.deploy, "serve_supernode", started)
+    monkeypatch.setattr(experiments.api, "_submit", started)
+    node = ["deploy", "supernode", "--superlink", "127.0.0.1:9092", "--insecure",
+            "--partition-id", "0", "--num-partitions", "2"]
+    _refused(capsys, [*node, "--data-path", str(tmp_path / "absent")], "does not exist")
+    (tmp_path / "d" / "cats").mkdir(parents=True)
+    _refused(capsys, [*node, "--data-path", str(tmp_path / "d")], "named by class index")
+    _refused(capsys, ["deploy", "run", "--superlink", "127.0.0.1:9092", "--insecure",
+                      "--resume", str(tmp_path), "--set", "num-clients=3"], "drop --set")
+    _refused(capsys, ["deploy", "run", "--superlink", "127.0.0.1:9092", "--insecure",
+                      "--resume", str(tmp_path)], "not a fedpriv run folder")
