@@ -89,6 +89,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "`fedpriv deploy run --resume` can go on without resetting it")
     node.add_argument("--port", type=int, default=9094,
                       help="local port of this SuperNode's ClientApp API (default 9094)")
+    node.add_argument("--rejoin-wait", type=float, default=90.0, metavar="SECONDS",
+                      help="when the SuperLink refuses to activate this node (its previous "
+                           "session still counts as online for up to 60 s after a crash, "
+                           "or its key is not registered), keep retrying this long "
+                           "(default 90; 0: give up at once)")
 
     run = cmds.add_parser("run", help="submit a run to the deployment and wait for it "
                                       "(run it on the SuperLink's host: the results folder "
@@ -159,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
         if args.state_dir is not None:
             args.state_dir.mkdir(parents=True, exist_ok=True)
             config["state-dir"] = str(args.state_dir.resolve())
-        return deploy.serve_supernode(_connection(args), config, args.key, args.port)
+        return deploy.serve_supernode(_connection(args), config, args.key, args.port,
+                                      rejoin_wait=args.rejoin_wait)
     if cmd == "run":
         from .api import resume_deployed, run_deployed
         from .configs import resolve

@@ -150,7 +150,8 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
         # a SuperNode whose key was never registered is refused (Flower's code 305)
         stranger = subprocess.run(
             [*run, "supernode", *link, "--key", str(tmp_path / "keys" / "supernode-3"),
-             "--partition-id", "0", "--num-partitions", "3", "--port", str(_free_port())],
+             "--partition-id", "0", "--num-partitions", "3", "--port", str(_free_port()),
+             "--rejoin-wait", "0"],
             cwd=REPO, capture_output=True, text=True, timeout=120)
         assert stranger.returncode != 0, stranger.stdout[-2000:]
         assert "refused this SuperNode" in stranger.stdout
