@@ -74,10 +74,6 @@ def flower_executable(name: str) -> str:
     return found
 
 
-SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
-SUPEREXEC_POLL_S = "0.1"
-
-
 def flower_env(home: Path | None, ray: str = "") -> dict[str, str]:
     """The environment of the Flower processes fedpriv starts (``home``: a private
     FLWR_HOME; None keeps the user's; ``ray``: a Ray cluster's HOST:PORT to attach to)."""
@@ -96,10 +92,7 @@ def flower_env(home: Path | None, ray: str = "") -> dict[str, str]:
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         "PYTHONUNBUFFERED": "1",
     })
-    # A SuperExec polls its SuperLink or SuperNode (on its own host) for work to start a
-    # ServerApp or ClientApp process for: every 1 s in Flower 1.41; 0.1 s saves most of a
-    # second per message (docs/BENCHMARKS.md). The user's own setting wins.
-    env.setdefault(SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S)
+
     # Ray's single-machine mode: its node address is 127.0.0.1, so the GCS, raylet,
     # workers and the simulation's driver listen on loopback only, not on every interface
     # (Flower passes no node address to ray.init). Also for a cluster whose head is on

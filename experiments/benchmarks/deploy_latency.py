@@ -5,8 +5,8 @@ Runs the same config (default: 3 clients, 4 rounds, embedded MNIST, small CNN) a
 
 1. a simulation (``fedpriv run``),
 2. real SuperNodes with Flower's own polls (3 s reply poll, 1 s SuperExec poll),
-3. real SuperNodes with fedpriv's reply poll, Flower's 1 s SuperExec poll,
-4. real SuperNodes with fedpriv's defaults (reply poll and SuperExec poll),
+3. real SuperNodes with fedpriv's 0.2 s reply poll (its default),
+4. the same with a 0.1 s SuperExec poll (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``),
 
 and prints the steady round time (rounds 2..R), the training time the clients reported,
 and the rest (Flower's transport: polls, a new ClientApp process per message).
@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.superlink import SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S
 from server.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
+SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # Flower's SuperExec poll, 1 s by default
 
 
 def _run(results: Path, sets: list[str], supernodes: bool,
@@ -67,13 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             "local-epochs=1"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        flower_exec = {SUPEREXEC_POLL_ENV: "1.0"}  # Flower 1.41's own SuperExec poll
         cases = [("simulation (Ray)", False, [], {}),
                  ("SuperNodes, Flower's polls (reply 3 s, SuperExec 1 s)", True,
-                  ["reply-poll-interval=3"], flower_exec),
-                 ("SuperNodes, reply poll 0.2 s, SuperExec 1 s", True, [], flower_exec),
-                 (f"SuperNodes, fedpriv's defaults (reply 0.2 s, SuperExec {SUPEREXEC_POLL_S} s)",
-                  True, [], {})]
+                  ["reply-poll-interval=3"], {}),
+                 ("SuperNodes, fedpriv's defaults (reply 0.2 s, SuperExec 1 s)", True, [], {}),
+                 ("SuperNodes, reply 0.2 s, SuperExec 0.1 s", True, [],
+                  {SUPEREXEC_POLL: "0.1"})]
         for i, (name, nodes, extra, env) in enumerate(cases):
             print(f"running: {name}...", flush=True)
             wall, ledger = _run(Path(tmp) / str(i), base + extra, nodes, env)
