@@ -14,7 +14,15 @@ import sys
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
@@ -31,6 +39,7 @@ from tasks import messages
 from tasks.config import validate
 from tasks.training import evaluate, resolve_device
 
+from . import encrypted
 from .anonymized import federated_cvae_release, federated_cvae_round
 from .state_store import state_file, state_mod
 from .update import Client, as_update, local_update
@@ -187,6 +196,62 @@ def cvae_release(msg: Message, context: Context) -> Message:
     released = federated_cvae_release(client.cfg.anonymization, context, client.data,
                                       client.seed, msg.content["arrays"])
     return _reply(msg, {"partition-id": client.partition_id, **released.metrics()})
+
+
+@app.query("he_hello")
+def he_hello(msg: Message, context: Context) -> Message:
+    """HE key setup, step 1: this client's public key for the exchange."""
+    client = Client.of(context)
+    reply = _reply(msg, {"partition-id": client.partition_id})
+    reply.content[messages.HE_STATE] = ConfigRecord({"public-key": encrypted.hello(context)})
+    return reply
+
+
+@app.query("he_deal")
+def he_deal(msg: Message, context: Context) -> Message:
+    """HE key setup, step 2 (the dealer): the public context, and the secret sealed for each."""
+    client = Client.of(context)
+    asked = msg.content.config_records[messages.HE_STATE]
+    public, sealed = encrypted.deal(context, [int(p) for p in asked["partitions"]],
+                                    [bytes(k) for k in asked["public-keys"]])
+    reply = _reply(msg, {"partition-id": client.partition_id})
+    reply.content[messages.HE_STATE] = ConfigRecord({"public-context": public,
+                                                     "sealed": sealed})
+    return reply
+
+
+@app.query("he_install")
+def he_install(msg: Message, context: Context) -> Message:
+    """HE key setup, step 3: open the key the dealer sealed for this client."""
+    client = Client.of(context)
+    encrypted.install(context, client.partition_id,
+                      bytes(msg.content.config_records[messages.HE_STATE]["sealed"]))
+    return _reply(msg, {"partition-id": client.partition_id})
+
+
+@app.train("he")
+def he_fit(msg: Message, context: Context) -> Message:
+    """A round under HE: train, send the update encrypted (with the metrics policy allows)."""
+    client = Client.of(context)
+    config = msg.content["config"]
+    chunks, metrics = encrypted.encrypted_update(
+        client, context, msg.content["arrays"].to_torch_state_dict(), config,
+        float(config["he-max-weight"]))
+    reply = _reply(msg, metrics)
+    if chunks is not None:
+        reply.content[messages.HE_STATE] = ConfigRecord({"ciphertexts": chunks})
+    return reply
+
+
+@app.query("he_decrypt")
+def he_decrypt(msg: Message, context: Context) -> Message:
+    """Decrypt the aggregate the server summed (the only plaintext of this round it sees)."""
+    client = Client.of(context)
+    asked = msg.content.config_records[messages.HE_STATE]
+    values, counts = encrypted.decrypt_sum(context, [bytes(c) for c in asked["ciphertexts"]],
+                                           int(asked["length"]))
+    return _reply(msg, {"partition-id": client.partition_id},
+                  ArrayRecord({"sum": Array(values), "counts": Array(counts)}))
 
 
 @app.evaluate()

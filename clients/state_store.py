@@ -25,9 +25,10 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from tasks.files import write_atomic
-from tasks.messages import STATE_DIR
+from tasks.messages import HE_STATE, STATE_DIR
 
-TRANSIENT = (RECORD_KEY_STATE,)  # per-round protocol state, redone after a crash
+# per-round protocol state and the HE keys: redone after a crash, never on disk
+TRANSIENT = (RECORD_KEY_STATE, HE_STATE)
 
 
 def state_file(node_config: dict, run_config: dict) -> Path | None:

@@ -21,8 +21,10 @@ from flwr.serverapp import Grid
 
 from privacy.anonymize import public_transform
 from privacy.dp.disclosure import Disclosure, policy
+from privacy.encryption import ckks
 from strategies.build import build_strategy
 from strategies.central_dp import CentralDP, CentralPrivacy
+from strategies.encrypted import EncryptedRounds, encoding_slack, he_central
 from strategies.grid import FederationGrid
 from strategies.rounds import PlainRounds, RoundRunner
 from strategies.secure import SecureRounds, secure_central
@@ -99,8 +101,23 @@ def secagg_max_weight(cfg: RunConfig, sizes: list[int], num_clients: int,
 def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[ClientInfo],
                  task: ServerTask, disclosure: Disclosure, info: dict[str, Any]
                  ) -> tuple[RoundRunner, CentralPrivacy | None]:
-    """SecAgg+ rounds or plain rounds of the configured strategy (with DP-FedAvg's privacy)."""
+    """HE or SecAgg+ rounds, or plain rounds of the configured strategy (with DP-FedAvg's
+    privacy)."""
     partition_of = {c.node_id: c.partition_id for c in clients}
+    if cfg.secagg.he:
+        sizes = [c.num_examples for c in clients if c.num_examples is not None]
+        weight = secagg_max_weight(cfg, sizes, len(clients), len(task.data.y_train))
+        params = count_parameters(task.model)
+        central = he_central(cfg, len(clients), params) if cfg.privacy.dp == "central" else None
+        info["aggregation"] = {
+            "protocol": "CKKS homomorphic encryption (TenSEAL)",
+            "individual-updates-visible": False, **disclosure.describe(),
+            "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
+                   "holds only the public context",
+            "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
+            "scale-bits": ckks.SCALE_BITS, "max-weight": weight,
+            "encoding-slack": encoding_slack(params)}
+        return EncryptedRounds(cfg, grid, partition_of, weight, central), central
     if cfg.secagg.enabled:
         s = cfg.secagg
         central = (secure_central(cfg, len(clients), count_parameters(task.model))

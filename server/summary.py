@@ -44,14 +44,15 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
             f"divided by {privacy['denominator']:g} of {privacy['population']} clients; "
             f"{privacy['accounting']}. It protects the released model from its users: the "
             "server still sees raw updates"
-            + (" (secure aggregation hides them)" if aggregation.get("protocol") == "SecAgg+"
-               else "") + ".")
+            + (f" ({aggregation.get('protocol')} hides them)"
+               if aggregation.get("individual-updates-visible") is False else "") + ".")
     seen = aggregation.get("client-values-in-clear")
     if seen is not None:
         what = ("every metric a client computes" if seen == "all"
                 else ", ".join(f"`{k}`" for k in seen))
+        hidden = aggregation.get("individual-updates-visible") is False
         lines.append(f"- what the server could read of each client besides the "
-                     f"{'secure sum' if aggregation.get('protocol') == 'SecAgg+' else 'update'}"
+                     f"{'secure sum' if hidden else 'update'}"
                      f": {what} — {aggregation.get('why')}.")
         if cfg.privacy.report_client_metrics and (cfg.privacy.dp == "local"
                                                   or cfg.secagg.enabled):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -153,6 +153,38 @@ def update_problem(received: ArrayRecord | None, sent: ArrayRecord) -> str | Non
     return None
 
 
+def split_replies(grid: FederationGrid, partition_of: Mapping[int, int],
+                  replies: Iterable[Message], sent: ArrayRecord | None = None,
+                  check: Callable[[Message], str | None] | None = None
+                  ) -> tuple[list[Message], list[dict], list[dict]]:
+    """(updates to aggregate, clients that declined to train, error replies), each in
+    partition order. A reply is refused as a failure before anything is aggregated when
+    its weights do not match ``sent`` (the global model of a training round: missing or
+    extra keys, other shapes, another kind of number, NaN or Inf), or when ``check``
+    finds a problem with it."""
+    ok, skipped, failures = [], [], []
+    for msg in replies:
+        node = grid.node_of(msg)
+        pid = partition_of.get(node, -1)
+        bad = None
+        if not msg.has_error() and not metrics_of(msg).get("dp-skipped"):
+            if sent is not None:
+                bad = update_problem(msg.content.array_records.get("arrays"), sent)
+            if bad is None and check is not None:
+                bad = check(msg)
+        if msg.has_error() or bad:
+            failures.append({"partition-id": pid, "node-id": node,
+                             "error": msg.error.reason if msg.has_error()
+                             else f"UpdateRejected: {bad}"})
+        elif metrics_of(msg).get("dp-skipped"):
+            skipped.append({"partition-id": pid, **metrics_of(msg)})
+        else:
+            ok.append(msg)
+    ok.sort(key=lambda m: (partition_of.get(m.metadata.src_node_id, -1), m.metadata.src_node_id))
+    skipped.sort(key=lambda c: c["partition-id"])
+    return ok, skipped, failures
+
+
 class PlainRounds:
     """Rounds of a Flower Message-API strategy, one :meth:`run_round` at a time.
 
@@ -184,30 +216,7 @@ class PlainRounds:
 
     def _split(self, replies: Iterable[Message], sent: ArrayRecord | None = None
                ) -> tuple[list[Message], list[dict], list[dict]]:
-        """(updates to aggregate, clients that declined to train, error replies); with
-        ``sent`` (the global model of a training round), a reply whose weights do not
-        match it (missing or extra keys, other shapes, another kind of number, NaN or
-        Inf) is refused
-        as a failure before anything is aggregated."""
-        ok, skipped, failures = [], [], []
-        for msg in replies:
-            node = self.grid.node_of(msg)
-            pid = self._partition(node)
-            bad = None
-            if not msg.has_error() and sent is not None and not metrics_of(msg).get(
-                    "dp-skipped"):
-                bad = update_problem(msg.content.array_records.get("arrays"), sent)
-            if msg.has_error() or bad:
-                failures.append({"partition-id": pid, "node-id": node,
-                                 "error": msg.error.reason if msg.has_error()
-                                 else f"UpdateRejected: {bad}"})
-            elif metrics_of(msg).get("dp-skipped"):
-                skipped.append({"partition-id": pid, **metrics_of(msg)})
-            else:
-                ok.append(msg)
-        ok.sort(key=lambda m: (self._partition(m.metadata.src_node_id), m.metadata.src_node_id))
-        skipped.sort(key=lambda c: c["partition-id"])
-        return ok, skipped, failures
+        return split_replies(self.grid, self.partition_of, replies, sent)
 
     def _logged(self, replies: list[Message]) -> list[dict[str, Any]]:
         return [{"partition-id": self._partition(m.metadata.src_node_id), **metrics_of(m)}

@@ -64,6 +64,13 @@ def secure_central(cfg: RunConfig, num_clients: int, num_parameters: int) -> Cen
                           cfg.privacy.central_clipping, cfg.training.seed)
 
 
+def cohort(partition_of: Mapping[int, int], seed: int, server_round: int,
+           size: int) -> list[int]:
+    """Node ids of a secure round's clients: the plain rounds' rule, so all pick the same."""
+    ordered = sorted(partition_of, key=lambda nid: partition_of[nid])
+    return sample_cohort(ordered, sampling_rng(seed, server_round), size)
+
+
 class SecureRounds:
     """One SecAgg+ round at a time, over the nodes found by client discovery."""
 
@@ -96,9 +103,7 @@ class SecureRounds:
             self.central.restore(state[0]["central"])
 
     def sample(self, server_round: int) -> list[int]:
-        """Node ids of this round's clients: the plain rounds' rule, so both pick the same."""
-        ordered = sorted(self.partition_of, key=lambda nid: self.partition_of[nid])
-        return sample_cohort(ordered, sampling_rng(self.seed, server_round), self.per_round)
+        return cohort(self.partition_of, self.seed, server_round, self.per_round)
 
     def run_round(self, server_round: int, arrays: ArrayRecord) -> RoundResult:
         """Train, securely aggregate and (for central DP) noise one round."""

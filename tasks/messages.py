@@ -10,6 +10,11 @@ CVAE_FIT = "train.cvae"  # phase 1 of the federated CVAE: train it, send back th
 DESCRIBE = "query"  # which partition a node holds (client discovery)
 CVAE_RELEASE = "query.cvae_release"  # sample the release from the final shared decoder
 EVALUATE = "evaluate"  # evaluate the global model on the client's own data
+HE_FIT = "train.he"  # a round aggregated under homomorphic encryption: the update, encrypted
+HE_HELLO = "query.he_hello"  # key setup: each client's X25519 public key
+HE_DEAL = "query.he_deal"  # key setup: the dealer makes the CKKS key, sealed for each client
+HE_INSTALL = "query.he_install"  # key setup: a client opens its sealed key
+HE_DECRYPT = "query.he_decrypt"  # a key holder decrypts the aggregate (only the aggregate)
 
 # Records the server adds to a message's content (strategies.grid.FederationGrid) and the
 # ClientApp's assignment mod removes before any handler sees the message:
@@ -17,3 +22,4 @@ NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions", "state-dir"}:
 CELL_RECORD = "fedpriv.cell"  # {"cell": index, key: value...}: a sweep cell's config
 STATE_DIR = "state-dir"  # node_config key: where a client keeps its state (clients.state_store)
 DATA_PATH = "data-path"  # node_config key: a host's own data (tasks.local_data)
+HE_STATE = "he-keys"  # Context.state record of the HE keys (never written to disk)

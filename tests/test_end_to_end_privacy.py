@@ -120,10 +120,13 @@ seed = 5
 results-dir = "{results}"
 [grid]
 dp = ["none", "local"]
-secure-aggregation = [false, true]
+secure-aggregation = [false, true, "he"]
 [[cells]]
 dp = "central"
 secure-aggregation = true
+[[cells]]
+dp = "central"
+secure-aggregation = "he"
 """)
     res = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -133,7 +136,7 @@ secure-aggregation = true
     step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels
     # the clients' sizes, as the plain run's replies reported them (in simulation the
     # server assigns partitions and asks nobody for sizes up front)
-    sizes = [c["num-examples"] for c in ledger_json(out / rows[("none", "False")]["run-dir"]
+    sizes = [c["num-examples"] for c in ledger_json(out / rows[("none", "off")]["run-dir"]
                                                     )[0]["clients"]]
     assert sum(sizes) == 4000
     for dp, max_weight in (("none", 4000), ("local", 4000)):
@@ -141,27 +144,37 @@ secure-aggregation = true
         # rounded by at most one step per coordinate, and the sum is divided by the sum of
         # the weights n_i / max-weight (max-weight: the training set, which bounds every
         # client without asking any; secagg-max-weight can set a tighter one).
-        plain = torch.load(out / rows[(dp, "False")]["run-dir"] / "model.pt")["state-dict"]
-        secure = torch.load(out / rows[(dp, "True")]["run-dir"] / "model.pt")["state-dict"]
+        plain = torch.load(out / rows[(dp, "off")]["run-dir"] / "model.pt")["state-dict"]
+        secure = torch.load(out / rows[(dp, "secagg+")]["run-dir"] / "model.pt")["state-dict"]
         worst = max((plain[k] - secure[k]).abs().max().item() for k in plain)
         assert worst <= len(sizes) * step / (sum(sizes) / max_weight) + 1e-6, (dp, worst)
+        # CKKS: the same aggregate to within its precision (privacy.encryption.ckks)
+        he = torch.load(out / rows[(dp, "he")]["run-dir"] / "model.pt")["state-dict"]
+        worst = max((plain[k].double() - he[k].double()).abs().max().item() for k in plain)
+        assert worst <= 1e-6, (dp, worst)
     for (dp, sec), row in rows.items():
         info = read_run_info(out / row["run-dir"])
-        assert info["aggregation"]["individual-updates-visible"] is (sec == "False")
-        if sec == "True":
-            assert info["aggregation"]["protocol"] == "SecAgg+"
+        assert info["aggregation"]["individual-updates-visible"] is (sec == "off")
+        if sec != "off":
+            assert info["aggregation"]["protocol"] == (
+                "SecAgg+" if sec == "secagg+" else "CKKS homomorphic encryption (TenSEAL)")
             # only identity (and, with local DP, the record-count-derived DP status)
             allowed = IDENTITY | (RECORD_COUNT if dp == "local" else set())
             assert set(info["aggregation"]["client-values-in-clear"]) == allowed
             for record in ledger_json(out / row["run-dir"]):
-                for client in record["clients"]:
-                    assert set(client) <= allowed, (dp, set(client) - allowed)
+                for client in record["clients"]:  # (upload-bytes: measured by the server)
+                    sent = set(client) - {"upload-bytes"}
+                    assert sent <= allowed, (dp, sec, sent - allowed)
             parts = json.loads((out / row["run-dir"] / "partitions.json").read_text())
             assert all("label-counts" not in p for p in parts["clients"])
             assert (out / row["run-dir"] / "plots" / "label_distribution.png").is_file()
-    central = ledger_json(out / rows[("central", "True")]["run-dir"])[0]
+    central = ledger_json(out / rows[("central", "secagg+")]["run-dir"])[0]
     assert central["privacy"]["releases"] == 1 and central["privacy"]["epsilon"] > 0
     assert "quantization" in central["privacy"]["accounting"]
+    he_central = ledger_json(out / rows[("central", "he")]["run-dir"])[0]
+    assert he_central["privacy"]["releases"] == 1
+    # CKKS's encoding slack is far smaller than SecAgg+'s quantization slack
+    assert 0 < he_central["privacy"]["epsilon"] <= central["privacy"]["epsilon"]
 
 
 def test_secure_aggregation_records_clients_out_of_local_dp_budget(tmp_path, results):

@@ -68,10 +68,10 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
         why = "dp = 'local'" if p.dp == "local" else "secure-aggregation"
         errors.append(f"fraction-evaluate = {cfg.federation.fraction_evaluate} with {why}: "
                       "client evaluation sends each client's loss and accuracy on its own "
-                      "data in the clear, which its epsilon does not cover and SecAgg+ does "
-                      "not hide. Set fraction-evaluate = 0 (the server still evaluates on its "
-                      "test set), or report-client-metrics = true to accept the disclosure "
-                      "(the summary will say so).")
+                      "data in the clear, which its epsilon does not cover and secure "
+                      "aggregation does not hide. Set fraction-evaluate = 0 (the server still "
+                      "evaluates on its test set), or report-client-metrics = true to accept "
+                      "the disclosure (the summary will say so).")
     return errors
 
 
@@ -82,7 +82,7 @@ def _secagg_checks(cfg: RunConfig) -> list[str]:
         return errors
     if cfg.federation.strategy != "fedavg":
         errors.append(f"secure-aggregation needs strategy = 'fedavg' (got "
-                      f"{cfg.federation.strategy!r}): SecAgg+ reveals only the weighted sum "
+                      f"{cfg.federation.strategy!r}): SecAgg+ and HE reveal only the weighted sum "
                       "of the updates.")
     if dp == "central" and cfg.privacy.central_clipping.startswith("server"):
         errors.append("secure-aggregation with dp = 'central' needs client-side clipping "

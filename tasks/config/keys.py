@@ -33,6 +33,7 @@ class Key:
     choices: tuple[str, ...] | None = None
     check: Callable[[Any], str | None] | None = None
     allowed: str = ""
+    aliases: tuple[tuple[Scalar, str], ...] = ()  # (an older value, the choice it means)
 
     @property
     def type(self) -> type:
@@ -40,13 +41,18 @@ class Key:
 
     def describe_allowed(self) -> str:
         if self.choices:
-            return " | ".join(self.choices)
+            old = "".join(f", {str(a).lower()} = {b}" for a, b in self.aliases)
+            return " | ".join(self.choices) + (f" ({old[2:]})" if old else "")
         if self.allowed:
             return self.allowed
         return {bool: "true | false", int: "integer", float: "number", str: "text"}[self.type]
 
     def parse(self, value: Any) -> Scalar:
         """The value typed and checked, or :class:`ConfigError` with one sentence."""
+        for old, new in self.aliases:
+            if (type(value) is type(old) and value == old) or (
+                    isinstance(value, str) and value.lower() == str(old).lower()):
+                value = new
         coerced, err = _coerce(self.type, value)
         if err is None and self.choices and coerced not in self.choices:
             err = f"must be one of {', '.join(self.choices)}"
@@ -79,14 +85,16 @@ def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
 
 def key(default: Scalar, help: str, *, choices: tuple[str, ...] | None = None,
         lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-        hi_open: bool = False, allowed: str = "", name: str = "") -> Any:
+        hi_open: bool = False, allowed: str = "", name: str = "",
+        aliases: tuple[tuple[Scalar, str], ...] = ()) -> Any:
     """Declare a run-config key as a dataclass field (see the module docstring)."""
     numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
     check = _range(lo, hi, lo_open, hi_open) if numeric and (lo is not None or hi is not None) \
         else None
     spec = {"name": name, "default": default, "help": help, "choices": choices,
             "check": check,
-            "allowed": allowed or (_interval(lo, hi, lo_open, hi_open) if check else "")}
+            "allowed": allowed or (_interval(lo, hi, lo_open, hi_open) if check else ""),
+            "aliases": aliases}
     return dataclasses.field(default=default, metadata={META: spec})
 
 

@@ -20,6 +20,7 @@ DP_TRAIN_DATA = ("released", "original")
 FEATURES = ("raw", "embeddings")
 DEVICES = ("auto", "cpu", "cuda")
 INVERT_LABELS = ("recovered", "given")
+SECURE_AGGREGATION = ("off", "secagg+", "he")
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,12 @@ class PrivacyConfig(Section):
 @dataclass(frozen=True)
 class SecAggConfig(Section):
     GROUP = "secure aggregation"
-    enabled: bool = key(False, "Run Flower's SecAgg+ so the server only learns the sum of the "
-                        "clients' updates (Bell et al. 2020).", name="secure-aggregation")
+    protocol: str = key("off", "So that the server learns only the sum of the clients' "
+                        "updates: Flower's SecAgg+ masking (Bell et al. 2020), or CKKS "
+                        "homomorphic encryption with TenSEAL (he: the clients share the "
+                        "secret key; the server sums ciphertexts it cannot read).",
+                        choices=SECURE_AGGREGATION, name="secure-aggregation",
+                        aliases=((True, "secagg+"), (False, "off")))
     num_shares: int = key(3, "SecAgg+: shares each client's secrets are split into (its "
                           "neighbourhood size).", lo=2, name="secagg-num-shares")
     reconstruction_threshold: int = key(2, "SecAgg+: shares needed to reconstruct a secret "
@@ -160,10 +165,19 @@ class SecAggConfig(Section):
     quantization_range: int = key(4194304, "SecAgg+: quantization levels over the clipping "
                                   "range (rounding error = range / levels).", lo=2,
                                   name="secagg-quantization-range")
-    max_weight: int = key(0, "SecAgg+: upper bound on a client's aggregation weight (its "
-                          "number of examples; 1 under central DP). 0 = automatic: the size "
-                          "of the training set, which bounds every client without asking "
-                          "any.", lo=0, name="secagg-max-weight")
+    max_weight: int = key(0, "SecAgg+ and he: upper bound on a client's aggregation weight "
+                          "(its number of examples; 1 under central DP). 0 = automatic: the "
+                          "size of the training set, which bounds every client without "
+                          "asking any.", lo=0, name="secagg-max-weight")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the server sees only the aggregate (SecAgg+ or homomorphic encryption)."""
+        return self.protocol != "off"
+
+    @property
+    def he(self) -> bool:
+        return self.protocol == "he"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Encrypted aggregation: CKKS homomorphic encryption of updates and the key exchange."""
