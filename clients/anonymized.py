@@ -93,9 +93,52 @@ def released_data(a: AnonymizationConfig, split: Split, seed: int) -> Released:
     if path.is_file():
         return _load_cached(path)
     members, holdout = holdout_split(len(y), a.privacy_holdout, seed)
-    release = anonymize(a.anonymizer, x[members], y[members], a.params(), seed,
-                        split.num_classes)
+    if a.anonymizer == "cvae-online":  # the model is kept: it is sampled again every epoch
+        from privacy.anonymize.cvae import sample_release
+
+        release = sample_release(_client_cvae(a, split, seed), y[members], seed + 1)
+    else:
+        release = anonymize(a.anonymizer, x[members], y[members], a.params(), seed,
+                            split.num_classes)
     return _scored(x, members, holdout, release, seed, path)
+
+
+def _client_cvae(a: AnonymizationConfig, split: Split, seed: int):
+    """This client's CVAE, trained as ``cvae`` trains it (same seed, same data), cached."""
+    from privacy.anonymize.cvae import CVAE, TrainedCVAE, fit_scaler, train_cvae
+
+    x, y = split.x.numpy(), split.y.numpy()
+    members, _ = holdout_split(len(y), a.privacy_holdout, seed)
+    scaler = fit_scaler(x[members])
+    path = _path(a, x, seed, "model")
+    if path.is_file():
+        model = CVAE(x.shape[1], split.num_classes, a.cvae_latent, a.cvae_hidden)
+        with np.load(path) as f:
+            model.load_state_dict({k: torch.from_numpy(f[k]) for k in f.files})
+        return TrainedCVAE(model.eval(), scaler, {})
+    trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
+                         scaler=scaler)
+    state = {k: v.numpy() for k, v in trained.model.state_dict().items()}
+    save_atomic(path, lambda tmp: np.savez(tmp, **state))
+    return trained
+
+
+def online_sample(a: AnonymizationConfig, split: Split, seed: int, server_round: int,
+                  epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cvae-online``: a fresh synthetic dataset for one local epoch (Di Salvo et al. 2024,
+    online variant): as many items as the client's members, labels drawn from its class
+    distribution, each sampled from its CVAE; seeded by (client, round, epoch)."""
+    trained = _client_cvae(a, split, seed)
+    y = split.y.numpy()
+    members, _ = holdout_split(len(y), a.privacy_holdout, seed)
+    counts = np.bincount(y[members], minlength=split.num_classes)
+    step = int(np.random.SeedSequence([seed, server_round, epoch]).generate_state(1)[0])
+    rng = np.random.default_rng(step)
+    labels = np.sort(rng.choice(split.num_classes, size=len(members), p=counts / counts.sum()))
+    gen = torch.Generator().manual_seed(step)
+    x = trained.scaler.inverse_transform(
+        trained.model.sample(torch.from_numpy(labels), gen).numpy())
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(labels.astype(np.int64))
 
 
 # --------------------------------------------------------------------------- federated CVAE

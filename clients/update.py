@@ -24,7 +24,7 @@ from tasks.seeding import canary_seeds, derive_seed
 from tasks.splits import Split, client_split, model_for, own_split
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
-from .anonymized import federated_cvae_release, holdout_split, released_data
+from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
 from .local_dp import dp_round, release_digest
 
 
@@ -143,6 +143,20 @@ def _own_rows(client: Client, context: Context
     return released.x, released.y, released.metrics()
 
 
+class OnlineSamples:
+    """``cvae-online``'s training data: each pass over it (one local epoch) is a fresh
+    sample of the client's CVAE, so one ``train_epochs`` call keeps FedProx's anchor."""
+
+    def __init__(self, client: Client, server_round: int, seed: int) -> None:
+        self.client, self.round, self.seed, self.epoch = client, server_round, seed, 0
+
+    def __iter__(self):
+        a, t = self.client.cfg.anonymization, self.client.cfg.training
+        x, y = online_sample(a, self.client.data, self.client.seed, self.round, self.epoch)
+        self.epoch += 1
+        return iter(make_loader(x, y, t.batch_size, self.seed + self.epoch))
+
+
 def local_update(client: Client, context: Context, state: Mapping[str, torch.Tensor],
                  round_config: Mapping[str, Any]
                  ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
@@ -180,7 +194,9 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
             return None, metrics
         result, model = outcome.result, outcome.model
     else:
-        loader = make_loader(x, y, t.batch_size, seed, ids)
+        loader = OnlineSamples(client, server_round, seed) \
+            if cfg.anonymization.anonymizer == "cvae-online" else \
+            make_loader(x, y, t.batch_size, seed, ids)
         optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
         result = train_epochs(model, loader, optimizer, t.local_epochs, device,
                               proximal_mu=float(round_config.get("proximal-mu", 0.0)),

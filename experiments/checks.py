@@ -127,7 +127,7 @@ def _anonymizer_check(cfg: RunConfig, splits: list) -> None:
     parameters — k above a client's size, DBSCAN finding no cluster — stop the run before
     it starts. The CVAEs are trained by the clients themselves, in parallel."""
     a = cfg.anonymization
-    if a.anonymizer in ("none", "cvae", "cvae-federated"):
+    if a.anonymizer in ("none", "cvae", "cvae-online", "cvae-federated"):
         return
     for pid, split in enumerate(splits):
         try:

@@ -52,19 +52,23 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     extra: list[dict[str, Any]] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)  # empty: each cell once, its own seed
+    variants: list[dict[str, Any]] = field(default_factory=list)  # crossed with the grid
 
     def cells(self) -> list[dict[str, Any]]:
-        """Every combination of the grid, then the explicitly listed [[cells]]."""
+        """Every combination of the grid (each once per [[variants]] table, when there are
+        any), then the explicitly listed [[cells]]."""
         keys = list(self.grid)
-        combos = itertools.product(*self.grid.values()) if keys else iter(())
-        return [dict(zip(keys, combo, strict=True)) for combo in combos] + [
-            dict(c) for c in self.extra]
+        combos = itertools.product(*self.grid.values()) if keys else iter(((),))
+        crossed = [{**dict(zip(keys, combo, strict=True)), **variant}
+                   for combo in combos for variant in (self.variants or [{}])]
+        crossed = [c for c in crossed if c] if (keys or self.variants) else []
+        return crossed + [dict(c) for c in self.extra]
 
     @property
     def keys(self) -> list[str]:
         """The keys that vary between cells, for table columns."""
         out = list(self.grid)
-        for cell in self.extra:
+        for cell in [*self.variants, *self.extra]:
             out += [k for k in cell if k not in out]
         return out
 
@@ -121,15 +125,16 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     starts); ``repeat`` runs every cell with that many seeds."""
     path = find_file(name, SWEEPS, "sweep")
     raw = read_toml(path)
-    unknown = set(raw) - {"name", "preset", "fixed", "grid", "cells", "seeds"}
+    unknown = set(raw) - {"name", "preset", "fixed", "grid", "cells", "variants", "seeds"}
     if unknown:
         raise ConfigError(f"sweep {path}: unknown top-level entries {sorted(unknown)}; allowed: "
-                          "name, preset, seeds, [fixed], [grid], [[cells]].")
-    for section, kind in (("fixed", dict), ("grid", dict), ("cells", list)):
+                          "name, preset, seeds, [fixed], [grid], [[variants]], [[cells]].")
+    for section, kind in (("fixed", dict), ("grid", dict), ("cells", list), ("variants", list)):
         if section in raw and not isinstance(raw[section], kind):
             example = {"fixed": "[fixed] with num-server-rounds = 5",
                        "grid": "[grid] with num-clients = [5, 10]",
-                       "cells": "[[cells]] tables, each with keys"}[section]
+                       "cells": "[[cells]] tables, each with keys",
+                       "variants": "[[variants]] tables, each crossed with the grid"}[section]
             raise ConfigError(f"sweep {path}: {section} must be a "
                               f"{'table' if kind is dict else 'list of tables'}, got "
                               f"{type(raw[section]).__name__} {raw[section]!r}; e.g. {example}.")
@@ -138,11 +143,14 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     if not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"sweep {path}: [grid] must map keys to non-empty lists, e.g. "
                           "num-clients = [5, 10].")
-    if not isinstance(extra, list) or not all(isinstance(c, dict) and c for c in extra):
-        raise ConfigError(f"sweep {path}: [[cells]] entries must be tables of keys.")
-    if not grid and not extra:
+    variants = raw.get("variants", [])
+    for name, tables in (("cells", extra), ("variants", variants)):
+        if not all(isinstance(c, dict) and c for c in tables):
+            raise ConfigError(f"sweep {path}: [[{name}]] entries must be tables of keys.")
+    if not grid and not extra and not variants:
         raise ConfigError(f"sweep {path}: give a [grid] of lists and/or [[cells]] tables.")
-    size = math.prod(len(v) for v in grid.values()) if grid else 0
+    size = (math.prod(len(v) for v in grid.values()) if grid else 1 if variants else 0) \
+        * max(len(variants), 1)
     if size + len(extra) > MAX_CELLS:
         raise ConfigError(f"sweep {path} has {size + len(extra):,} cells (the [grid] alone "
                           f"{' x '.join(str(len(v)) for v in grid.values())}); at most "
@@ -159,7 +167,7 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
         base[key] = value
     base.update(values or {})  # typed overrides (the Python API's)
     spec = SweepSpec(str(raw.get("name", path.stem)), path, base, grid, extra,
-                     _seeds(path, raw, base, repeat))
+                     _seeds(path, raw, base, repeat), variants)
     if spec.seeds and any("seed" in c for c in spec.cells()):
         raise ConfigError(f"sweep {path}: seed varies in [grid] or [[cells]] and the sweep "
                           "also repeats over seeds; use one of them.")
@@ -174,11 +182,21 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     return spec
 
 
+def _reported(r: dict[str, Any]) -> list[str]:
+    """The reported model's round (with validation-fraction), its test AUROC, and its AUROC
+    under each test-noise sigma ("sigma=auroc ...")."""
+    selection = r.get("model-selection") or {}
+    auroc = selection.get("test", {}).get("auroc", r.get("final", {}).get("auroc"))
+    noise = " ".join(f"{x['sigma']:g}={x['auroc']:.3f}" for x in r.get("robustness", [])
+                     if x.get("auroc") is not None)
+    return [str(selection.get("round", "")), _fmt(auroc, 3), noise]
+
+
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "target-round", "epsilon", "delta", "reid-top1", "mia-auc", "steady-round-s",
-            "wall-s", "run-dir", "error"]
+            "target-round", "epsilon", "delta", "reid-top1", "mia-auc", "selected-round",
+            "auroc", "noise-auroc", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
     for c in cells:
         r = c.result
@@ -192,6 +210,7 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                      r.get("rounds", ""), r.get("target-reached-round", ""),
                      _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
                      _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
+                     *_reported(r),
                      _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])

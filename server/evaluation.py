@@ -1,28 +1,121 @@
-"""The server's own evaluation of each global model, on the held-out test set."""
+"""The server's own evaluation of each global model on its held-out data.
+
+Every round: loss, accuracy and multiclass AUROC (one-vs-rest, macro; Di Salvo et al.
+2024 score their probes so) on the test split, and, with ``validation-fraction``, on a
+validation split kept for model selection (the round with the lowest validation loss is
+the reported model: early stopping). At the end, with ``test-noise``, the reported model
+is scored again on test inputs plus Gaussian noise of each standard deviation (the same
+paper's robustness protocol).
+"""
 
 from __future__ import annotations
 
-import torch
-from flwr.app import ArrayRecord
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from torch import nn
+
+from tasks.files import write_atomic
+from tasks.seeding import derive_seed
 from tasks.splits import Split
-from tasks.training import evaluate
+
+from .ledger import RoundRecord
+
+
+def auroc(y: np.ndarray, probs: np.ndarray) -> float | None:
+    """Macro one-vs-rest AUROC (scikit-learn); None when the labels hold a single class."""
+    from sklearn.metrics import roc_auc_score  # lazy: about a second to import
+
+    present = np.unique(y)
+    if len(present) < 2:
+        return None
+    if probs.shape[1] == 2:
+        return float(roc_auc_score(y, probs[:, 1]))
+    # classes absent from y are left out (their one-vs-rest AUROC is undefined)
+    cols = probs[:, present] / probs[:, present].sum(1, keepdims=True)
+    return float(roc_auc_score(y, cols, multi_class="ovr", average="macro", labels=present))
+
+
+@torch.no_grad()
+def score(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+          device: torch.device) -> dict[str, float | None]:
+    """Mean cross-entropy, accuracy and AUROC of ``model`` on (x, y)."""
+    model.to(device).eval()
+    logits = torch.cat([model(x[i:i + batch_size].to(device)).float().cpu()
+                        for i in range(0, len(y), batch_size)])
+    loss = float(nn.functional.cross_entropy(logits, y, reduction="mean"))
+    probs = torch.softmax(logits, 1).numpy()
+    return {"loss": loss, "accuracy": float((logits.argmax(1) == y).float().mean()),
+            "auroc": auroc(y.numpy(), probs)}
 
 
 class CentralEvaluator:
-    """Loads a global model into ``model`` and scores it on the test split.
+    """Loads a global model into ``model`` and scores it on the test (and validation) split.
 
     After the loop ``model`` holds the last model evaluated: the final global model.
     """
 
-    def __init__(self, model: torch.nn.Module, test: Split, batch_size: int,
-                 device: torch.device) -> None:
+    def __init__(self, model: nn.Module, test: Split, batch_size: int,
+                 device: torch.device, validation: Split | None = None) -> None:
         self.model = model
         self.test = test
+        self.validation = validation
         self.batch_size = batch_size
         self.device = device
 
     def __call__(self, arrays: ArrayRecord) -> dict[str, float]:
         self.model.load_state_dict(arrays.to_torch_state_dict())
-        loss, acc = evaluate(self.model, self.test.x, self.test.y, self.batch_size, self.device)
-        return {"loss": loss, "accuracy": acc}
+        out = {k: v for k, v in score(self.model, self.test.x, self.test.y, self.batch_size,
+                                      self.device).items() if v is not None}
+        if self.validation is not None:
+            val = score(self.model, self.validation.x, self.validation.y, self.batch_size,
+                        self.device)
+            out.update({f"validation-{k}": v for k, v in val.items() if v is not None})
+        return out
+
+    def robustness(self, arrays: ArrayRecord, sigmas: tuple[float, ...], seed: int
+                   ) -> list[dict[str, float | None]]:
+        """The model ``arrays`` on the test inputs plus N(0, sigma^2) noise, per sigma
+        (seeded, so every run of a sweep sees the same noise)."""
+        self.model.load_state_dict(arrays.to_torch_state_dict())
+        out = []
+        for i, sigma in enumerate(sigmas):
+            gen = torch.Generator().manual_seed(derive_seed(seed, 0x5E, i))
+            noisy = self.test.x + sigma * torch.randn(self.test.x.shape, generator=gen)
+            out.append({"sigma": sigma, **score(self.model, noisy, self.test.y,
+                                                self.batch_size, self.device)})
+        return out
+
+
+class ModelSelection:
+    """A round hook keeping the model with the lowest validation loss (early stopping).
+
+    The selected model is also written to ``checkpoint/selected.npz`` (atomically) so
+    that a resumed run selects over all its rounds, not only those after the resume.
+    """
+
+    def __init__(self, run_dir: Path, records: list[RoundRecord]) -> None:
+        self.path = run_dir / "checkpoint" / "selected.npz"
+        scored = [r for r in records if "validation-loss" in r.test]
+        best = min(scored, key=lambda r: r.test["validation-loss"], default=None)
+        self.record: RoundRecord | None = best
+        self.arrays: ArrayRecord | None = None
+        if best is not None and self.path.is_file():
+            with np.load(self.path) as f:
+                self.arrays = ArrayRecord({k: Array(f[k]) for k in f.files})
+
+    def after_round(self, record: RoundRecord, arrays: ArrayRecord, result: Any) -> None:
+        loss = record.test.get("validation-loss")
+        if loss is None or (self.record is not None
+                            and loss >= self.record.test["validation-loss"]):
+            return
+        self.record, self.arrays = record, arrays
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        values = {k: v.numpy() for k, v in arrays.items()}
+        write_atomic(self.path, lambda f: np.savez(f, **values))
+
+    def finish(self) -> None:
+        pass

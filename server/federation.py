@@ -32,7 +32,14 @@ from tasks.config import RunConfig
 from tasks.datasets import DatasetBundle
 from tasks.embeddings import backbone_info, backbone_spec
 from tasks.models import count_parameters
-from tasks.splits import Split, dataset_for, feature_shape, heldout_split, model_for
+from tasks.splits import (
+    Split,
+    dataset_for,
+    feature_shape,
+    heldout_split,
+    model_for,
+    validation_split,
+)
 from tasks.training import resolve_device
 
 from .checkpoint import CLIENTS as CLIENT_STATES
@@ -41,7 +48,7 @@ from .checkpoint import Checkpoint, CheckpointHook, ResumeError, needs_client_st
 from .console import say
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
-from .evaluation import CentralEvaluator
+from .evaluation import CentralEvaluator, ModelSelection
 from .ledger import outcome, read_ledger
 from .loop import RoundHook, run_rounds, target_accuracy_reached
 from .observe import ObservationHook
@@ -62,6 +69,7 @@ class ServerTask:
     test: Split
     model: torch.nn.Module
     model_name: str
+    validation: Split | None = None  # for model selection (validation-fraction)
 
     @classmethod
     def load(cls, cfg: RunConfig) -> ServerTask:
@@ -72,7 +80,8 @@ class ServerTask:
         if transform is not None:  # e.g. hashing: the head reads hashed embeddings
             test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
         model, name = model_for(cfg)
-        return cls(dataset_for(cfg), test, model, name)
+        test, validation = validation_split(cfg, test)
+        return cls(dataset_for(cfg), test, model, name, validation)
 
     def observer(self, cfg: RunConfig, run: RunFolder, num_clients: int) -> ObservationHook:
         images = not cfg.embeddings.enabled and self.data.kind == "image"
@@ -83,7 +92,7 @@ class ServerTask:
 
     def evaluator(self, cfg: RunConfig) -> CentralEvaluator:
         return CentralEvaluator(self.model, self.test, cfg.training.eval_batch_size,
-                                resolve_device(cfg.resources.device))
+                                resolve_device(cfg.resources.device), self.validation)
 
 
 def secagg_max_weight(cfg: RunConfig, sizes: list[int], num_clients: int,
@@ -250,6 +259,10 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     hooks: list[RoundHook] = [PlotHook(run.path, info, title)]
     if cfg.leakage.enabled:
         hooks.append(task.observer(cfg, run, len(clients)))
+    selection = ModelSelection(run.path, read_ledger(run.path)) \
+        if task.validation is not None else None
+    if selection is not None:
+        hooks.append(selection)
     if cfg.results.checkpoint:
         hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info))
     result = run_rounds(
@@ -261,7 +274,31 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     if result.stopped_early:
         info["stopped-early"] = result.stopped_early
         say(f"stopping early: {result.stopped_early}")
+    _report_model(cfg, info, evaluator, selection, result.arrays)
     return _finish(cfg, run, info, task, evaluator, privacy, t0)
+
+
+def _report_model(cfg: RunConfig, info: dict[str, Any], evaluator: CentralEvaluator,
+                  selection: ModelSelection | None, final: ArrayRecord) -> None:
+    """Which model the run reports (the lowest validation loss, or the final one) and, with
+    test-noise, how it scores on noisy test inputs; the evaluator is left on the final model
+    (the one saved)."""
+    reported = final
+    if selection is not None and selection.record is not None:
+        reported = selection.arrays or final
+        info["model-selection"] = {
+            "round": selection.record.round, "rule": "lowest validation loss",
+            "validation-fraction": cfg.training.validation_fraction,
+            "test": {k: v for k, v in selection.record.test.items()
+                     if not k.startswith("validation-")}}
+    if cfg.training.noise_sigmas:
+        info["robustness"] = evaluator.robustness(reported, cfg.training.noise_sigmas,
+                                                  cfg.training.seed)
+        say("robustness (test inputs + Gaussian noise): " + ", ".join(
+            f"sigma {r['sigma']:g}: acc {r['accuracy']:.3f}"
+            + (f", AUROC {r['auroc']:.3f}" if r.get("auroc") is not None else "")
+            for r in info["robustness"]))
+    evaluator.model.load_state_dict(final.to_torch_state_dict())
 
 
 def _finish(cfg: RunConfig, run: RunFolder, info: dict[str, Any], task: ServerTask,

@@ -84,6 +84,26 @@ def failure_lines(records: Sequence[RoundRecord], info: Mapping[str, Any],
     return lines
 
 
+def reported_lines(info: Mapping[str, Any]) -> list[str]:
+    """The reported model (selected on validation) and its robustness to test noise."""
+    out = []
+    selection = info.get("model-selection")
+    if selection:
+        test = selection["test"]
+        auroc = test.get("auroc")
+        out.append(f"- reported model: round {selection['round']} ({selection['rule']}, on "
+                   f"{selection['validation-fraction']:.0%} of the held-out set): test "
+                   f"accuracy **{test['accuracy']:.4f}**"
+                   + (f", AUROC **{auroc:.4f}**" if auroc is not None else ""))
+    noise = info.get("robustness")
+    if noise:
+        out.append("- robustness (Gaussian noise on the test inputs): " + "; ".join(
+            f"sigma {r['sigma']:g}: accuracy {r['accuracy']:.4f}"
+            + (f", AUROC {r['auroc']:.4f}" if r.get("auroc") is not None else "")
+            for r in noise))
+    return out
+
+
 def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
                   records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
@@ -130,6 +150,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
             f"{res['best']['round']})",
             f"- time: {info.get('setup-s', 0):.1f} s server setup, {res['mean-round-s']:.2f} s a "
             f"round on average ({res['steady-round-s']:.2f} s after round 1)",
+            *reported_lines(info),
             "",
             "| round | test acc | test loss | train loss | clients | round s |",
             "|---:|---:|---:|---:|---:|---:|",

@@ -107,6 +107,22 @@ def own_split(cfg: RunConfig, data_path: str) -> Split:
     return Split(meta.to_tensor(x), torch.from_numpy(y), meta.num_classes)
 
 
+def validation_split(cfg: RunConfig, heldout: Split) -> tuple[Split, Split | None]:
+    """(test, validation): a fixed, stratified ``validation-fraction`` of the server's
+    held-out set for model selection, and the rest to score it (None: no validation)."""
+    fraction = cfg.training.validation_fraction
+    if fraction <= 0:
+        return heldout, None
+    from sklearn.model_selection import train_test_split  # lazy: about a second to import
+
+    idx = np.arange(len(heldout.y))
+    test, val = train_test_split(idx, test_size=fraction, stratify=heldout.y.numpy(),
+                                 random_state=0)
+    test, val = np.sort(test), np.sort(val)
+    return (Split(heldout.x[test], heldout.y[test], heldout.num_classes),
+            Split(heldout.x[val], heldout.y[val], heldout.num_classes))
+
+
 def heldout_split(cfg: RunConfig) -> Split:
     """The held-out test set (server side only; never sent to clients)."""
     data = dataset_for(cfg)

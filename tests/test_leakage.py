@@ -177,8 +177,9 @@ def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
             preflight(cfg)
         return str(exc.value)
 
-    assert "server never sees one client's update" in error(
-        {"leakage-rounds": "1", "secure-aggregation": True, "num-clients": 4})
+    for protocol in ("secagg+", "he"):
+        assert "server never sees one client's update" in error(
+            {"leakage-rounds": "1", "secure-aggregation": protocol, "num-clients": 4})
     assert "on the aggregate only mia runs" in error(
         {"leakage-rounds": "1", "leakage-clients": "aggregate", "attacks": "invert"})
     assert "the audit needs canaries" in error({"leakage-rounds": "1", "attacks": "audit"})

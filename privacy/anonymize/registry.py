@@ -72,6 +72,9 @@ ANONYMIZERS: dict[str, AnonymizerSpec] = {
                                       p.density_noise, _rng(s)), DensityParams, False),
     "cvae": AnonymizerSpec(_cvae, CVAEParams, False),
     "cvae-federated": AnonymizerSpec(None, CVAEParams, False),
+    # trained like cvae; the client trains on a fresh sample of it every epoch
+    # (clients.anonymized.online_sample); this release is the one scored
+    "cvae-online": AnonymizerSpec(_cvae, CVAEParams, False),
     "gaussian": AnonymizerSpec(
         lambda x, y, p, s, c: gaussian_noise(x, y, p.noise_epsilon,
                                              p.noise_delta or auto_delta(len(x)), p.noise_clip,

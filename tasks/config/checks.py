@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from privacy.attacks import ATTACKS
 
-from .sections import RunConfig, parse_hidden
+from .sections import RunConfig, parse_hidden, parse_sigmas
 
 AGGREGATE_ATTACKS = ("mia",)  # what can be run on the aggregate update alone
 
@@ -30,6 +30,10 @@ def cross_checks(cfg: RunConfig) -> list[str]:
         parse_hidden(cfg.training.mlp_hidden)
     except ValueError as exc:
         errors.append(f"mlp-hidden = {cfg.training.mlp_hidden!r}: {exc}")
+    try:
+        parse_sigmas(cfg.training.test_noise)
+    except ValueError as exc:
+        errors.append(f"test-noise = {cfg.training.test_noise!r}: {exc}")
     return errors
 
 
@@ -105,6 +109,14 @@ def _embedding_checks(cfg: RunConfig) -> list[str]:
     if emb.enabled and cfg.training.model not in ("auto", "mlp", "linear"):
         errors.append(f"with features = 'embeddings' the model is a head on the embeddings: "
                       f"use model = 'mlp', 'linear' or 'auto' (got {cfg.training.model!r}).")
+    if a.anonymizer == "cvae-online" and cfg.privacy.dp == "local":
+        errors.append("anonymizer = 'cvae-online' with dp = 'local' is not supported: DP-SGD "
+                      "is accounted over a fixed dataset, and this one is resampled every "
+                      "epoch. Use anonymizer = 'cvae'.")
+    if a.anonymizer == "cvae-online" and cfg.leakage.enabled:
+        errors.append("anonymizer = 'cvae-online' with the leakage study is not supported: "
+                      "what a client trains on changes every epoch, so membership has no "
+                      "fixed ground truth. Use anonymizer = 'cvae'.")
     if a.anonymizer == "cvae-federated":
         if cfg.secagg.enabled:
             errors.append("anonymizer = 'cvae-federated' with secure-aggregation is not "

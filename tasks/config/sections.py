@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -212,9 +213,10 @@ class EmbeddingsConfig(Section):
 class AnonymizationConfig(Section):
     GROUP = "anonymization"
     anonymizer: str = key("none", "How each client anonymizes its embeddings before training "
-                          "on them: ksame, density, cvae, cvae-federated, gaussian, laplace, "
-                          "random, mask, pca, permutation, hashing, or identity (release as "
-                          "is, but measure it).", choices=tuple(ANONYMIZERS))
+                          "on them: ksame, density, cvae, cvae-online (a fresh CVAE sample "
+                          "every epoch), cvae-federated, gaussian, laplace, random, mask, "
+                          "pca, permutation, hashing, or identity (release as is, but "
+                          "measure it).", choices=tuple(ANONYMIZERS))
     k: int = key(5, "ksame: group size.", lo=1)
     ksame_classwise: bool = key(False, "ksame: group within each class (k-Same-Select).")
     dbscan_eps: float = key(3.0, "density: DBSCAN neighbourhood radius on standardized "
@@ -365,10 +367,22 @@ class TrainingConfig(Section):
     seed: int = key(42, "One seed for partitioning, model init, client sampling and local "
                     "shuffling.", lo=0)
     eval_batch_size: int = key(512, "Batch size for evaluation.", lo=1)
+    validation_fraction: float = key(
+        0.0, "Share of the server's held-out set kept for model selection (early stopping, "
+        "as in Di Salvo et al. 2024): the run reports the round with the lowest validation "
+        "loss, scored on the rest. 0: the final round, scored on all of it.", lo=0, hi=0.9)
+    test_noise: str = key("", "Robustness: standard deviations of Gaussian noise added to "
+                          "the test inputs (as the model reads them: embeddings, or "
+                          "normalized pixels) when scoring the reported model, e.g. "
+                          "'0.1,0.5,1'.", allowed="comma-separated non-negative numbers")
 
     @property
     def hidden(self) -> tuple[int, ...]:
         return parse_hidden(self.mlp_hidden)
+
+    @property
+    def noise_sigmas(self) -> tuple[float, ...]:
+        return parse_sigmas(self.test_noise)
 
 
 @dataclass(frozen=True)
@@ -418,6 +432,17 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     if any(w < 1 for w in widths):
         raise ValueError("widths must be positive")
     return widths
+
+
+def parse_sigmas(text: str) -> tuple[float, ...]:
+    """Parse 'test-noise' ("0.1,0.5,1") into noise standard deviations (may be empty)."""
+    try:
+        sigmas = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ValueError("give numbers, e.g. '0.1,0.5,1'") from None
+    if any(not math.isfinite(s) or s < 0 for s in sigmas):
+        raise ValueError("standard deviations must be finite and non-negative")
+    return sigmas
 
 
 @dataclass(frozen=True)
