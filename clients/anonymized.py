@@ -71,10 +71,11 @@ def _save(path: Path, release: Release, scores: dict) -> None:
                                            meta=np.frombuffer(meta, dtype=np.uint8)))
 
 
-def _load_cached(path: Path) -> Released:
+def _load_cached(path: Path, shape: tuple[int, ...] | None = None) -> Released:
     with np.load(path) as f:
         meta = json.loads(f["meta"].tobytes().decode())
-        return Released(torch.from_numpy(f["x"]), torch.from_numpy(f["y"]), meta["scores"],
+        x = f["x"] if shape is None else f["x"].reshape(-1, *shape)
+        return Released(torch.from_numpy(x), torch.from_numpy(f["y"]), meta["scores"],
                         meta["info"])
 
 
@@ -90,9 +91,11 @@ def released_data(a: AnonymizationConfig, split: Split, seed: int) -> Released:
     """Anonymize this client's embeddings once (cached) and score the release."""
     x, y = split.x.numpy(), split.y.numpy()
     path = _path(a, x, seed)
+    shape = x.shape[1:]
     if path.is_file():
-        return _load_cached(path)
+        return _load_cached(path, shape)
     members, holdout = holdout_split(len(y), a.privacy_holdout, seed)
+    x = x.reshape(len(x), -1)  # raw images are anonymized and scored as flat vectors
     if a.anonymizer == "cvae-online":  # the model is kept: it is sampled again every epoch
         from privacy.anonymize.cvae import sample_release
 
@@ -100,7 +103,9 @@ def released_data(a: AnonymizationConfig, split: Split, seed: int) -> Released:
     else:
         release = anonymize(a.anonymizer, x[members], y[members], a.params(), seed,
                             split.num_classes)
-    return _scored(x, members, holdout, release, seed, path)
+    released = _scored(x, members, holdout, release, seed, path)
+    released.x = released.x.reshape(len(released.x), *shape)
+    return released
 
 
 def _client_cvae(a: AnonymizationConfig, split: Split, seed: int):

@@ -43,11 +43,12 @@ def defence(cfg: RunConfig) -> str:
     elif p.dp == "central":
         parts.append(f"central DP (z {p.noise_multiplier:g})")
     if cfg.secagg.enabled:
-        parts.append("SecAgg+")
+        parts.append("SecAgg+" if cfg.secagg.protocol == "secagg+" else "HE (CKKS)")
     if cfg.leakage.prune_update:
         parts.append(f"pruning {cfg.leakage.prune_update:.0%}")
     if cfg.anonymization.enabled:
-        parts.append(f"embeddings: {cfg.anonymization.anonymizer}")
+        what = "embeddings" if cfg.embeddings.enabled else "inputs"
+        parts.append(f"{what}: {cfg.anonymization.anonymizer}")
     elif cfg.embeddings.enabled:
         parts.append("embeddings")
     return " + ".join(parts) or "none"

@@ -41,6 +41,8 @@ from .stats import fmt_ci
 from .superlink import LocalSuperLink
 from .sweep_plots import sweep_plots
 
+# run.json entries a sweep's table reads besides the ledger's outcome and the privacy
+REPORTED = ("anonymization", "aggregation", "model-selection", "robustness")
 MAX_CELLS = 10_000  # a sweep is run cell by cell: beyond this it is a typo, not a plan
 
 
@@ -182,12 +184,21 @@ def load_sweep(name: str, overrides: Sequence[str] = (),
     return spec
 
 
+def _server_sees(r: dict[str, Any]) -> str:
+    """What the server could read of the clients' updates: each one, or only their sum."""
+    agg = r.get("aggregation") or {}
+    if "individual-updates-visible" not in agg:
+        return ""
+    return ("each update" if agg["individual-updates-visible"]
+            else f"the sum only ({agg.get('protocol')})")
+
+
 def _reported(r: dict[str, Any]) -> list[str]:
     """The reported model's round (with validation-fraction), its test AUROC, and its AUROC
     under each test-noise sigma ("sigma=auroc ...")."""
     selection = r.get("model-selection") or {}
     auroc = selection.get("test", {}).get("auroc", r.get("final", {}).get("auroc"))
-    noise = " ".join(f"{x['sigma']:g}={x['auroc']:.3f}" for x in r.get("robustness", [])
+    noise = " ".join(f"{x['sigma']:g}={x['auroc']:.3f}" for x in r.get("robustness") or []
                      if x.get("auroc") is not None)
     return [str(selection.get("round", "")), _fmt(auroc, 3), noise]
 
@@ -195,7 +206,8 @@ def _reported(r: dict[str, Any]) -> list[str]:
 def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "target-round", "epsilon", "delta", "reid-top1", "mia-auc", "selected-round",
+            "target-round", "epsilon", "delta", "server-sees", "reid-top1", "mia-auc",
+            "selected-round",
             "auroc", "noise-auroc", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
     for c in cells:
@@ -209,6 +221,7 @@ def _write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
                      r.get("rounds", ""), r.get("target-reached-round", ""),
                      _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
+                     _server_sees(r),
                      _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
                      *_reported(r),
                      _fmt(r.get("steady-round-s"), 3),
@@ -346,7 +359,7 @@ def _record(c: Cell, res: RunOutcome) -> None:
     c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
                 "target-reached-round": res.info.get("target-reached-round", ""),
                 "privacy": res.info.get("privacy", {}),
-                "anonymization": res.info.get("anonymization")}
+                **{k: res.info.get(k) for k in REPORTED}}
     if not res.ok:
         print(f"  cell {c.index} {res.status}: {res.error}")
 
@@ -456,7 +469,7 @@ def replot(out: Path) -> None:
                 info = read_run_info(cell.run_dir)
                 cell.result = {**run_outcome(read_ledger(cell.run_dir)),
                                "privacy": info.get("privacy", {}),
-                               "anonymization": info.get("anonymization")}
+                               **{k: info.get(k) for k in REPORTED}}
             cells.append(cell)
     sweep_plots(out / "plots", spec["name"], cells)
     leaked = sweep_rows(cells)

@@ -10,9 +10,11 @@ tests (marked slow) run the same code through the real runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
 from unittest import mock
 
 from flwr.app import Context, Message, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.serverapp import Grid
 
 import clients.app as client_app
@@ -61,6 +63,11 @@ class InProcessGrid(LocalGrid):
         self.sent: list[Message] = []
 
     @property
+    def run(self):
+        """What Flower's legacy workflows (SecAgg+) read of the run: its id."""
+        return SimpleNamespace(run_id=1)
+
+    @property
     def partition_of(self) -> dict[int, int]:
         return {nid: int(c.node_config["partition-id"]) for nid, c in self.contexts.items()}
 
@@ -74,6 +81,9 @@ class InProcessGrid(LocalGrid):
         # workers do (clients.app.in_simulation); real SuperNodes' do not
         with mock.patch.object(client_app, "in_simulation", return_value=self.assigns_partitions):
             for msg in messages:
+                # what the runtime delivers is a copy (it serializes every message): a
+                # client that changes its content must not change another client's
+                msg.content = recorddict_from_proto(recorddict_to_proto(msg.content))
                 self.sent.append(msg)
                 replies.append(client_app.app(msg, self.contexts[msg.metadata.dst_node_id]))
         return replies

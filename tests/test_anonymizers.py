@@ -290,3 +290,24 @@ def test_a_release_is_cached_under_exactly_its_anonymizers_parameters(tmp_path, 
     assert released_data(cfg(k=4, **{"ksame-classwise": True}), split, 0) is not None
     assert released_data(cfg(k=4), split, 1) is not None  # another seed
     assert len(files()) == 4
+
+
+def test_row_wise_anonymizers_run_on_raw_inputs_too():
+    """The masking study's masks work on pixels and tabular rows, not only embeddings:
+    a release keeps the input's shape and zeroes about the fraction asked for."""
+    from clients.anonymized import released_data
+    from tasks.config import ConfigError, validate
+    from tasks.splits import client_split
+
+    for dataset in ("mnist", "breast-cancer"):
+        cfg = validate({"dataset": dataset, "anonymizer": "mask", "mask-fraction": 0.5,
+                        "num-clients": 3})
+        split = client_split(cfg, 0, 3)
+        released = released_data(cfg.anonymization, split, 7)
+        assert released.x.shape[1:] == split.x.shape[1:]
+        zeroed = float((released.x == 0).float().mean())
+        assert 0.45 < zeroed < 0.6, (dataset, zeroed)
+        assert released.scores["reid-top1"] is not None
+    with pytest.raises(ConfigError, match="on raw inputs only gaussian, identity, laplace, "
+                                          "mask"):
+        validate({"anonymizer": "ksame"})

@@ -131,7 +131,9 @@ secure-aggregation = "he"
     res = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     out = only_run(results / "sweeps")
-    rows = {(r["dp"], r["secure-aggregation"]): r for r in csv.DictReader(open(out / "sweep.csv"))}
+    given = {"False": "off", "True": "secagg+", "he": "he"}  # the sweep file's values
+    rows = {(r["dp"], given[r["secure-aggregation"]]): r
+            for r in csv.DictReader(open(out / "sweep.csv"))}
     assert all(r["status"] == "finished" for r in rows.values())
     step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels
     # the clients' sizes, as the plain run's replies reported them (in simulation the

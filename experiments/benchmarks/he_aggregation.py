@@ -61,8 +61,7 @@ def _one(model: str, protocol: str, clients: int, rounds: int, tmp: Path) -> dic
     wall = time.perf_counter() - t0
     ledger = read_ledger(tmp / f"{model}-{protocol}")
     steady = [r.time["round-s"] for r in ledger[1:]] or [ledger[0].time["round-s"]]
-    train = [max(c.get("train-time-s", 0.0) for c in r.clients) for r in ledger[1:]] or [0.0]
-    return {"wall": wall, "round": statistics.mean(steady), "train": statistics.mean(train),
+    return {"wall": wall, "round": statistics.mean(steady),
             "bytes": sum(grid.sent_bytes.values()) / clients / rounds,
             "accuracy": ledger[-1].accuracy}
 
@@ -84,15 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                 base = base or r
                 rows.append(
                     f"| {model} | {protocol} | {r['round']:.2f} | "
-                    f"{r['round'] / base['round']:.2f}x | {r['round'] - r['train']:.2f} | "
-                    f"{r['bytes'] / 1e6:.2f} | {r['bytes'] / base['bytes']:.1f}x | "
-                    f"{r['accuracy']:.4f} |")
+                    f"{r['round'] / base['round']:.2f}x | {r['bytes'] / 1e6:.2f} | "
+                    f"{r['bytes'] / base['bytes']:.1f}x | {r['accuracy']:.4f} |")
     print(f"\n{args.clients} clients, {args.rounds} rounds, embedded MNIST; steady round = "
-          "rounds 2..R; protocol = round minus the slowest client's training; bytes = what "
-          "one client sends the server per round")
-    print("| model | secure-aggregation | round s | vs plain | protocol s | MB sent per "
-          "client per round | vs plain | final acc |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "rounds 2..R; bytes = what one client sends the server per round")
+    print("| model | secure-aggregation | round s | vs plain | MB sent per client per round "
+          "| vs plain | final acc |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     return 0
 

@@ -93,6 +93,9 @@ ANONYMIZERS: dict[str, AnonymizerSpec] = {
                               True, lambda dim, p: hashing_transform(dim, p.hash_salt)),
 }
 ROWWISE = frozenset(name for name, spec in ANONYMIZERS.items() if spec.rowwise)
+# what may also run on raw inputs (pixels, tabular rows), not only on embeddings: the
+# row-wise ones without a public map the test data would need too
+RAW_INPUTS = frozenset(n for n in ROWWISE if ANONYMIZERS[n].public_map is None)
 
 
 def anonymize(name: str, x: np.ndarray, y: np.ndarray, params: Any, seed: int = 0,

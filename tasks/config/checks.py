@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from privacy.anonymize.registry import RAW_INPUTS
 from privacy.attacks import ATTACKS
 
 from .sections import RunConfig, parse_hidden, parse_sigmas
@@ -103,9 +104,10 @@ def _secagg_checks(cfg: RunConfig) -> list[str]:
 def _embedding_checks(cfg: RunConfig) -> list[str]:
     errors = []
     a, emb = cfg.anonymization, cfg.embeddings
-    if a.enabled and not emb.enabled:
+    if a.enabled and not emb.enabled and a.anonymizer not in RAW_INPUTS:
         errors.append(f"anonymizer = {a.anonymizer!r} anonymizes embeddings: set features = "
-                      "'embeddings' (or anonymizer = 'none').")
+                      f"'embeddings' (on raw inputs only {', '.join(sorted(RAW_INPUTS))} run), "
+                      "or anonymizer = 'none'.")
     if emb.enabled and cfg.training.model not in ("auto", "mlp", "linear"):
         errors.append(f"with features = 'embeddings' the model is a head on the embeddings: "
                       f"use model = 'mlp', 'linear' or 'auto' (got {cfg.training.model!r}).")
