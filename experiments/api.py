@@ -156,13 +156,20 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
 def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo = print) -> Result:
     """Continue a crashed, interrupted or failed run from its last checkpointed round, in
     its own folder, with its own config (:mod:`server.checkpoint`)."""
+    path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo)
+    return _launch(cfg, path, pre, False, verbose, echo)
+
+
+def _reopened(run_dir: str | Path, command: str, echo: Echo
+              ) -> tuple[Path, RunConfig, Preflight]:
+    """A resumable run folder, checked (pre-flight included) and marked running again."""
     path, cfg = resumable(run_dir)
     rounds = Checkpoint.load(path).round
-    echo(f"fedpriv run --resume · {path.name} · round {rounds} of "
+    echo(f"{command} · {path.name} · round {rounds} of "
          f"{cfg.federation.num_server_rounds} checkpointed")
     pre = _checked(cfg, echo)
     RunFolder(path).reopen({"from-round": rounds, "at": now()})
-    return _launch(cfg, path, pre, False, verbose, echo)
+    return path, cfg, pre
 
 
 def _checked(cfg: RunConfig, echo: Echo) -> Preflight:
@@ -234,12 +241,7 @@ def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = Fa
     """Continue a deployed run (e.g. one Flower marked failed when its SuperLink restarted)
     from its last checkpointed round; every SuperNode must have kept its state
     (``--state-dir``), or the ServerApp refuses before the first round."""
-    path, cfg = resumable(run_dir)
-    rounds = Checkpoint.load(path).round
-    echo(f"fedpriv deploy run --resume · {path.name} · round {rounds} of "
-         f"{cfg.federation.num_server_rounds} checkpointed · {link.address}")
-    pre = _checked(cfg, echo)
-    RunFolder(path).reopen({"from-round": rounds, "at": now()})
+    path, cfg, pre = _reopened(run_dir, f"fedpriv deploy run --resume ({link.address})", echo)
     return _submit(cfg, link, path, pre, verbose, echo)
 
 

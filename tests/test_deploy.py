@@ -200,17 +200,7 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
         assert "client error(s), e.g. client 2" in text
         assert read_run_info(only_run(results))["status"] == "finished"
     finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in started:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    deadline = time.monotonic() + 30
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        _stop_all(started, marker)
     assert _processes_with(marker) == []
 
 

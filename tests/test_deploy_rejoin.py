@@ -25,7 +25,7 @@ from experiments.deploy import Connection, serve_supernode
 from server.results import read_run_info
 
 from .conftest import REPO, ledger_json, only_run
-from .test_deploy import _fedpriv, _free_port, _processes_with, _wait_for
+from .test_deploy import _fedpriv, _free_port, _processes_with, _stop_all, _wait_for
 
 STILL_ONLINE = "still counts this node's previous session as online"
 # what flower-supernode 1.41 prints when the SuperLink refuses to activate it
@@ -184,15 +184,5 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
         assert any(1 in t for t in trained[1:]), (trained, failed)
         assert read_run_info(only_run(results))["status"] == "finished"
     finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in started:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    deadline = time.monotonic() + 30
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        _stop_all(started, marker)
     assert _processes_with(marker) == []
