@@ -202,6 +202,12 @@ def test_he_runs_with_central_and_local_dp(tmp_path, _task_identity, values):  #
         want = gaussian_epsilon(np.sqrt(2) / z_eff, ledger[-1].privacy["delta"])
         assert want <= ledger[-1].privacy["epsilon"] <= 1.05 * want  # the accountant's bound
     else:  # each client's own ledger, and only identity and DP status in the clear
+        from clients.state_store import load_state
+
+        states = list((tmp_path / "run" / "checkpoint" / "clients").rglob("*.state"))
+        assert len(states) == 3  # the DP ledgers are kept for a resume; the HE keys never
+        assert all(messages.HE_STATE not in load_state(p).config_records and
+                   "dp-sgd" in load_state(p).config_records for p in states)
         for client in ledger[-1].clients:
             assert client["epsilon"] > 0
             assert set(client) <= {"partition-id", "num-partitions", "num-examples",

@@ -157,6 +157,8 @@ secure-aggregation = "he"
     for (dp, sec), row in rows.items():
         info = read_run_info(out / row["run-dir"])
         assert info["aggregation"]["individual-updates-visible"] is (sec == "off")
+        assert row["server-sees"] == ("each update" if sec == "off" else
+                                      f"the sum only ({info['aggregation']['protocol']})")
         if sec != "off":
             assert info["aggregation"]["protocol"] == (
                 "SecAgg+" if sec == "secagg+" else "CKKS homomorphic encryption (TenSEAL)")
