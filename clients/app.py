@@ -235,8 +235,7 @@ def he_fit(msg: Message, context: Context) -> Message:
     client = Client.of(context)
     config = msg.content["config"]
     chunks, metrics = encrypted.encrypted_update(
-        client, context, msg.content["arrays"].to_torch_state_dict(), config,
-        float(config["he-max-weight"]))
+        client, context, msg.content["arrays"].to_torch_state_dict(), config)
     reply = _reply(msg, metrics)
     if chunks is not None:
         reply.content[messages.HE_STATE] = ConfigRecord({"ciphertexts": chunks})

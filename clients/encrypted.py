@@ -69,19 +69,18 @@ def secret(context: Context) -> bytes:
 
 
 def encrypted_update(client: Client, context: Context, arrays: Mapping[str, Any],
-                     config: Mapping[str, Any], max_weight: float
-                     ) -> tuple[list[bytes] | None, dict[str, Any]]:
+                     config: Mapping[str, Any]) -> tuple[list[bytes] | None, dict[str, Any]]:
     """Train on the global model, then encrypt ``weight * (new - old)`` with the shared key:
-    weight 1 under central DP (the update is clipped), else the record count over
-    ``max_weight`` (a public bound, so values stay small). None when it declined to train."""
+    weight 1 under central DP (the update is clipped), else the record count (CKKS's error
+    is absolute, so weights are not scaled down). None when it declined to train."""
+    secret(context)  # no key: fail before training
     state = {k: v for k, v in arrays.items()}
     new_state, metrics = local_update(client, context, state, config)
     if new_state is None:
         return None, metrics
     update = np.concatenate([(new_state[k].numpy().astype(np.float64)
                               - state[k].numpy().astype(np.float64)).ravel() for k in state])
-    weight = 1.0 if client.cfg.privacy.dp == "central" else \
-        float(metrics["num-examples"]) / max_weight
+    weight = 1.0 if client.cfg.privacy.dp == "central" else float(metrics["num-examples"])
     return ckks.encrypt(secret(context), update, weight), metrics
 
 

@@ -30,10 +30,10 @@ def auroc(y: np.ndarray, probs: np.ndarray) -> float | None:
     from sklearn.metrics import roc_auc_score  # lazy: about a second to import
 
     present = np.unique(y)
-    if len(present) < 2:
+    if len(present) < 2 or not np.isfinite(probs).all():  # one class, or a diverged model
         return None
-    if probs.shape[1] == 2:
-        return float(roc_auc_score(y, probs[:, 1]))
+    if len(present) == 2:
+        return float(roc_auc_score(y == present[1], probs[:, present[1]]))
     # classes absent from y are left out (their one-vs-rest AUROC is undefined)
     cols = probs[:, present] / probs[:, present].sum(1, keepdims=True)
     return float(roc_auc_score(y, cols, multi_class="ovr", average="macro", labels=present))
@@ -109,8 +109,8 @@ class ModelSelection:
 
     def after_round(self, record: RoundRecord, arrays: ArrayRecord, result: Any) -> None:
         loss = record.test.get("validation-loss")
-        if loss is None or (self.record is not None
-                            and loss >= self.record.test["validation-loss"]):
+        if loss is None or not np.isfinite(loss) or (
+                self.record is not None and loss >= self.record.test["validation-loss"]):
             return
         self.record, self.arrays = record, arrays
         self.path.parent.mkdir(parents=True, exist_ok=True)

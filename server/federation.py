@@ -114,8 +114,6 @@ def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[Cli
     privacy)."""
     partition_of = {c.node_id: c.partition_id for c in clients}
     if cfg.secagg.he:
-        sizes = [c.num_examples for c in clients if c.num_examples is not None]
-        weight = secagg_max_weight(cfg, sizes, len(clients), len(task.data.y_train))
         params = count_parameters(task.model)
         central = he_central(cfg, len(clients), params) if cfg.privacy.dp == "central" else None
         info["aggregation"] = {
@@ -124,9 +122,10 @@ def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[Cli
             "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
                    "holds only the public context",
             "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
-            "scale-bits": ckks.SCALE_BITS, "max-weight": weight,
-            "encoding-slack": encoding_slack(params)}
-        return EncryptedRounds(cfg, grid, partition_of, weight, central), central
+            "scale-bits": ckks.SCALE_BITS, "encoding-slack": encoding_slack(params),
+            "decryption": "one client that replied decrypts the sum (under central DP, "
+                          "before the server adds the noise)"}
+        return EncryptedRounds(cfg, grid, partition_of, central), central
     if cfg.secagg.enabled:
         s = cfg.secagg
         central = (secure_central(cfg, len(clients), count_parameters(task.model))

@@ -10,9 +10,10 @@ What NVIDIA FLARE offers and Flower does not, built on :mod:`privacy.encryption`
    (as under SecAgg+: their partition id, and the DP status with local DP). The server
    checks that every ciphertext parses in the run's context, adds them in partition order,
    and asks one client holding the key to decrypt **only the sum**; the decrypted count
-   slot must equal the number of clients summed. No individual update is ever readable
-   by the server.
-3. The weighted average (weights: record count over ``secagg-max-weight``), or, under
+   slot must equal the number of clients summed. The server never decrypts an update
+   itself; its known ways around that (an active key substitution, key recovery from raw
+   CKKS decryptions after Li & Micciancio 2021) are listed in docs/PRIVACY.md.
+3. The weighted average (weights: the record counts), or, under
    central DP, the sum of the clients' clipped updates released through the same
    DP-FedAvg mechanism as every other path, with CKKS's encoding error accounted as
    extra sensitivity (like SecAgg+'s quantization).
@@ -38,13 +39,21 @@ from tasks.config import RunConfig
 
 from .central_dp import CentralPrivacy, central_params
 from .grid import FederationGrid
-from .rounds import RoundLog, RoundResult, metrics_of, split_replies
+from .rounds import (
+    DEAD_WORKER,
+    RoundLog,
+    RoundResult,
+    WorkerLost,
+    metrics_of,
+    short_reason,
+    split_replies,
+)
 from .secure import cohort
 from .state import RunnerState
 
 
 class KeySetupFailed(RuntimeError):
-    """The clients could not agree on an HE key (a client failed or did not answer)."""
+    """A client failed in the HE key setup or while decrypting the aggregate."""
 
 
 def encoding_slack(num_parameters: int) -> float:
@@ -63,11 +72,10 @@ class EncryptedRounds:
     """One HE-aggregated round at a time, over the nodes found by client discovery."""
 
     def __init__(self, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
-                 max_weight: float, central: CentralPrivacy | None = None) -> None:
+                 central: CentralPrivacy | None = None) -> None:
         self.cfg = cfg
         self.grid = grid
         self.partition_of = dict(partition_of)
-        self.max_weight = max_weight
         self.central = central
         self.timeout = cfg.federation.round_timeout
         self.per_round = clients_per_round(len(self.partition_of), cfg.federation.fraction_train,
@@ -91,11 +99,16 @@ class EncryptedRounds:
         replies = {self.grid.node_of(m): m for m in self.grid.send_and_receive(
             out, timeout=self.timeout)}
         bad = [(self.partition_of.get(n, -1), replies[n].error.reason if n in replies
-                else "no answer") for n in node_ids
-               if n not in replies or replies[n].has_error()]
+                else f"no answer within {self.timeout:.0f} s (round-timeout)")
+               for n in node_ids if n not in replies or replies[n].has_error()]
         if bad:
-            raise KeySetupFailed(f"HE key setup ({action}): client {bad[0][0]} failed: "
-                                 f"{bad[0][1]}")
+            pid, reason = bad[0]
+            if DEAD_WORKER.search(reason):
+                raise WorkerLost(f"{action}: the Ray worker serving client {pid} died "
+                                 f"({short_reason(reason)})")
+            what = "decrypting the aggregate" if action == messages.HE_DECRYPT else \
+                f"the HE key setup ({action})"
+            raise KeySetupFailed(f"{what}: client {pid} failed: {short_reason(reason)}")
         return replies
 
     def setup(self) -> None:
@@ -117,8 +130,7 @@ class EncryptedRounds:
 
     def fit_config(self, server_round: int) -> dict[str, Any]:
         config: dict[str, Any] = {"server-round": server_round,
-                                  "local-epochs": self.cfg.training.local_epochs,
-                                  "he-max-weight": float(self.max_weight)}
+                                  "local-epochs": self.cfg.training.local_epochs}
         if self.central is not None:
             config[CLIP_KEY] = self.central.clipping_norm
         return config
@@ -134,9 +146,10 @@ class EncryptedRounds:
         config = ConfigRecord(self.fit_config(server_round))
         out = [Message(RecordDict({"arrays": arrays, "config": config}),
                        message_type=messages.HE_FIT, dst_node_id=n) for n in nodes]
+        chunks = ckks.num_chunks(sum(int(np.prod(a.shape)) for a in arrays.values()))
         ok, log.skipped, log.failures = split_replies(
             self.grid, self.partition_of, self.grid.send_and_receive(out, timeout=self.timeout),
-            check=_has_ciphertexts)
+            check=lambda m: _has_ciphertexts(m, chunks))
         total = self._sum(ok, log)  # drops (as failures) replies whose ciphertexts are bad
         log.clients = [{"partition-id": self._pid(m), **metrics_of(m),
                         "upload-bytes": sum(len(c) for c in _chunks(m))} for m in ok]
@@ -191,10 +204,13 @@ def _chunks(msg: Message) -> list[bytes]:
     return list(msg.content.config_records[messages.HE_STATE]["ciphertexts"])
 
 
-def _has_ciphertexts(msg: Message) -> str | None:
+def _has_ciphertexts(msg: Message, expected: int) -> str | None:
     record = msg.content.config_records.get(messages.HE_STATE)
-    return None if record is not None and record.get("ciphertexts") else \
-        "no ciphertexts in the reply"
+    if record is None or not record.get("ciphertexts"):
+        return "no ciphertexts in the reply"
+    got = len(record["ciphertexts"])
+    return None if got == expected else \
+        f"{got} ciphertexts for a model that needs {expected}"
 
 
 def _unflatten(flat: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:

@@ -123,7 +123,7 @@ def _runner(cfg):
     grid = InProcessGrid(cfg, simulated=True)
     fed = FederationGrid(grid, grid.partition_of, assign=True)
     if cfg.secagg.he:
-        return grid, EncryptedRounds(cfg, fed, fed.partition_of, 4000.0)
+        return grid, EncryptedRounds(cfg, fed, fed.partition_of)
     return grid, PlainRounds(build_strategy(cfg, len(grid.partition_of)), fed,
                              fed.partition_of, cfg.training.seed, 60, {"local-epochs": 1})
 
@@ -153,8 +153,11 @@ def test_he_rounds_give_the_plain_aggregate_of_the_same_updates(_task_identity):
 
 
 class Tampering(InProcessGrid):
-    """Replaces client 1's ciphertexts on their way to the server with bytes that do not
-    parse (a flip that still parses is caught by the check slots: the test above)."""
+    """Alters client 1's ciphertexts on their way to the server: bytes that do not parse
+    (a flip that still parses is caught by the check slots: the test above), or one
+    ciphertext too few."""
+
+    how = "truncate"
 
     def send_and_receive(self, messages_out, *, timeout=None):
         replies = super().send_and_receive(messages_out, timeout=timeout)
@@ -162,7 +165,9 @@ class Tampering(InProcessGrid):
             record = reply.content.config_records.get(messages.HE_STATE)
             if record and "ciphertexts" in record and \
                     self.partition_of[reply.metadata.src_node_id] == 1:
-                record["ciphertexts"] = [c[: len(c) // 2] for c in record["ciphertexts"]]
+                chunks = list(record["ciphertexts"])
+                record["ciphertexts"] = ([c[: len(c) // 2] for c in chunks]
+                                         if self.how == "truncate" else chunks[:-1])
         return replies
 
 
@@ -171,15 +176,19 @@ def _context(cfg):
                    run_config=cfg.flat())
 
 
+@pytest.mark.parametrize("how, why", [("truncate", "CiphertextRejected"),
+                                      ("drop", "6 ciphertexts for a model that needs 7")])
 def test_a_tampered_ciphertext_fails_that_client_and_the_round_goes_on(
-        tmp_path, _task_identity):  # noqa: F811
+        tmp_path, _task_identity, how, why):  # noqa: F811
     cfg = validate({"num-clients": 3, "num-server-rounds": 1, "secure-aggregation": "he",
                     "batch-size": 64, "save-model": False, "run-dir": str(tmp_path / "run")})
-    run_one(Tampering(cfg, simulated=True), _context(cfg), cfg)
+    grid = Tampering(cfg, simulated=True)
+    grid.how = how
+    run_one(grid, _context(cfg), cfg)
     (record,) = read_ledger(tmp_path / "run")
     assert [c["partition-id"] for c in record.clients] == [0, 2]
     (failure,) = record.failures
-    assert failure["partition-id"] == 1 and "CiphertextRejected" in failure["error"]
+    assert failure["partition-id"] == 1 and why in failure["error"]
 
 
 @pytest.mark.parametrize("values", [

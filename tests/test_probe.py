@@ -105,3 +105,12 @@ def test_variants_are_crossed_with_the_grid(tmp_path):
     only = tmp_path / "v.toml"
     only.write_text('[[variants]]\nk = 2\n[[variants]]\nk = 3\n')
     assert load_sweep(str(only)).cells() == [{"k": 2}, {"k": 3}]
+
+
+def test_auroc_of_a_diverged_model_or_two_present_classes():
+    y = np.array([0, 2, 2, 0, 2])
+    probs = np.array([[0.9, 0.05, 0.05], [0.1, 0.1, 0.8], [0.2, 0.1, 0.7],
+                      [0.6, 0.3, 0.1], [0.3, 0.3, 0.4]])
+    assert auroc(y, probs) == 1.0  # classes 0 and 2 present: the binary AUROC of class 2
+    probs[0, 0] = np.nan
+    assert auroc(y, probs) is None  # a diverged model is scored, not a crash

@@ -186,8 +186,8 @@ class DPFedAvgParams:
                    f"from the fixed cohort of {self.cohort}: sensitivity 2C; no amplification "
                    "claimed for fixed-size sampling)")
         if self.quantization_slack:
-            how += (f"; sensitivity raised by {self.quantization_slack:.3g} for SecAgg+ "
-                    "quantization")
+            how += (f"; sensitivity raised by {self.quantization_slack:.3g} for secure "
+                    "aggregation's rounding (SecAgg+ quantization, or CKKS encoding)")
         return f"RDP (dp-accounting) over every released round; per round: {how}"
 
 

@@ -7,8 +7,9 @@ AES-256-GCM; the ``cryptography`` package's implementation), bound to the run an
 recipient's partition. The server relays the public keys and the sealed boxes; it can
 read neither. Trust model: the server is honest-but-curious and colludes with no client.
 A server that substituted its own public keys (it is the only channel, with no PKI
-between clients) could read the secret; fedpriv does not yet offer a key provided per
-deployment out of band.
+between clients), or sealed a CKKS key of its own to every client (HPKE's base mode does
+not authenticate the sender), could read the updates; fedpriv does not yet offer a key
+provided per deployment out of band.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class SecAggConfig(Section):
     quantization_range: int = key(4194304, "SecAgg+: quantization levels over the clipping "
                                   "range (rounding error = range / levels).", lo=2,
                                   name="secagg-quantization-range")
-    max_weight: int = key(0, "SecAgg+ and he: upper bound on a client's aggregation weight "
+    max_weight: int = key(0, "SecAgg+: upper bound on a client's aggregation weight "
                           "(its number of examples; 1 under central DP). 0 = automatic: the "
                           "size of the training set, which bounds every client without "
                           "asking any.", lo=0, name="secagg-max-weight")
