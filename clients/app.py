@@ -37,10 +37,12 @@ from flwr.common import (
 from privacy.dp.disclosure import policy
 from tasks import messages
 from tasks.config import validate
+from tasks.encrypted_updates import from_record as signed_updates
 from tasks.training import evaluate, resolve_device
 
 from . import encrypted
 from .anonymized import federated_cvae_release, federated_cvae_round
+from .host_config import flat_config, host_run_config
 from .state_store import state_file, state_mod
 from .update import Client, as_update, local_update
 
@@ -90,26 +92,33 @@ def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     In simulation the server pairs nodes with partitions (:mod:`strategies.grid`): its
     ``fedpriv.node`` record becomes this message's ``node_config``. A real SuperNode
     ignores that record: its partition, its data (``data-path``) and the folder it writes
-    its state to (``state-dir``) are its host's choice, never the server's. In a sweep run inside
-    one simulation, ``fedpriv.cell`` carries the cell's run-config keys: the handlers see
+    its state to (``state-dir``) are its host's choice, never the server's; so are where
+    the shared dataset lives and whether to download it (the run config's ``data-dir``,
+    ``download`` and ``backbone-weights`` are replaced by the node's own:
+    :mod:`clients.host_config`). In a sweep run inside one simulation, ``fedpriv.cell``
+    carries the cell's run-config keys: the handlers see
     that cell's run config, and a ``Context.state`` of that cell's own (its records are
     kept under a ``cell-<index>/`` prefix), so one cell's DP ledger or CVAE decoder is
     never another's. Both records are removed before any handler sees the message.
     """
     content = msg.content
+    simulated = in_simulation()
     node = content.config_records.get(messages.NODE_RECORD)
-    if node is not None and not in_simulation():
+    if node is not None and not simulated:
         node = None  # a real SuperNode's host decides what it serves and where it writes
     cell = content.config_records.get(messages.CELL_RECORD)
-    if node is None and cell is None:
+    if node is None and cell is None and simulated:
         return call_next(msg, context)
-    msg.content = RecordDict({k: v for k, v in content.items()
-                              if k not in (messages.NODE_RECORD, messages.CELL_RECORD)})
-    run_config, prefix = dict(context.run_config), ""
+    if messages.NODE_RECORD in content.config_records or cell is not None:
+        msg.content = RecordDict({k: v for k, v in content.items()
+                                  if k not in (messages.NODE_RECORD, messages.CELL_RECORD)})
+    run_config, prefix = flat_config(context.run_config), ""
     if cell is not None:
         values = dict(cell)
         prefix = f"cell-{values.pop('cell')}/"
         run_config.update(values)
+    if not simulated:  # data location and downloading: the node's configuration only
+        run_config = host_run_config(run_config, context.node_config)
     state = RecordDict({k[len(prefix):]: v for k, v in context.state.items()
                         if k.startswith(prefix)}) if prefix else context.state
     view = Context(run_id=context.run_id, node_id=context.node_id,
@@ -202,9 +211,17 @@ def cvae_release(msg: Message, context: Context) -> Message:
 def he_hello(msg: Message, context: Context) -> Message:
     """HE key setup, step 1: this client's public key for the exchange."""
     client = Client.of(context)
+    public, signing = encrypted.hello(context)
     reply = _reply(msg, {"partition-id": client.partition_id})
-    reply.content[messages.HE_STATE] = ConfigRecord({"public-key": encrypted.hello(context)})
+    reply.content[messages.HE_STATE] = ConfigRecord({"public-key": public,
+                                                     "signing-key": signing})
     return reply
+
+
+def _roster(asked: ConfigRecord) -> dict[int, bytes]:
+    """The roster of signing keys the server relayed (partition id -> Ed25519 key)."""
+    return {int(p): bytes(k) for p, k in zip(asked["roster-partitions"], asked["roster-keys"],
+                                             strict=True)}
 
 
 @app.query("he_deal")
@@ -212,8 +229,9 @@ def he_deal(msg: Message, context: Context) -> Message:
     """HE key setup, step 2 (the dealer): the public context, and the secret sealed for each."""
     client = Client.of(context)
     asked = msg.content.config_records[messages.HE_STATE]
-    public, sealed = encrypted.deal(context, [int(p) for p in asked["partitions"]],
-                                    [bytes(k) for k in asked["public-keys"]])
+    public, sealed = encrypted.deal(context, client.partition_id,
+                                    [int(p) for p in asked["partitions"]],
+                                    [bytes(k) for k in asked["public-keys"]], _roster(asked))
     reply = _reply(msg, {"partition-id": client.partition_id})
     reply.content[messages.HE_STATE] = ConfigRecord({"public-context": public,
                                                      "sealed": sealed})
@@ -224,31 +242,34 @@ def he_deal(msg: Message, context: Context) -> Message:
 def he_install(msg: Message, context: Context) -> Message:
     """HE key setup, step 3: open the key the dealer sealed for this client."""
     client = Client.of(context)
-    encrypted.install(context, client.partition_id,
-                      bytes(msg.content.config_records[messages.HE_STATE]["sealed"]))
+    asked = msg.content.config_records[messages.HE_STATE]
+    encrypted.install(context, client.partition_id, bytes(asked["sealed"]), _roster(asked))
     return _reply(msg, {"partition-id": client.partition_id})
 
 
 @app.train("he")
 def he_fit(msg: Message, context: Context) -> Message:
-    """A round under HE: train, send the update encrypted (with the metrics policy allows)."""
+    """A round under HE: train, send the update encrypted and signed for this round and its
+    decryptor (with the metrics the policy allows)."""
     client = Client.of(context)
     config = msg.content["config"]
-    chunks, metrics = encrypted.encrypted_update(
+    chunks, signature, metrics = encrypted.encrypted_update(
         client, context, msg.content["arrays"].to_torch_state_dict(), config)
     reply = _reply(msg, metrics)
     if chunks is not None:
-        reply.content[messages.HE_STATE] = ConfigRecord({"ciphertexts": chunks})
+        reply.content[messages.HE_STATE] = ConfigRecord({"ciphertexts": chunks,
+                                                         "signature": signature})
     return reply
 
 
 @app.query("he_decrypt")
 def he_decrypt(msg: Message, context: Context) -> Message:
-    """Decrypt the aggregate the server summed (the only plaintext of this round it sees)."""
+    """As the round's decryptor: check the signed updates the server relayed (at least the
+    minimum cohort of distinct clients), sum them here and decrypt the sum, once a round."""
     client = Client.of(context)
     asked = msg.content.config_records[messages.HE_STATE]
-    values, counts = encrypted.decrypt_sum(context, [bytes(c) for c in asked["ciphertexts"]],
-                                           int(asked["length"]))
+    values, counts = encrypted.decrypt_sum(client, context, int(asked["server-round"]),
+                                           signed_updates(asked), int(asked["length"]))
     return _reply(msg, {"partition-id": client.partition_id},
                   ArrayRecord({"sum": Array(values), "counts": Array(counts)}))
 

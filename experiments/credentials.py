@@ -7,6 +7,13 @@ SuperExec connects to it over loopback with the same certificate (Flower 1.41).
 ``write_node_keys`` makes one ECDSA P-384 key pair per SuperNode in OpenSSH format, what
 ``flower-supernode --auth-supernode-private-key`` reads and ``flwr supernode register``
 takes (the same keys ``ssh-keygen -t ecdsa -b 384`` writes).
+
+Private keys are written 0600 into a fresh temporary file beside the target (created with
+``O_EXCL | O_NOFOLLOW``) that is renamed over it, so a key never inherits an old file's
+mode and is never written through a symbolic link; a key path that is a link is refused.
+The CA's signing key goes to ``FOLDER/ca-private/ca.key`` (a 0700 folder), apart from
+the three files the SuperLink's host needs: it is needed only to issue a new server
+certificate and belongs offline.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tasks.config import ConfigError
 
 LOOPBACK = ("127.0.0.1", "localhost")
+CA_PRIVATE = "ca-private"  # the subfolder of the certificates folder holding ca.key
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,14 @@ class Certificates:
                               "`fedpriv deploy certs FOLDER --host NAME_OR_IP`.")
         return self
 
+    def exposed_signing_keys(self) -> list[Path]:
+        """CA signing keys lying beside the SuperLink's files (an earlier version's
+        ``ca.key``, or ``ca-private/`` copied along): they belong offline, since whoever
+        holds one can issue a certificate SuperNodes trust as the SuperLink."""
+        folder = self.ca.parent
+        return [p for p in (folder / "ca.key", folder / CA_PRIVATE / "ca.key")
+                if p.is_file() or p.is_symlink()]
+
 
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv deployment"),
@@ -60,14 +77,85 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise ConfigError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); fedpriv does not write "
+            f"{what} through a link, because the link's target, not the folder you named, "
+            "would receive it, with whatever permissions that file has. Remove the link "
+            f"(rm {path}) or choose another folder, then run the command again.")
+
+
+def _write_file(path: Path, data: bytes, mode: int, what: str) -> None:
+    """Write ``data`` to ``path`` with exactly ``mode``, atomically and never through a
+    link: a fresh temporary file beside it (``O_EXCL | O_NOFOLLOW``), fsynced, then
+    renamed over ``path`` (a rename replaces a file or link itself, it follows nothing)."""
+    _refuse_link(path, what)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; it cannot be replaced by {what}. Move it "
+                          "away or choose another folder.")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # exactly ``mode``, whatever the umask
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)  # the rename itself survives a crash
+    finally:
+        os.close(folder)
+
+
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    """A private key: 0600 whatever existed at ``path`` before, never through a link."""
+    _write_file(path, data, 0o600, "a private key")
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    """A certificate or public key (0644), also never through a link."""
+    _write_file(path, data, 0o644, "a certificate or public key")
+
+
+def _private_folder(path: Path) -> Path:
+    """``path`` as a folder only its owner can open (0700), made if missing."""
+    _refuse_link(path, "the CA's signing key")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} is a file; fedpriv keeps the CA's signing key in a folder "
+                          "of that name. Move the file away, then run the command again.")
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def ca_key_path(folder: Path) -> Path:
+    """Where ``write_certificates(folder, ...)`` keeps the CA's signing key."""
+    return folder / CA_PRIVATE / "ca.key"
+
+
+def certificates_message(made: Certificates, hosts: Sequence[str]) -> str:
+    """What ``fedpriv deploy certs`` prints: which file goes to which host."""
+    return (f"wrote {made.ca}, {made.cert}, {made.key} and {ca_key_path(made.ca.parent)}; "
+            f"valid for {', '.join(hosts)}, 127.0.0.1 and localhost.\n"
+            f"  copy {made.ca.name} to every host (SuperLink and SuperNodes);\n"
+            f"  {made.cert.name} + {made.key.name} to the SuperLink's host only;\n"
+            f"  keep {CA_PRIVATE}/ca.key offline (it is needed only to issue a new server "
+            "certificate; whoever holds it can impersonate the SuperLink).")
 
 
 def write_certificates(folder: Path, hosts: Sequence[str], days: int = 365) -> Certificates:
-    """A CA and a SuperLink certificate for ``hosts`` (plus loopback) in ``folder``."""
+    """A CA and a SuperLink certificate for ``hosts`` (plus loopback) in ``folder``.
+
+    ``folder`` gets ``ca.crt``, ``server.pem`` and ``server.key``; the CA's signing key
+    goes to ``folder/ca-private/ca.key`` (see :func:`ca_key_path`). A ``ca.key`` left
+    beside them by an earlier version is the replaced CA's and is removed."""
     bad = [h for h in hosts if not h or any(c.isspace() or c in "/\\:" for c in h)]
     if bad:
         raise ConfigError(f"--host {bad[0]!r} is not a host name or IP address; give the "
@@ -75,6 +163,9 @@ def write_certificates(folder: Path, hosts: Sequence[str], days: int = 365) -> C
                           "server.lab.example or --host 10.0.0.5.")
     folder.mkdir(parents=True, exist_ok=True)
     out = Certificates.in_folder(folder)
+    for path in (out.ca, out.cert, out.key, ca_key_path(folder)):  # before any write
+        _refuse_link(path, "a certificate or key")
+    private = _private_folder(folder / CA_PRIVATE)
     now = dt.datetime.now(dt.UTC)
     valid = {"not_valid_before": now - dt.timedelta(minutes=5),
              "not_valid_after": now + dt.timedelta(days=days)}
@@ -100,14 +191,15 @@ def write_certificates(folder: Path, hosts: Sequence[str], days: int = 365) -> C
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
                            critical=False)
             .sign(ca_key, hashes.SHA384()))
-    out.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(out.key, key.private_bytes(serialization.Encoding.PEM,
-                                              serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption()))
-    _write_private(folder / "ca.key", ca_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    pkcs8 = (serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+             serialization.NoEncryption())
+    _write_private(private / "ca.key", ca_key.private_bytes(*pkcs8))
+    _write_private(out.key, key.private_bytes(*pkcs8))
+    _write_public(out.ca, ca.public_bytes(serialization.Encoding.PEM))
+    _write_public(out.cert, cert.public_bytes(serialization.Encoding.PEM))
+    stale = folder / "ca.key"  # where earlier versions put the (now replaced) CA's key
+    if stale.is_symlink() or stale.is_file():
+        stale.unlink()
     return out
 
 
@@ -124,6 +216,9 @@ def write_node_keys(folder: Path, count: int, prefix: str = "supernode") -> list
     if count < 1:
         raise ConfigError(f"--nodes {count}: give at least 1 SuperNode.")
     folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):  # refuse before anything is written
+        for path in (folder / f"{prefix}-{i}", folder / f"{prefix}-{i}.pub"):
+            _refuse_link(path, "a SuperNode key")
     paths = []
     for i in range(count):
         key = ec.generate_private_key(ec.SECP384R1())
@@ -131,7 +226,7 @@ def write_node_keys(folder: Path, count: int, prefix: str = "supernode") -> list
         _write_private(path, key.private_bytes(serialization.Encoding.PEM,
                                                serialization.PrivateFormat.OpenSSH,
                                                serialization.NoEncryption()))
-        path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
+        _write_public(path.with_suffix(".pub"), key.public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
             + f" fedpriv-{prefix}-{i}\n".encode())
         paths.append(path)

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from privacy.anonymize import public_transform
 from privacy.dp.disclosure import Disclosure, policy
 from privacy.encryption import ckks
+from privacy.encryption.cohort import MIN_COHORT_FLOOR
 from strategies.build import build_strategy
 from strategies.central_dp import CentralDP, CentralPrivacy
 from strategies.encrypted import EncryptedRounds, encoding_slack, he_central
@@ -116,15 +117,21 @@ def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[Cli
     if cfg.secagg.he:
         params = count_parameters(task.model)
         central = he_central(cfg, len(clients), params) if cfg.privacy.dp == "central" else None
+        floor = max(cfg.secagg.he_min_cohort, MIN_COHORT_FLOOR)
         info["aggregation"] = {
             "protocol": "CKKS homomorphic encryption (TenSEAL)",
-            "individual-updates-visible": False, **disclosure.describe(),
+            # what the decrypting client enforces: never a sum of fewer than `floor` clients
+            "individual-updates-visible": floor < 2, "min-cohort": floor,
+            "min-cohort-enforced-by": "the decrypting client (updates signed per round and "
+                                      "decryptor; one decryption per round)",
+            **disclosure.describe(),
             "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
                    "holds only the public context",
             "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
             "scale-bits": ckks.SCALE_BITS, "encoding-slack": encoding_slack(params),
-            "decryption": "one client that replied decrypts the sum (under central DP, "
-                          "before the server adds the noise)"}
+            "decryption": "the cohort's first client checks the signed updates, sums and "
+                          "decrypts them (under central DP, before the server adds the "
+                          "noise); it sees the sum"}
         return EncryptedRounds(cfg, grid, partition_of, central), central
     if cfg.secagg.enabled:
         s = cfg.secagg

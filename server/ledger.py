@@ -31,6 +31,7 @@ class RoundRecord:
     anonymization: dict[str, Any] | None = None  # release scores so far
     skipped: list[dict[str, Any]] = field(default_factory=list)  # out of DP budget
     client_eval: dict[str, Any] | None = None  # federated evaluation on clients' own data
+    refused: str | None = None  # why the round made no aggregate (HE: below the minimum cohort)
 
     def to_json(self) -> dict[str, Any]:
         out = {}

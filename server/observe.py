@@ -52,8 +52,8 @@ class ObservationHook:
 
     def after_round(self, record: RoundRecord, arrays: ArrayRecord,
                     result: RoundResult) -> None:
-        if record.round not in self.rounds or result.sent is None:
-            return
+        if record.round not in self.rounds or result.sent is None or record.refused:
+            return  # a refused round made no aggregate to observe
         sent = _numpy(result.sent)
         released = _numpy(arrays)
         saved = []

@@ -73,7 +73,8 @@ class RoundRecorder:
                   "central-eval-s": eval_s,
                   "elapsed-s": self.elapsed_before + now - self.t_first_round},
             privacy=self.privacy.update(log.round, log),
-            anonymization=self.anonymization.entry(log.clients), skipped=log.skipped)
+            anonymization=self.anonymization.entry(log.clients), skipped=log.skipped,
+            refused=log.refused)
         if record.anonymization is not None:
             self.info["anonymization"] = {k: v for k, v in record.anonymization.items()
                                           if k != "clients"}
@@ -94,6 +95,8 @@ class RoundRecorder:
         if log.skipped:
             say(f"  round {log.round}: {len(log.skipped)} client(s) out of privacy budget, "
                 f"skipped: {[c['partition-id'] for c in log.skipped]}")
+        if log.refused:
+            say(f"  round {log.round}: refused, the model is unchanged: {log.refused}")
         if log.failures:
             say(f"  round {log.round}: {len(log.failures)} client error(s), e.g. client "
                 f"{log.failures[0]['partition-id']}: {short_reason(log.failures[0]['error'])}")

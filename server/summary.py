@@ -77,6 +77,10 @@ def failure_lines(records: Sequence[RoundRecord], info: Mapping[str, Any],
                   for rnd, f in failures[:most]]
         if len(failures) > most:
             lines.append(f"  - ... {len(failures) - most} more in metrics.jsonl")
+    refused = [r for r in records if r.refused]
+    if refused:
+        lines.append(f"- rounds refused (no aggregate, the model unchanged): "
+                     f"{len(refused)}, e.g. round {refused[0].round}: {refused[0].refused}")
     for r in info.get("resumed", []):
         how = "restarted automatically" if r.get("automatic") else "resumed"
         lines.append(f"- {how} after round {r.get('from-round')} ({r.get('at')}); it had "

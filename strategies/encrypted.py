@@ -5,14 +5,21 @@ What NVIDIA FLARE offers and Flower does not, built on :mod:`privacy.encryption`
 1. **Key setup** (once per run, also after a resume): the clients share one CKKS secret
    key through the server, which relays X25519 public keys and HPKE-sealed boxes it cannot
    open (:mod:`privacy.encryption.keyshare`); the server keeps the public context.
+   Each client also sends an Ed25519 signing key; the server relays them as the run's
+   roster (:mod:`privacy.encryption.cohort`).
 2. **A round**: the sampled clients (the plain rounds' rule) train and send
-   ``weight * update`` encrypted, plus what the disclosure policy allows in the clear
-   (as under SecAgg+: their partition id, and the DP status with local DP). The server
-   checks that every ciphertext parses in the run's context, adds them in partition order,
-   and asks one client holding the key to decrypt **only the sum**; the decrypted count
-   slot must equal the number of clients summed. The server never decrypts an update
-   itself; its known ways around that (an active key substitution, key recovery from raw
-   CKKS decryptions after Li & Micciancio 2021) are listed in docs/PRIVACY.md.
+   ``weight * update`` encrypted and signed for this round and for the client the server
+   names to decrypt it (the cohort's first in partition order), plus what the disclosure
+   policy allows in the clear (as under SecAgg+: their partition id, and the DP status
+   with local DP). The server drops replies whose ciphertexts do not parse or whose
+   signature does not verify, then relays the signed updates to the named client, which
+   checks the signatures and that at least ``he-min-cohort`` distinct clients are in the
+   sum, adds them itself and decrypts **only the sum**, once per round. A round with fewer
+   is refused and recorded, never decrypted: the decrypting client enforces it, so a
+   server that deviates cannot get one client's update decrypted. The server never
+   decrypts an update itself; what remains (roster substitution, collusion with a client,
+   key recovery from raw CKKS decryptions after Li & Micciancio 2021) is listed in
+   docs/PRIVACY.md.
 3. The weighted average (weights: the record counts), or, under
    central DP, the sum of the clients' clipped updates released through the same
    DP-FedAvg mechanism as every other path, with CKKS's encoding error accounted as
@@ -26,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +42,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from privacy.dp.accounting import clients_per_round
 from privacy.dp.dpfedavg import CLIP_KEY
 from privacy.encryption import ckks
+from privacy.encryption.cohort import CohortRefused, SignedUpdate, check_signature
 from tasks import messages
 from tasks.config import RunConfig
+from tasks.encrypted_updates import to_record
 
 from .central_dp import CentralPrivacy, central_params
 from .grid import FederationGrid
@@ -81,8 +91,9 @@ class EncryptedRounds:
         self.per_round = clients_per_round(len(self.partition_of), cfg.federation.fraction_train,
                                            cfg.federation.min_train_clients)
         self.min_replies = min(cfg.federation.min_train_clients, len(self.partition_of))
+        self.min_cohort = cfg.secagg.he_min_cohort
         self.public: bytes | None = None
-        self.key_holders: list[int] = []  # node ids holding the secret key
+        self.roster: dict[int, bytes] = {}  # partition id -> the client's signing key
 
     def state(self) -> RunnerState:
         return ({"central": self.central.state()} if self.central is not None else {}), {}
@@ -114,19 +125,21 @@ class EncryptedRounds:
     def setup(self) -> None:
         """Share one CKKS key among all the run's clients; keep its public context."""
         nodes = sorted(self.partition_of, key=lambda n: self.partition_of[n])
-        hello = self._ask(nodes, messages.HE_HELLO, {})
+        hello = {n: m.content.config_records[messages.HE_STATE]
+                 for n, m in self._ask(nodes, messages.HE_HELLO, {}).items()}
+        self.roster = {self.partition_of[n]: bytes(hello[n]["signing-key"]) for n in nodes}
+        roster = {"roster-partitions": list(self.roster),
+                  "roster-keys": list(self.roster.values())}
         dealer, others = nodes[0], nodes[1:]
         dealt = self._ask([dealer], messages.HE_DEAL, {dealer: ConfigRecord({
             "partitions": [self.partition_of[n] for n in others],
-            "public-keys": [hello[n].content.config_records[messages.HE_STATE]["public-key"]
-                            for n in others]})})[dealer].content.config_records[
-            messages.HE_STATE]
+            "public-keys": [hello[n]["public-key"] for n in others], **roster})})[
+            dealer].content.config_records[messages.HE_STATE]
         if others:
             self._ask(others, messages.HE_INSTALL, {
-                n: ConfigRecord({"sealed": box}) for n, box in zip(others, dealt["sealed"],
-                                                                    strict=True)})
+                n: ConfigRecord({"sealed": box, **roster})
+                for n, box in zip(others, dealt["sealed"], strict=True)})
         self.public = bytes(dealt["public-context"])
-        self.key_holders = nodes
 
     def fit_config(self, server_round: int) -> dict[str, Any]:
         config: dict[str, Any] = {"server-round": server_round,
@@ -143,31 +156,67 @@ class EncryptedRounds:
         log = RoundLog(server_round)
         nodes = cohort(self.partition_of, self.cfg.training.seed, server_round, self.per_round)
         log.sampled = sorted(self.partition_of[n] for n in nodes)
-        config = ConfigRecord(self.fit_config(server_round))
+        if len(nodes) < self.min_cohort:
+            log.refused = (f"only {len(nodes)} client(s) to sample, fewer than he-min-cohort "
+                           f"= {self.min_cohort}: nothing trained or decrypted")
+            return RoundResult(None, log, arrays)
+        decryptor = log.sampled[0]
+        config = ConfigRecord({**self.fit_config(server_round), "he-decryptor": decryptor})
         out = [Message(RecordDict({"arrays": arrays, "config": config}),
                        message_type=messages.HE_FIT, dst_node_id=n) for n in nodes]
         chunks = ckks.num_chunks(sum(int(np.prod(a.shape)) for a in arrays.values()))
         ok, log.skipped, log.failures = split_replies(
             self.grid, self.partition_of, self.grid.send_and_receive(out, timeout=self.timeout),
-            check=lambda m: _has_ciphertexts(m, chunks))
-        total = self._sum(ok, log)  # drops (as failures) replies whose ciphertexts are bad
+            check=lambda m: _has_ciphertexts(m, chunks) or self._unsigned(m, server_round,
+                                                                         decryptor))
+        self._drop_unparsable(ok, log)
         log.clients = [{"partition-id": self._pid(m), **metrics_of(m),
                         "upload-bytes": sum(len(c) for c in _chunks(m))} for m in ok]
         log.check_not_all_failed(self.min_replies)
-        new = self._decrypt(server_round, arrays, ok, total) if ok else None
+        log.refused = self._below_minimum(ok, decryptor)
+        new = None
+        if ok and log.refused is None:
+            new = self._decrypt(server_round, arrays, ok, decryptor, log)
         log.train_done = time.perf_counter()
         return RoundResult(new, log, arrays)
+
+    def _unsigned(self, msg: Message, server_round: int, decryptor: int) -> str | None:
+        """Why a reply's signature does not verify (the decryptor would refuse it)."""
+        signature = msg.content.config_records[messages.HE_STATE].get("signature")
+        if not signature:
+            return "no signature with the ciphertexts"
+        try:
+            check_signature(_signed(msg, self._pid(msg)), self.roster, self._run_name(),
+                            server_round, decryptor)
+        except CohortRefused as exc:
+            return f"CohortRefused: {exc}"
+        return None
+
+    def _run_name(self) -> str:
+        """What the clients bind their signatures to (clients.encrypted.run_name)."""
+        return Path(self.cfg.results.run_dir or "run").name
+
+    def _below_minimum(self, ok: list[Message], decryptor: int) -> str | None:
+        """Why this round's sum may not be decrypted, or None."""
+        if len(ok) < self.min_cohort:
+            return (f"{len(ok)} valid encrypted update(s), fewer than he-min-cohort = "
+                    f"{self.min_cohort}: not decrypted (the model stays as it was)")
+        if decryptor not in {self._pid(m) for m in ok}:
+            return (f"client {decryptor}, named to decrypt this round, sent no valid update "
+                    "(the others signed their updates for it alone): not decrypted")
+        return None
 
     def _pid(self, msg: Message) -> int:
         return self.partition_of.get(msg.metadata.src_node_id, -1)
 
-    def _sum(self, ok: list[Message], log: RoundLog) -> list[bytes]:
-        """The ciphertext sum of the replies in ``ok``; a reply whose ciphertext does not
-        parse in the run's context is moved from ``ok`` to the round's failures."""
+    def _drop_unparsable(self, ok: list[Message], log: RoundLog) -> None:
+        """Move from ``ok`` to the round's failures every reply whose ciphertexts do not
+        parse in the run's context (so one garbage reply fails only its sender)."""
         while ok:
             try:
-                return ckks.add(self.public or b"", [_chunks(m) for m in ok],
-                                [f"client {self._pid(m)}" for m in ok])
+                ckks.add(self.public or b"", [_chunks(m) for m in ok],
+                         [f"client {self._pid(m)}" for m in ok])
+                return
             except ckks.CiphertextRejected as exc:
                 if exc.index is None:
                     raise
@@ -175,18 +224,23 @@ class EncryptedRounds:
                 log.failures.append({"partition-id": self._pid(bad),
                                      "node-id": bad.metadata.src_node_id,
                                      "error": f"UpdateRejected: CiphertextRejected: {exc}"})
-        return []
 
     def _decrypt(self, server_round: int, arrays: ArrayRecord, ok: list[Message],
-                 total: list[bytes]) -> ArrayRecord:
-        """Have a client that replied (so is alive, and holds the key) decrypt the sum; check
-        its count slot; turn it into the next global model."""
+                 decryptor: int, log: RoundLog) -> ArrayRecord | None:
+        """Relay the signed updates to the round's decryptor, which checks and sums them and
+        decrypts the sum; check its count slot; turn it into the next global model. A
+        refusal by the decryptor (e.g. its host demands a larger cohort) is recorded."""
         glob = arrays.to_numpy_ndarrays()
         length = sum(a.size for a in glob)
-        replied = {m.metadata.src_node_id for m in ok}
-        holder = next(n for n in self.key_holders if n in replied)
-        reply = self._ask([holder], messages.HE_DECRYPT, {holder: ConfigRecord(
-            {"ciphertexts": total, "length": length})})[holder]
+        holder = next(m.metadata.src_node_id for m in ok if self._pid(m) == decryptor)
+        request = to_record(server_round, [_signed(m, self._pid(m)) for m in ok], length)
+        try:
+            reply = self._ask([holder], messages.HE_DECRYPT, {holder: request})[holder]
+        except KeySetupFailed as exc:
+            if "CohortRefused" not in str(exc):
+                raise
+            log.refused = f"the decrypting client refused: {exc}"
+            return None
         record = reply.content.array_records["arrays"]
         values = record["sum"].numpy()
         ckks.check_count(record["counts"].numpy(), len(ok))
@@ -202,6 +256,12 @@ class EncryptedRounds:
 
 def _chunks(msg: Message) -> list[bytes]:
     return list(msg.content.config_records[messages.HE_STATE]["ciphertexts"])
+
+
+def _signed(msg: Message, partition: int) -> SignedUpdate:
+    record = msg.content.config_records[messages.HE_STATE]
+    return SignedUpdate(partition, tuple(bytes(c) for c in record["ciphertexts"]),
+                        bytes(record.get("signature", b"")))
 
 
 def _has_ciphertexts(msg: Message, expected: int) -> str | None:

@@ -164,11 +164,17 @@ def _read_idx_folder(cls_name: str, folder: Path) -> tuple[np.ndarray, ...]:
             y_te.astype(np.int64))
 
 
+# appended where the fix is to change data-dir or download (clients.host_config)
+ON_SUPERNODE = (" On a SuperNode these are its host's own settings (fedpriv deploy supernode "
+                "--data-dir DIR [--download]), never the server's run config.")
+
+
 def _data_dir(data_dir: str, download: bool) -> Path | None:
     if not data_dir:
         if download:
             raise ConfigError(
-                "download = true needs a data-dir to download into (e.g. --set data-dir=data).")
+                "download = true needs a data-dir to download into (e.g. --set data-dir=data)."
+                + ON_SUPERNODE)
         return None
     path = Path(data_dir).expanduser()
     if path.exists() and not path.is_dir():
@@ -178,7 +184,7 @@ def _data_dir(data_dir: str, download: bool) -> Path | None:
         raise ConfigError(
             f"data-dir {str(path)!r} does not exist. Create it and put datasets there in "
             "torchvision's layout, set download = true to fetch them, or leave data-dir "
-            "empty to use only the embedded/system copies.")
+            "empty to use only the embedded/system copies." + ON_SUPERNODE)
     return path
 
 
@@ -245,7 +251,7 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
         f"fashion-mnist: the four IDX files ({', '.join(IDX_STEMS)}, optionally .gz) were "
         f"not found in {looked}. Install Debian's copy (sudo apt-get install -y "
         "dataset-fashion-mnist), put torchvision's FashionMNIST folder in data-dir, or "
-        "set download = true.")
+        "set download = true." + ON_SUPERNODE)
 
 
 CIFAR = {
@@ -266,7 +272,7 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool) -> DatasetBund
         raise ConfigError(
             f"{name} needs a data-dir holding torchvision's layout: <data-dir>/"
             f"{spec['folder']}/{{{', '.join(files)}}}. Set data-dir (and download = true "
-            "if this machine can reach the internet).")
+            "if this machine can reach the internet)." + ON_SUPERNODE)
     folder = data_dir / spec["folder"]
     missing = [f for f in files if not (folder / f).is_file()]
     if missing and not download:
@@ -274,7 +280,7 @@ def _load_cifar(name: str, data_dir: Path | None, download: bool) -> DatasetBund
             f"{name}: missing {', '.join(missing)} in {folder}. Expected torchvision's "
             f"layout <data-dir>/{spec['folder']}/{{{', '.join(files)}}}. Download it "
             f"where there is internet (torchvision.datasets.{spec['tv']}(root, "
-            "download=True)) and copy the folder, or set download = true.")
+            "download=True)) and copy the folder, or set download = true." + ON_SUPERNODE)
     x_tr, y_tr, x_te, y_te = _torchvision(spec["tv"], data_dir, download)
     return DatasetBundle(dataset_meta(name), f"{spec['tv']} from {folder}", x_tr.astype(np.uint8),
                          y_tr.astype(np.int64), x_te.astype(np.uint8), y_te.astype(np.int64))

@@ -7,8 +7,9 @@ values; the server, holding only the public context, adds the clients' ciphertex
 client holding the secret key decrypts the sum. The last slot of every vector is a 1, so
 each decrypted vector says how many clients it sums: a sum from another key, or from a
 ciphertext altered on the way, fails that check instead of silently becoming a model.
-(Integrity against a malicious server is not claimed: it holds the public key and could
-encrypt anything; against accidents and a server that only reads, the check suffices.)
+(The check catches accidents; a server holding the public key could encrypt any count,
+which is why the decrypting client adds only updates signed by their senders:
+:mod:`privacy.encryption.cohort`.)
 
 Parameters (fixed): ring degree N = 8192, coefficient modulus 60 + 40 + 60 bits (128-bit
 security for N = 8192 by the HE standard's table), scale 2^40. Only additions are done,

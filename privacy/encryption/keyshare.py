@@ -5,7 +5,9 @@ Each client makes an X25519 key pair and sends the server its public key. One cl
 every other client with HPKE (RFC 9180: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256,
 AES-256-GCM; the ``cryptography`` package's implementation), bound to the run and the
 recipient's partition. The server relays the public keys and the sealed boxes; it can
-read neither. Trust model: the server is honest-but-curious and colludes with no client.
+read neither. The box is also bound to the digest of the signing roster the dealer was shown
+(:mod:`privacy.encryption.cohort`), so every key holder saw the dealer's roster. Trust
+model: the server may deviate from the protocol but colludes with no client.
 A server that substituted its own public keys (it is the only channel, with no PKI
 between clients), or sealed a CKKS key of its own to every client (HPKE's base mode does
 not authenticate the sender), could read the updates; fedpriv does not yet offer a key
@@ -30,20 +32,25 @@ def node_keypair() -> tuple[bytes, bytes]:
     return private, key.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
 
 
-def _info(run: str, partition: int) -> bytes:
-    return f"fedpriv-he-key/{run}/partition-{partition}".encode()
+def _info(run: str, partition: int, roster: bytes) -> bytes:
+    return f"fedpriv-he-key/{run}/partition-{partition}/".encode() + roster.hex().encode()
 
 
-def seal(secret: bytes, recipient: bytes, run: str, partition: int) -> bytes:
-    """``secret`` readable only with ``recipient``'s private key, for this run and client."""
+def seal(secret: bytes, recipient: bytes, run: str, partition: int,
+         roster: bytes = b"") -> bytes:
+    """``secret`` readable only with ``recipient``'s private key, for this run and client,
+    and only by a client that was shown the same signing roster (its digest, ``roster``:
+    :func:`privacy.encryption.cohort.roster_digest`) as the dealer."""
     return SUITE.encrypt(secret, X25519PublicKey.from_public_bytes(recipient),
-                         info=_info(run, partition))
+                         info=_info(run, partition, roster))
 
 
-def open_sealed(sealed: bytes, private: bytes, run: str, partition: int) -> bytes:
+def open_sealed(sealed: bytes, private: bytes, run: str, partition: int,
+                roster: bytes = b"") -> bytes:
     try:
         return SUITE.decrypt(sealed, X25519PrivateKey.from_private_bytes(private),
-                             info=_info(run, partition))
+                             info=_info(run, partition, roster))
     except (InvalidTag, ValueError) as exc:
         raise ValueError("the sealed HE key does not open with this client's key (it was "
-                         f"altered, or sealed for another client or run: {exc!r})") from None
+                         "altered, sealed for another client or run, or the server showed "
+                         f"the dealer another roster of signing keys: {exc!r})") from None

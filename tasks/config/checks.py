@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from privacy.anonymize.registry import RAW_INPUTS
 from privacy.attacks import ATTACKS
+from privacy.dp.accounting import clients_per_round
 
 from .sections import RunConfig, parse_hidden, parse_sigmas
 
@@ -98,6 +99,15 @@ def _secagg_checks(cfg: RunConfig) -> list[str]:
                       "(adaptive clipping needs each client's clipping bit in the clear).")
     if s.reconstruction_threshold > s.num_shares:
         errors.append("secagg-reconstruction-threshold must not exceed secagg-num-shares.")
+    fed = cfg.federation
+    cohort = clients_per_round(fed.num_clients, fed.fraction_train, fed.min_train_clients)
+    if s.he and cohort < s.he_min_cohort:
+        errors.append(f"secure-aggregation = 'he' with num-clients = {fed.num_clients}, "
+                      f"fraction-train = {fed.fraction_train} and min-train-clients = "
+                      f"{fed.min_train_clients} samples {cohort} client(s) a round, fewer than "
+                      f"he-min-cohort = {s.he_min_cohort}: the clients would refuse to decrypt "
+                      "every round (a sum that small could be one client's update). Raise "
+                      f"fraction-train or min-train-clients to {s.he_min_cohort} or more.")
     return errors
 
 

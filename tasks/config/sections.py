@@ -166,6 +166,11 @@ class SecAggConfig(Section):
     quantization_range: int = key(4194304, "SecAgg+: quantization levels over the clipping "
                                   "range (rounding error = range / levels).", lo=2,
                                   name="secagg-quantization-range")
+    he_min_cohort: int = key(2, "HE: the fewest distinct clients whose updates may be "
+                             "decrypted together (SecAgg+'s threshold's analogue, 2 as "
+                             "there). The decrypting client enforces it (a host's node config "
+                             "may raise it); a round with fewer signed updates is refused, "
+                             "not decrypted.", lo=2, name="he-min-cohort")
     max_weight: int = key(0, "SecAgg+: upper bound on a client's aggregation weight "
                           "(its number of examples; 1 under central DP). 0 = automatic: the "
                           "size of the training set, which bounds every client without "

@@ -1,0 +1,37 @@
+"""How signed encrypted updates travel between server and decrypting client (HE rounds).
+
+A ``ConfigRecord`` holds flat lists only, so the server relays the round's updates as the
+senders' partition ids, their signatures, and every ciphertext in sender order (each sender
+sent the same number). Both sides read and write it here, so the layout is defined once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flwr.app import ConfigRecord
+
+from privacy.encryption.cohort import CohortRefused, SignedUpdate
+
+
+def to_record(server_round: int, updates: Sequence[SignedUpdate], length: int) -> ConfigRecord:
+    """A decryption request: the round, the signed updates to sum, the model's length."""
+    return ConfigRecord({"server-round": server_round, "length": length,
+                         "partitions": [u.partition for u in updates],
+                         "signatures": [u.signature for u in updates],
+                         "ciphertexts": [c for u in updates for c in u.chunks]})
+
+
+def from_record(record: ConfigRecord) -> list[SignedUpdate]:
+    """The signed updates of a decryption request; an inconsistent layout is refused."""
+    partitions = [int(p) for p in record.get("partitions", [])]
+    signatures = [bytes(s) for s in record.get("signatures", [])]
+    chunks = [bytes(c) for c in record.get("ciphertexts", [])]
+    if not partitions or len(signatures) != len(partitions) or len(chunks) % len(partitions):
+        raise CohortRefused(f"a decryption request with {len(partitions)} senders, "
+                            f"{len(signatures)} signatures and {len(chunks)} ciphertexts: "
+                            "every sender needs one signature and the same number of "
+                            "ciphertexts")
+    k = len(chunks) // len(partitions)
+    return [SignedUpdate(p, tuple(chunks[i * k:(i + 1) * k]), s)
+            for i, (p, s) in enumerate(zip(partitions, signatures, strict=True))]
