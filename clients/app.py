@@ -43,7 +43,8 @@ from tasks.training import evaluate, resolve_device
 from . import encrypted
 from .anonymized import federated_cvae_release, federated_cvae_round
 from .host_config import flat_config, host_run_config
-from .state_store import state_file, state_mod
+from .local_dp import load_ledger
+from .state_store import TRANSIENT, state_file, state_mod
 from .update import Client, as_update, local_update
 
 LEGACY_METRICS = "fitres.metrics"  # Flower's legacy FitRes layout (SecAgg+ rounds)
@@ -155,6 +156,17 @@ def describe(msg: Message, context: Context) -> Message:
                                                       context.run_config) is not None),
                         "num-examples": len(client.data),
                         "label-counts": client.data.label_counts()})
+
+
+@app.query("state")
+def state_check(msg: Message, context: Context) -> Message:
+    """On a resume: whether this client found its saved state for the run, and how many
+    DP-SGD steps its ledger holds (the server refuses a resume that would reset them)."""
+    client = Client.of(context)
+    ledger = load_ledger(context)
+    has = any(k not in TRANSIENT for k in context.state.keys())
+    return _reply(msg, {"partition-id": client.partition_id, "has-state": int(has),
+                        "dp-steps": ledger.steps if ledger is not None else 0})
 
 
 @app.train("fit")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
@@ -33,19 +33,24 @@ TRANSIENT = (RECORD_KEY_STATE, HE_STATE)
 
 def state_file(node_config: dict, run_config: dict) -> Path | None:
     """Where this node keeps its state for the partition it serves in this run (None:
-    nowhere): ``<state-dir>/<run folder's name>/partition-<id>.state``, so a SuperNode
-    that serves several runs keeps their ledgers apart, and a resumed run (same folder)
-    finds its own."""
+    nowhere): ``<state-dir>/<run id>/partition-<id>.state``, so a SuperNode that serves
+    several runs keeps their ledgers apart, and a resumed run finds its own even when its
+    folder was renamed or moved (the id is written once, in run.json and config.toml; a
+    run made before ids existed is keyed by its folder's name)."""
     folder = node_config.get(STATE_DIR)
     if not folder:
         return None
-    run = Path(str(run_config.get("run-dir") or "run")).name
+    run = str(run_config.get("run-id") or "") or \
+        Path(str(run_config.get("run-dir") or "run")).name
     run = "".join(c if c.isalnum() or c in "-_." else "-" for c in run).strip(".") or "run"
     return Path(str(folder)) / run / f"partition-{int(node_config['partition-id'])}.state"
 
 
+OWNER = "fedpriv.state-owner"  # which run a state file belongs to (its run id)
+
+
 def _lasting(state: RecordDict) -> bytes:
-    kept = RecordDict({k: v for k, v in state.items() if k not in TRANSIENT})
+    kept = RecordDict({k: v for k, v in state.items() if k not in (*TRANSIENT, OWNER)})
     return recorddict_to_proto(kept).SerializeToString(deterministic=True) if kept else b""
 
 
@@ -53,6 +58,37 @@ def load_state(path: Path) -> RecordDict:
     proto = RecordDictProto()
     proto.ParseFromString(path.read_bytes())
     return recorddict_from_proto(proto)
+
+
+def _owned(blob: bytes, run_id: str) -> bytes:
+    """``blob`` (the lasting state) with the record naming the run it belongs to."""
+    if not blob:
+        return blob
+    proto = RecordDictProto()
+    proto.ParseFromString(blob)
+    state = recorddict_from_proto(proto)
+    state[OWNER] = ConfigRecord({"run-id": run_id})
+    return recorddict_to_proto(state).SerializeToString(deterministic=True)
+
+
+def _read_own(path: Path, run_id: str) -> RecordDict:
+    """The state saved at ``path``, refused when it is unreadable or another run's."""
+    try:
+        state = load_state(path)
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-like errors
+        raise StateFileError(f"this client's saved state {path} is unreadable "
+                             f"({type(exc).__name__}: {exc}); restore it from a backup, or "
+                             "start the run again as a new run (its DP ledger cannot be "
+                             "recovered from anything else)") from None
+    owner = state.config_records.get(OWNER, {}).get("run-id")
+    if run_id and owner and owner != run_id:
+        raise StateFileError(f"this client's saved state {path} belongs to run {owner}, "
+                             f"not this run ({run_id}); put this run's own state file back")
+    return state
+
+
+class StateFileError(RuntimeError):
+    """A client's saved state is unreadable or belongs to another run."""
 
 
 def save_state(path: Path, blob: bytes) -> None:
@@ -65,13 +101,15 @@ def state_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> M
     path = state_file(context.node_config, context.run_config)
     if path is None:
         return call_next(msg, context)
+    run_id = str(context.run_config.get("run-id") or "")
     before = _lasting(context.state)
     if not before and path.exists():
-        for name, record in load_state(path).items():
-            context.state[name] = record
+        for name, record in _read_own(path, run_id).items():
+            if name != OWNER:
+                context.state[name] = record
         before = _lasting(context.state)
     reply = call_next(msg, context)
     after = _lasting(context.state)
     if after != before:
-        save_state(path, after)
+        save_state(path, _owned(after, run_id))
     return reply

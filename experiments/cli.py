@@ -237,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             from .leakage import run_attacks
 
             names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
+            if args.attack and not names:
+                raise ConfigError("--attack was given but names no attack; choose from labels, "
+                                  "invert, dlg, mia, audit, or leave --attack out to run the "
+                                  "run's own attacks key.")
             run_attacks(args.run_dir, names or None, args.set, args.round, args.client,
                         echo=print)
             return 0

@@ -300,10 +300,14 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
 def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier results, with those for the same observation and attack replaced."""
     redone = {(x["round"], x["client"], x["attack"]) for x in new}
-    old = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
+    try:
+        old = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+            if path.exists() else []
+        kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"{path} has a damaged line ({type(exc).__name__}: {exc}); move it "
+                          "away (its results are then redone) or restore it.") from None
     return sorted(kept + new, key=lambda x: (x["round"], str(x["client"])))
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ for, and the refusals (before any work) of what cannot be attacked."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from privacy.attacks import ATTACKS
-from privacy.attacks.observation import Observation, load_all
+from privacy.attacks.observation import Observation
 from server.observe import FOLDER
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
 from tasks.config.checks import AGGREGATE_ATTACKS
@@ -21,8 +22,17 @@ def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Obser
     """The run's config (with attack settings overridden) and its observations."""
     if not (run_dir / "config.toml").is_file():
         raise ConfigError(f"{run_dir} is not a fedpriv run folder (no config.toml).")
-    with open(run_dir / "config.toml", "rb") as f:
-        values = tomllib.load(f)
+    status = _status(run_dir)
+    if status == "running":
+        raise ConfigError(f"{run_dir} is still running (run.json says so): attack it once it "
+                          "has ended. If its fedpriv process was killed, fedpriv marks it "
+                          "crashed within seconds.")
+    try:
+        with open(run_dir / "config.toml", "rb") as f:
+            values = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{run_dir / 'config.toml'} is not TOML ({exc}); restore the file "
+                          "the run wrote.") from None
     for text in sets:
         key, value = parse_assignment(text)
         if key not in LeakageConfig.ATTACK_SETTINGS:
@@ -31,12 +41,33 @@ def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Obser
                               f"after the run: {', '.join(LeakageConfig.ATTACK_SETTINGS)}.")
         values[key] = value
     cfg = validate(values)
-    observations = load_all(run_dir / FOLDER) if (run_dir / FOLDER).is_dir() else []
+    observations = _observations(run_dir / FOLDER) if (run_dir / FOLDER).is_dir() else []
     if not observations:
         raise ConfigError(f"{run_dir} has no observations: the run observed nothing "
                           "(leakage-rounds was empty). Run it again with e.g. --set "
                           "leakage-rounds=1.")
     return cfg, observations
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None  # no or damaged run.json: the observations say what there is
+    return info.get("status") if isinstance(info, dict) else None
+
+
+def _observations(folder: Path) -> list[Observation]:
+    """Every observation in ``folder``; a damaged one is named, not a traceback."""
+    out = []
+    for meta in sorted(folder.glob("round-*.json")):
+        try:
+            out.append(Observation.load(meta))
+        except Exception as exc:  # JSON, missing keys, a missing or truncated .npz
+            raise ConfigError(f"the observation {meta} (with {meta.with_suffix('.npz').name}) "
+                              f"is damaged ({type(exc).__name__}: {exc}); restore it, or "
+                              "remove both files to attack the others.") from None
+    return sorted(out, key=lambda o: (o.round, -1 if o.client is None else o.client))
 
 
 def select(observations: list[Observation], rounds: Sequence[int] | None,

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from server.console import PREFIX
 from server.plots import plot_label_distribution
-from server.results import RunFolder, read_run_info
+from server.results import RunFolder, read_run_info, run_identity
 from tasks.config import RunConfig
 from tasks.files import explain
 
@@ -122,7 +122,9 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     log = LogFilter(run_dir / "flwr.log", verbose, echo)
     status, error = "crashed", None
     try:
-        link.submit(app, {**cfg.flat(), "run-dir": str(run_dir)}, federation_config(cfg, cuda),
+        link.submit(app, {**cfg.flat(), "run-dir": str(run_dir),
+                          "run-id": run_identity(run_dir, cfg.results)},
+                    federation_config(cfg, cuda),
                     log)
         status, error = recorded_outcome(run_dir, run_dir / "flwr.log", link.died(),
                                          log.last_error)

@@ -20,7 +20,7 @@ from typing import Any
 from server.ledger import outcome as run_outcome
 from server.ledger import read_ledger
 from server.privacy_log import headline_epsilon
-from server.results import new_run_dir, read_run_info
+from server.results import new_run_dir, read_run_info, run_identity
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
 
 from .app_bundle import app_dir
@@ -419,7 +419,9 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
         plan = out / f"cells-{g}.json"
         plan.write_text(json.dumps({"cells": [
             {"index": c.index, "label": c.label,
-             "config": {**c.config.flat(), "run-dir": str(c.run_dir)}} for c in group]},
+             "config": {**c.config.flat(), "run-dir": str(c.run_dir),
+                        "run-id": run_identity(c.run_dir, c.config.results)}}
+            for c in group]},
             indent=1))
         host = max(group, key=lambda c: c.config.federation.num_clients)
         cuda = any(ready[c.index].cuda for c in group)

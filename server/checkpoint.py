@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tasks.files import write_atomic
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
-from .results import OUTCOMES, RUN_INFO, json_default, read_run_info
+from .results import OUTCOMES, RUN_INFO, json_default
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
@@ -51,6 +52,7 @@ class Checkpoint:
     privacy: dict[str, Any] = field(default_factory=dict)
     anonymization: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)  # run.json as it was then
+    config: dict[str, Any] = field(default_factory=dict)  # resume_config() of the run
 
     def save(self, run_dir: Path) -> None:
         folder = run_dir / FOLDER
@@ -58,7 +60,7 @@ class Checkpoint:
         keys = list(self.model.keys())
         meta = {"round": self.round, "model-keys": keys, "runner": self.runner[0],
                 "privacy": self.privacy, "anonymization": self.anonymization,
-                "info": self.info}
+                "info": self.info, "config": self.config}
         arrays = {f"model.{i}": self.model[k].numpy() for i, k in enumerate(keys)}
         arrays.update({f"runner.{k}": v for k, v in self.runner[1].items()})
         blob = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
@@ -66,33 +68,50 @@ class Checkpoint:
 
     @classmethod
     def load(cls, run_dir: Path) -> Checkpoint:
-        with np.load(run_dir / FOLDER / SERVER_FILE, allow_pickle=False) as z:
-            meta = json.loads(z["meta"].tobytes().decode())
-            model = ArrayRecord({k: Array(z[f"model.{i}"])
-                                 for i, k in enumerate(meta["model-keys"])})
-            runner = {k[len("runner."):]: z[k] for k in z.files if k.startswith("runner.")}
-        return cls(int(meta["round"]), model, (meta["runner"], runner), meta["privacy"],
-                   meta["anonymization"], meta["info"])
+        """The checkpoint of ``run_dir``; ConfigError naming the file when it is damaged."""
+        path = run_dir / FOLDER / SERVER_FILE
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(z["meta"].tobytes().decode())
+                model = ArrayRecord({k: Array(z[f"model.{i}"])
+                                     for i, k in enumerate(meta["model-keys"])})
+                runner = {k[len("runner."):]: z[k] for k in z.files
+                          if k.startswith("runner.")}
+            return cls(int(meta["round"]), model, (meta["runner"], runner), meta["privacy"],
+                       meta["anonymization"], meta["info"], meta.get("config", {}))
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            raise ConfigError(
+                f"--resume: the checkpoint {path} is damaged ({type(exc).__name__}: {exc}); "
+                "it cannot be resumed from. Restore the file from a backup, or start the run "
+                "again as a new run.") from None
 
 
 class CheckpointHook:
     """Writes the checkpoint after each recorded round (:class:`server.loop.RoundHook`)."""
 
     def __init__(self, run_dir: Path, runner: RoundRunner, privacy: PrivacyLog,
-                 anonymization: AnonymizationLog, info: dict[str, Any]) -> None:
+                 anonymization: AnonymizationLog, info: dict[str, Any],
+                 config: dict[str, Any]) -> None:
         self.run_dir = run_dir
         self.runner = runner
         self.privacy = privacy
         self.anonymization = anonymization
         self.info = info
+        self.config = config
 
     def after_round(self, record: RoundRecord, arrays: ArrayRecord,
                     result: RoundResult) -> None:
         Checkpoint(record.round, arrays, self.runner.state(), self.privacy.state(),
-                   self.anonymization.state(), dict(self.info)).save(self.run_dir)
+                   self.anonymization.state(), dict(self.info), self.config).save(self.run_dir)
 
     def finish(self) -> None:
         return None
+
+
+def resume_config(cfg: RunConfig) -> dict[str, Any]:
+    """The config a resume must find unchanged: every key but where the run lives and
+    whether it is a resume."""
+    return {k: v for k, v in cfg.flat().items() if k not in ("run-dir", "resume")}
 
 
 def needs_client_state(cfg: RunConfig) -> bool:
@@ -103,14 +122,15 @@ def needs_client_state(cfg: RunConfig) -> bool:
 def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
     """The run folder and its config, checked to be resumable: ConfigError (what is
     wrong, what to do) before any work when it is not a run, finished, still running,
-    has no checkpoint, or its clients kept no state that its privacy depends on."""
+    has no checkpoint, a damaged file, files that disagree (checkpoint, ledger, config,
+    run id), or its clients kept no state that its privacy depends on."""
     path = Path(run_dir).expanduser().resolve()
     if not (path / RUN_INFO).is_file() or not (path / "config.toml").is_file():
         raise ConfigError(
             f"--resume {str(run_dir)!r}: not a fedpriv run folder (it has no run.json and "
             "config.toml). Give the folder `fedpriv run` printed, e.g. "
             "results/20261122-101500-mnist-fedavg-iid.")
-    info = read_run_info(path)
+    info = _run_info(path)
     status = info.get("status", "running")
     if status == "finished":
         raise ConfigError(f"--resume {str(path)!r}: this run already finished; there is "
@@ -125,14 +145,75 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             f"--resume {str(path)!r}: the run {status} before its first round was "
             "checkpointed (or ran with checkpoint = false), so there is nothing to continue "
             "from. Start it again as a new run.")
-    with open(path / "config.toml", "rb") as f:
-        cfg = validate({**tomllib.load(f), "run-dir": str(path), "resume": True})
+    try:
+        with open(path / "config.toml", "rb") as f:
+            saved = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume {str(path)!r}: its config.toml is not TOML ({exc}); "
+                          "restore the file fedpriv wrote, or start a new run.") from None
+    cfg = validate({**saved, "run-dir": str(path), "resume": True})
     if needs_client_state(cfg) and not info.get("client-state"):
         raise ConfigError(
             f"--resume {str(path)!r}: its clients' state (DP-SGD ledgers or CVAE) was not "
             "kept (the run used real SuperNodes without a state-dir), so resuming would "
             "reset their epsilon. Start it again as a new run.")
+    _agree(path, cfg, info, Checkpoint.load(path))
     return path, cfg
+
+
+def _run_info(path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((path / RUN_INFO).read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume {str(path)!r}: its run.json is not JSON ({exc}); "
+                          "restore the file fedpriv wrote, or start a new run.") from None
+    if not isinstance(info, dict):
+        raise ConfigError(f"--resume {str(path)!r}: its run.json holds a "
+                          f"{type(info).__name__}, not the object fedpriv writes; restore "
+                          "the file, or start a new run.")
+    return info
+
+
+def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpoint) -> None:
+    """The checkpoint, the ledger, the config and the run id must tell one story."""
+    where = f"--resume {str(path)!r}"
+    if checkpoint.config:
+        now_cfg = resume_config(cfg)
+        changed = sorted(k for k in {*checkpoint.config, *now_cfg}
+                         if checkpoint.config.get(k) != now_cfg.get(k))
+        if changed:
+            what = ", ".join(f"{k}: {checkpoint.config.get(k)!r} -> {now_cfg.get(k)!r}"
+                             for k in changed[:5])
+            raise ConfigError(f"{where}: config.toml was changed since round "
+                              f"{checkpoint.round} was checkpointed ({what}). A resume goes "
+                              "on with the config it started with: put the old values back, "
+                              "or start a new run with the new ones.")
+    rounds = cfg.federation.num_server_rounds
+    if not 1 <= checkpoint.round <= rounds:
+        raise ConfigError(f"{where}: the checkpoint says round {checkpoint.round}, but the "
+                          f"run has {rounds} rounds (config.toml): the files do not belong "
+                          "together. Restore them, or start a new run.")
+    ids = {name: value for name, value in (("run.json", info.get("run-id")),
+                                           ("config.toml", cfg.results.run_id),
+                                           ("the checkpoint", checkpoint.info.get("run-id")))
+           if value}
+    if len(set(ids.values())) > 1:
+        raise ConfigError(f"{where}: the run's files name different runs ("
+                          + ", ".join(f"{k}: {v}" for k, v in ids.items()) + "): they were "
+                          "mixed from several run folders. Restore this run's own files.")
+    try:
+        have = [r.round for r in read_ledger(path)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: its ledger {path / METRICS} has a damaged line "
+                          f"({type(exc).__name__}: {exc}); restore the file, or start a new "
+                          "run.") from None
+    want = list(range(1, checkpoint.round + 1))
+    if have[:checkpoint.round] != want:
+        raise ConfigError(f"{where}: the checkpoint is after round {checkpoint.round}, but "
+                          f"{METRICS} holds rounds {have or 'none'}: the ledger of the "
+                          "checkpointed rounds is missing or damaged, and a resume would "
+                          "finish with a ledger that does not cover the run. Restore "
+                          f"{METRICS}, or start a new run.")
 
 
 def rewind_ledger(run_dir: Path, last_round: int) -> list[RoundRecord]:

@@ -45,7 +45,15 @@ from tasks.training import resolve_device
 
 from .checkpoint import CLIENTS as CLIENT_STATES
 from .checkpoint import FOLDER as CHECKPOINT
-from .checkpoint import Checkpoint, CheckpointHook, ResumeError, needs_client_state, rewind_ledger
+from .checkpoint import (
+    Checkpoint,
+    CheckpointHook,
+    ResumeError,
+    needs_client_state,
+    resume_config,
+    rewind_ledger,
+)
+from .client_state import check_client_state
 from .console import say
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
@@ -205,9 +213,10 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     t0 = time.perf_counter()
     checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
     info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
+                            "run-id": cfg.results.run_id,
                             "versions": {name: version(name) for name in VERSIONS}}
     if checkpoint is not None:  # what run.json said then, and how often it was resumed
-        info = {**checkpoint.info, "status": "running",
+        info = {**checkpoint.info, "status": "running", "run-dir": str(run.path),
                 "resumed": read_run_info(run.path).get("resumed", [])}
         rewind_ledger(run.path, checkpoint.round)
         say(f"resuming after round {checkpoint.round} of "
@@ -233,6 +242,11 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
                           poll_interval=cfg.federation.reply_poll_interval,
                           min_nodes=min(cfg.federation.min_train_clients, len(clients)),
                           wait_limit=cfg.federation.round_timeout)
+    if checkpoint is not None and needs_client_state(cfg):
+        check_client_state(grid, grid.partition_of, cfg,
+                           {int(p): int(n) for p, n in
+                            checkpoint.privacy.get("steps", {}).items()},
+                           state_dir or "on each SuperNode, under its state-dir")
     info["num-clients"] = len(clients)
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
     say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "
@@ -270,7 +284,8 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     if selection is not None:
         hooks.append(selection)
     if cfg.results.checkpoint:
-        hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info))
+        hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info,
+                                    resume_config(cfg)))
     result = run_rounds(
         runner, initial, cfg.federation.num_server_rounds, evaluator, recorder, hooks=hooks,
         stop_before=[central.stop_reason] if central is not None else [],

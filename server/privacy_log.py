@@ -91,6 +91,7 @@ class PrivacyLog:
         self.epsilon: dict[int, float] = {}
         self.delta: dict[int, float] = {}
         self.exhausted: dict[int, int] = {}  # partition id -> round it first declined
+        self.steps: dict[int, int] = {}  # partition id -> DP-SGD steps its ledger reported
 
     @property
     def enabled(self) -> bool:
@@ -106,6 +107,8 @@ class PrivacyLog:
             if "epsilon" in c:
                 self.epsilon[c["partition-id"]] = float(c["epsilon"])
                 self.delta[c["partition-id"]] = float(c["delta"])
+            if "dp-steps" in c:
+                self.steps[c["partition-id"]] = int(c["dp-steps"])
         for c in log.skipped:
             self.exhausted.setdefault(c["partition-id"], rnd)
         return {
@@ -120,12 +123,14 @@ class PrivacyLog:
         when each first ran out of budget (the central accountant is the runner's)."""
         return {"epsilon": {str(p): e for p, e in self.epsilon.items()},
                 "delta": {str(p): d for p, d in self.delta.items()},
+                "steps": {str(p): n for p, n in self.steps.items()},
                 "exhausted": {str(p): r for p, r in self.exhausted.items()}}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.epsilon = {int(p): float(e) for p, e in state["epsilon"].items()}
         self.delta = {int(p): float(d) for p, d in state["delta"].items()}
         self.exhausted = {int(p): int(r) for p, r in state["exhausted"].items()}
+        self.steps = {int(p): int(n) for p, n in state.get("steps", {}).items()}
 
     def stop_reason(self, server_round: int) -> str | None:
         """Why the run cannot go on: every client has spent its budget."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,11 @@ def json_default(obj: Any) -> Any:
 def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_INFO
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run_identity(run_dir: str | Path, results: ResultsConfig) -> str:
+    """The id a run's clients key their state by: the one run.json recorded (a resume),
+    else the config's, else a new random one (a new run)."""
+    recorded = read_run_info(run_dir).get("run-id") if (Path(run_dir) / RUN_INFO).is_file() \
+        else None
+    return str(recorded or results.run_id or uuid.uuid4().hex)

@@ -168,7 +168,8 @@ class EncryptedRounds:
         ok, log.skipped, log.failures = split_replies(
             self.grid, self.partition_of, self.grid.send_and_receive(out, timeout=self.timeout),
             check=lambda m: _has_ciphertexts(m, chunks) or self._unsigned(m, server_round,
-                                                                         decryptor))
+                                                                         decryptor),
+            asked=nodes, timeout=self.timeout)
         self._drop_unparsable(ok, log)
         log.clients = [{"partition-id": self._pid(m), **metrics_of(m),
                         "upload-bytes": sum(len(c) for c in _chunks(m))} for m in ok]

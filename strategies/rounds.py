@@ -156,14 +156,24 @@ def update_problem(received: ArrayRecord | None, sent: ArrayRecord) -> str | Non
 
 def split_replies(grid: FederationGrid, partition_of: Mapping[int, int],
                   replies: Iterable[Message], sent: ArrayRecord | None = None,
-                  check: Callable[[Message], str | None] | None = None
+                  check: Callable[[Message], str | None] | None = None,
+                  asked: Iterable[int] = (), timeout: float | None = None
                   ) -> tuple[list[Message], list[dict], list[dict]]:
-    """(updates to aggregate, clients that declined to train, error replies), each in
+    """(updates to aggregate, clients that declined to train, failures), each in
     partition order. A reply is refused as a failure before anything is aggregated when
     its weights do not match ``sent`` (the global model of a training round: missing or
     extra keys, other shapes, another kind of number, NaN or Inf), or when ``check``
-    finds a problem with it."""
+    finds a problem with it; a node in ``asked`` that did not answer within ``timeout``
+    is a failure too, so a round nobody answered is never taken for a quiet one."""
     ok, skipped, failures = [], [], []
+    replies = list(replies)
+    answered = {grid.node_of(m) for m in replies}
+    for node in asked:
+        if node not in answered:
+            failures.append({"partition-id": partition_of.get(node, -1), "node-id": node,
+                             "error": f"NoReply: no answer within {timeout:g} s "
+                                      "(round-timeout)" if timeout is not None
+                             else "NoReply: no answer"})
     for msg in replies:
         node = grid.node_of(msg)
         pid = partition_of.get(node, -1)
@@ -183,6 +193,7 @@ def split_replies(grid: FederationGrid, partition_of: Mapping[int, int],
             ok.append(msg)
     ok.sort(key=lambda m: (partition_of.get(m.metadata.src_node_id, -1), m.metadata.src_node_id))
     skipped.sort(key=lambda c: c["partition-id"])
+    failures.sort(key=lambda f: f["partition-id"])
     return ok, skipped, failures
 
 
@@ -215,9 +226,10 @@ class PlainRounds:
     def restore(self, state: RunnerState) -> None:
         restore_strategy(self.strategy, state)
 
-    def _split(self, replies: Iterable[Message], sent: ArrayRecord | None = None
-               ) -> tuple[list[Message], list[dict], list[dict]]:
-        return split_replies(self.grid, self.partition_of, replies, sent)
+    def _split(self, replies: Iterable[Message], sent: ArrayRecord | None = None,
+               asked: Iterable[int] = ()) -> tuple[list[Message], list[dict], list[dict]]:
+        return split_replies(self.grid, self.partition_of, replies, sent, asked=asked,
+                             timeout=self.timeout)
 
     def _logged(self, replies: list[Message]) -> list[dict[str, Any]]:
         return [{"partition-id": self._partition(m.metadata.src_node_id), **metrics_of(m)}
@@ -233,7 +245,8 @@ class PlainRounds:
             msg.metadata.message_type = self.action
         log.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in out)
         ok, log.skipped, log.failures = self._split(
-            self.grid.send_and_receive(out, timeout=self.timeout), arrays)
+            self.grid.send_and_receive(out, timeout=self.timeout), arrays,
+            [m.metadata.dst_node_id for m in out])
         log.clients = self._logged(ok)
         log.check_not_all_failed(self.min_replies)
         new, _ = self.strategy.aggregate_train(server_round, ok)

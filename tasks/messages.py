@@ -14,6 +14,7 @@ HE_FIT = "train.he"  # a round aggregated under homomorphic encryption: the upda
 HE_HELLO = "query.he_hello"  # key setup: each client's X25519 public key
 HE_DEAL = "query.he_deal"  # key setup: the dealer makes the CKKS key, sealed for each client
 HE_INSTALL = "query.he_install"  # key setup: a client opens its sealed key
+STATE_CHECK = "query.state"  # on a resume: what state each client kept (its DP ledger)
 HE_DECRYPT = "query.he_decrypt"  # a key holder decrypts the aggregate (only the aggregate)
 
 # Records the server adds to a message's content (strategies.grid.FederationGrid) and the

@@ -228,3 +228,30 @@ def test_a_sweep_reads_an_attacked_cell_into_its_table_and_plots(tmp_path):
     assert sorted(drawn) == ["accuracy_vs_psnr.png", "psnr_vs_epsilon.png",
                              "reconstructions.png", "roc_by_defence.png"]
     assert all((tmp_path / "plots" / name).stat().st_size > 10_000 for name in drawn)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda p, o: o.write_text("{not json"), "is damaged \\(JSONDecodeError"),
+    (lambda p, o: o.write_text("{}"), "is damaged \\(KeyError"),
+    (lambda p, o: o.with_suffix(".npz").unlink(), "is damaged \\(FileNotFoundError"),
+    (lambda p, o: o.with_suffix(".npz").write_bytes(o.with_suffix(".npz").read_bytes()[:300]),
+     "is damaged"),
+    (lambda p, o: (p / "config.toml").write_text("= ="), "is not TOML"),
+    (lambda p, o: (p / "leakage.jsonl").write_text("garbage\n"), "has a damaged line"),
+    (lambda p, o: (p / "run.json").write_text('{"status": "running"}'), "is still running"),
+], ids=["json-garbage", "json-empty-object", "npz-missing", "npz-truncated",
+        "config-not-toml", "ledger-garbage", "still-running"])
+def test_damaged_attack_inputs_are_named_not_tracebacks(tmp_path, damage, why):
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
+    (obs,) = sorted((tmp_path / "observations").glob("round-*.json"))
+    damage(tmp_path, obs)
+    with pytest.raises(ConfigError, match=why):
+        run_attacks(tmp_path, echo=lambda line: None)
+
+
+def test_an_empty_attack_list_is_refused_by_the_cli(tmp_path):
+    from experiments.cli import main
+
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
+    assert main(["attack", str(tmp_path), "--attack", " , "]) == 2
+    assert not (tmp_path / "leakage.jsonl").exists()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from flwr.app import Context, RecordDict
 
+from clients.state_store import StateFileError
 from experiments.runner import LogFilter, recorded_outcome
 from server.app import run_one
 from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, ResumeError, resumable
@@ -170,8 +172,9 @@ def test_resume_is_refused_for_finished_running_and_unknown_folders(tmp_path):
     with pytest.raises(ConfigError, match="before its first round was checkpointed"):
         resumable(tmp_path)
     (tmp_path / FOLDER).mkdir()
-    (tmp_path / FOLDER / SERVER_FILE).write_bytes(b"")
-    assert resumable(tmp_path)[0] == tmp_path.resolve()
+    (tmp_path / FOLDER / SERVER_FILE).write_bytes(b"")  # an empty checkpoint is no checkpoint
+    with pytest.raises(ConfigError, match="server.npz is damaged"):
+        resumable(tmp_path)
 
 
 FULL = "/dev/full"  # every write to it fails with ENOSPC, as on a full disk
@@ -235,3 +238,129 @@ def test_the_summary_names_each_failed_client_its_round_and_cause():
     assert "round 3, client 1: ValueError: boom" in text
     assert "round 3, client 0 (evaluate): UpdateRejected: w holds NaN or Inf" in text
     assert "restarted automatically after round 2" in text
+
+
+def _dp_accounting_epsilon(client: dict) -> float:
+    """A client's epsilon from its reported DP-SGD parameters, by Google's dp-accounting
+    (RDP of the Poisson-subsampled Gaussian), independent of fedpriv's accountant."""
+    import dp_accounting
+
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(
+        client["sample-rate"], dp_accounting.GaussianDpEvent(client["noise-multiplier"])),
+        int(client["dp-steps"]))
+    return acc.get_epsilon(client["delta"])
+
+
+LOCAL_DP = {**BASE, "dp": "local", "noise-multiplier": 1.0}
+
+
+def _crashed(tmp_path, values, crash_round=3):
+    """An uninterrupted run and the same run crashed in ``crash_round`` (ledgers, path)."""
+    whole = validate({**values, "run-dir": str(tmp_path / "whole")})
+    run_one(InProcessGrid(whole, simulated=True), _context(whole), whole)
+    cfg = validate({**values, "run-dir": str(tmp_path / "crashed")})
+    with pytest.raises(ConnectionError):
+        run_one(LostReplies(cfg, crash_round), _context(cfg), cfg)
+    return read_ledger(tmp_path / "whole"), tmp_path / "crashed"
+
+
+def _resume_in(path):
+    folder, cfg = resumable(path)
+    RunFolder(folder).reopen({"from-round": Checkpoint.load(folder).round})
+    run_one(InProcessGrid(cfg, simulated=True), _context(cfg), cfg)
+    return read_ledger(folder)
+
+
+@pytest.mark.parametrize("move", ["renamed", "moved"])
+def test_a_renamed_or_moved_local_dp_run_resumes_with_every_clients_ledger(
+        tmp_path, _task_identity, move):  # noqa: F811
+    """The client state is keyed by the run's id, not its folder's name: after a rename or
+    a move the resumed epsilons equal the uninterrupted run's and dp-accounting's."""
+    whole, crashed = _crashed(tmp_path, {**LOCAL_DP, "run-id": "run-a1"})
+    target = tmp_path / ("renamed" if move == "renamed" else "elsewhere/deeper/crashed")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    crashed.rename(target)
+    resumed = _resume_in(target)
+    assert _comparable(resumed) == _comparable(whole)
+    for client in resumed[-1].clients:
+        assert client["epsilon"] == pytest.approx(_dp_accounting_epsilon(client), rel=0.02)
+
+
+def test_a_resume_without_the_clients_state_is_refused_not_reset(tmp_path, _task_identity):  # noqa: F811
+    """Deleted (or another run's) client state: refused before any round, naming what to
+    restore; nothing of the run is changed."""
+    _, crashed = _crashed(tmp_path, {**LOCAL_DP, "run-id": "run-b2"})
+    states = crashed / FOLDER / "clients"
+    backup = tmp_path / "backup"
+    states.rename(backup)
+    ledger_before = (crashed / "metrics.jsonl").read_bytes()
+    with pytest.raises(ResumeError, match="DP-SGD ledger holds 0 steps, but the checkpoint "
+                                          "recorded") as err:
+        _resume_in(crashed)
+    assert "Restore the state files" in str(err.value)
+    assert (crashed / "metrics.jsonl").read_bytes() == ledger_before
+    # another run's state files put in this run's place: their owner record says whose
+    shutil.copytree(backup, states)
+    other = validate({**LOCAL_DP, "run-id": "run-zz", "run-dir": str(tmp_path / "zz")})
+    run_one(InProcessGrid(other, simulated=True), _context(other), other)
+    for f in (tmp_path / "zz" / FOLDER / "clients" / "run-zz").iterdir():
+        shutil.copy(f, states / "run-b2" / f.name)
+    # (in Flower's runtime the client's error reaches the server, which raises ResumeError)
+    with pytest.raises((ResumeError, StateFileError), match="belongs to run run-zz"):
+        _resume_in(crashed)
+
+
+def _write_checkpoint_round(path, rnd):
+    cp = Checkpoint.load(path)
+    cp.round = rnd
+    cp.save(path)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda p: _write_checkpoint_round(p, 99), "the checkpoint says round 99, but the run "
+                                               "has 4 rounds"),
+    (lambda p: (p / "config.toml").write_text((p / "config.toml").read_text().replace(
+        "num-server-rounds = 4", "num-server-rounds = 1")), "num-server-rounds: 4 -> 1"),
+    (lambda p: (p / "metrics.jsonl").unlink(), "metrics.jsonl holds rounds none"),
+    (lambda p: (p / "metrics.jsonl").write_text("{not json\n"), "has a damaged line"),
+    (lambda p: (p / "run.json").write_text("[1, 2]"), "holds a list"),
+    (lambda p: (p / "run.json").write_text(""), "its run.json is not JSON"),
+    (lambda p: (p / "config.toml").write_text("= ="), "its config.toml is not TOML"),
+    (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(b"garbage"), "is damaged"),
+    (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(
+        (p / FOLDER / SERVER_FILE).read_bytes()[:200]), "is damaged"),
+], ids=["round-99", "config-edited", "no-ledger", "garbage-ledger", "run-json-list",
+        "run-json-empty", "config-not-toml", "checkpoint-garbage", "checkpoint-truncated"])
+def test_a_resume_whose_files_disagree_or_are_damaged_is_refused_clearly(
+        tmp_path, _task_identity, damage, why):  # noqa: F811
+    values = {**BASE, "num-server-rounds": 4}
+    cfg = validate({**values, "run-dir": str(tmp_path / "run")})
+    with pytest.raises(ConnectionError):
+        run_one(LostReplies(cfg, 3), _context(cfg), cfg)
+    damage(tmp_path / "run")
+    with pytest.raises(ConfigError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        resumable(tmp_path / "run")
+
+
+class Silent(InProcessGrid):
+    """Clients that never answer a training message in time."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type.startswith("train") for m in messages):
+            return []
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_a_round_nobody_answered_fails_the_run_with_its_cause(tmp_path, _task_identity):  # noqa: F811
+    """Not 'finished' with 0/N clients every round: no reply within round-timeout is a
+    failure, and a round of failures stops the run; an impossible timeout is refused."""
+    with pytest.raises(ConfigError, match="round-timeout"):
+        validate({"round-timeout": 1e-9})
+    cfg = validate({**BASE, "run-dir": str(tmp_path / "run"), "round-timeout": 5})
+    with pytest.raises(Exception, match="no answer within 5 s"):
+        run_one(Silent(cfg, simulated=True), _context(cfg), cfg)
+    info = read_run_info(tmp_path / "run")
+    assert info["status"] == "failed" and "no answer within 5 s" in info["error"]
+    assert read_ledger(tmp_path / "run") == []

@@ -3,8 +3,9 @@
 Every value in a client's reply is one of:
 
 - **identity**: which partition the node holds (``partition-id``, ``num-partitions``),
-  whether it serves its own data (``own-data``) and keeps state for a resume
-  (``keeps-state``): node configuration, not data; the server knows whom it talks to.
+  whether it serves its own data (``own-data``), keeps state for a resume
+  (``keeps-state``) and found it (``has-state``): node configuration, not data; the
+  server knows whom it talks to.
 - **a function of the record count n and the config**: ``num-examples`` and what local
   DP-SGD derives from n (``epsilon``, ``delta``, ``noise-multiplier``, ``sample-rate``,
   ``dp-steps``, ``dp-skipped``, ``train-steps``). DP-SGD's accounting treats n as public
@@ -28,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-IDENTITY = frozenset({"partition-id", "num-partitions", "own-data", "keeps-state"})
+IDENTITY = frozenset({"partition-id", "num-partitions", "own-data", "keeps-state",
+                      "has-state"})
 RECORD_COUNT = frozenset({"num-examples", "train-steps", "epsilon", "delta",
                           "noise-multiplier", "sample-rate", "dp-steps", "dp-skipped"})
 

@@ -73,8 +73,9 @@ class FederationConfig(Section):
     target_accuracy: float = key(0.0, "Stop the run once the server's test accuracy reaches "
                                  "this (for rounds-to-target experiments); 0 = run every "
                                  "round.", lo=0, hi=1)
-    round_timeout: float = key(600.0, "Seconds to wait for client replies in a round.", lo=0,
-                               lo_open=True)
+    round_timeout: float = key(600.0, "Seconds to wait for client replies in a round (at "
+                               "least 1: no client trains faster; a client that does not "
+                               "answer in time is a failure of the round).", lo=1)
     reply_poll_interval: float = key(0.2, "On real SuperNodes: seconds between the server's "
                                      "checks for replies (Flower's own grid waits 3 s).",
                                      lo=0.01, hi=10)
@@ -414,6 +415,9 @@ class ResultsConfig(Section):
     run_dir: str = key("", "Exact folder for this run (fedpriv run fills it in); empty = a new "
                        "timestamped folder under results-dir. An existing run is never "
                        "overwritten.")
+    run_id: str = key("", "The run's identity (set by fedpriv: a new random id for a new "
+                      "run, kept by a resume). Clients keep their state under it, so a "
+                      "renamed or moved run folder still finds its clients' DP ledgers.")
     save_model: bool = key(True, "Save the final global model as model.pt.")
     checkpoint: bool = key(True, "Write checkpoint/ after every round (global model, strategy "
                            "and privacy state; each client keeps its own) so that `fedpriv "
