@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord
 
 from strategies.rounds import RoundResult, RoundRunner
 
+from .console import say
 from .ledger import RoundRecord
 from .recorder import RoundRecorder
 
@@ -62,10 +63,23 @@ def run_rounds(runner: RoundRunner, initial: ArrayRecord, num_rounds: int,
                 hook.after_round(record, arrays, result)
             if reason := _first(stop(record) for stop in stop_after):
                 break
-    finally:
-        for hook in hooks:
-            hook.finish()
+    except BaseException:
+        _finish_quietly(hooks)  # the error that stopped the loop is the one reported
+        raise
+    for hook in hooks:
+        hook.finish()
     return LoopOutcome(arrays, reason)
+
+
+def _finish_quietly(hooks: Sequence[RoundHook]) -> None:
+    """Let every hook finish after a failure; a hook that fails too (e.g. a plot on the
+    same full disk) is mentioned, never raised in place of the first error."""
+    for hook in hooks:
+        try:
+            hook.finish()
+        except Exception as also:
+            say(f"warning: while stopping, {type(hook).__name__} failed too: "
+                f"{type(also).__name__}: {also}")
 
 
 def _first(reasons) -> str | None:

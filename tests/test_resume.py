@@ -364,3 +364,29 @@ def test_a_round_nobody_answered_fails_the_run_with_its_cause(tmp_path, _task_id
     info = read_run_info(tmp_path / "run")
     assert info["status"] == "failed" and "no answer within 5 s" in info["error"]
     assert read_ledger(tmp_path / "run") == []
+
+
+def test_a_hook_failing_while_stopping_never_hides_the_first_error(capsys):
+    """The first error is the one reported: a plot hook that fails too on the way out (as
+    matplotlib did on a full disk) is only mentioned."""
+    from types import SimpleNamespace
+
+    from flwr.app import ArrayRecord
+
+    from server.loop import run_rounds
+
+    class FullDisk:
+        def run_round(self, rnd, arrays):
+            raise OSError("cannot write checkpoint/server.npz (the disk is full)")
+
+    class FailingPlot:
+        def after_round(self, *a):
+            pass
+
+        def finish(self):
+            raise RuntimeError("matplotlib could not save the figure")
+
+    with pytest.raises(OSError, match="server.npz \\(the disk is full\\)"):
+        run_rounds(FullDisk(), ArrayRecord(), 3, lambda a: {}, SimpleNamespace(
+            resumed=lambda s: None), hooks=[FailingPlot()], start=2)
+    assert "FailingPlot failed too: RuntimeError: matplotlib" in capsys.readouterr().out
