@@ -3,17 +3,29 @@
 Flower 1.41's deployment runtime, secured by default: the SuperLink serves TLS with a
 certificate from :mod:`experiments.credentials` and admits only SuperNodes whose public
 key was registered (``--enable-supernode-auth``); it keeps registrations and finished
-runs in SQLite (``--database``). Each command here starts Flower's own executables by
+runs in SQLite (``--database``). It listens on loopback only, because its Control API
+(register nodes, run any app on every SuperNode, read logs) needs no login in
+open-source Flower; the public port is :mod:`experiments.fleet_gateway`, which forwards
+Flower's Fleet API alone. Each command here starts Flower's own executables by
 PID, in the foreground, and stops them when it ends (Ctrl-C, SIGTERM, or — through
 Linux's parent-death signal — even ``kill -9``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import secrets
 import shutil
+import ssl
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +33,12 @@ from pathlib import Path
 from tasks.config import ConfigError
 
 from .credentials import LOOPBACK, Certificates, certificate_hosts
-from .procs import stream_child
+from .fleet_gateway import OPERATOR_ONLY, READY, bind
+from .procs import Foreground, stream_child
 from .superlink import LocalSuperLink, flower_env, flower_executable
 
 DEFAULT_PORT = 9092
+SERVING = "deployment ready"  # printed once the SuperLink, SuperExec and gateway are up
 Echo = Callable[[str], None]
 
 
@@ -56,14 +70,18 @@ class Connection:
 
 
 def superlink_command(certs: Certificates | None, state: Path, host: str, port: int,
-                      auth: bool = True) -> list[str]:
+                      auth: bool = True, secret: Path | None = None) -> list[str]:
     """``flower-superlink`` in deployment mode: TLS (unless ``certs`` is None), SuperNode
-    authentication, and its state in ``state/state.db``."""
+    authentication, and its state in ``state/state.db``. With ``secret``, the Runtime API
+    demands it of the SuperExec, which then runs apart (:func:`superexec_command`): Flower
+    ignores the secret for the SuperExec the SuperLink starts itself."""
     if certs is None and auth:
         raise ConfigError("SuperNode authentication needs TLS: give --certs (an --insecure "
                           "loopback demo runs without authentication).")
     cmd = [flower_executable("flower-superlink"), "--host", host, "--port", str(port),
            "--database", str(state / "state.db"), "--disable-runtime-dependency-installation"]
+    if secret is not None:
+        cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
     if certs is None:
         return [*cmd, "--insecure"]
     cmd += ["--ssl-ca-certfile", str(certs.ca), "--ssl-certfile", str(certs.cert),
@@ -71,10 +89,57 @@ def superlink_command(certs: Certificates | None, state: Path, host: str, port: 
     return [*cmd, "--enable-supernode-auth"] if auth else cmd
 
 
-def supernode_command(link: Connection, node_config: dict[str, str | int], key: Path | None,
+def superexec_command(certs: Certificates | None, port: int, secret: Path,
+                      superlink_pid: int) -> list[str]:
+    """``flower-superexec`` for a SuperLink on ``127.0.0.1:port`` that runs with
+    ``--isolation process``: it launches the ServerApps, proving itself with ``secret``."""
+    trust = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
+    return [flower_executable("flower-superexec"), "--runtime-api-address",
+            f"127.0.0.1:{port}", *trust, "--superexec-auth-secret-file", str(secret),
+            "--parent-pid", str(superlink_pid)]
+
+
+def gateway_command(certs: Certificates | None, host: str, port: int, internal: int
+                    ) -> list[str]:
+    """The fleet-only gateway (:mod:`experiments.fleet_gateway`) on the public
+    ``host:port``, in front of the SuperLink on ``127.0.0.1:internal``."""
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    tls = (["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
+           if certs else ["--insecure"])
+    return [sys.executable, "-m", "experiments.fleet_gateway", "--listen", listen,
+            "--upstream", f"127.0.0.1:{internal}", *tls]
+
+
+def write_secret(state: Path) -> Path:
+    """A fresh Runtime API secret for this start, ``state/superexec.secret``, mode 0600:
+    created new (never through a symlink or over another user's file), then renamed."""
+    path = state / "superexec.secret"
+    tmp = state / f".superexec.secret.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_hex(32).encode())
+    os.replace(tmp, path)
+    return path
+
+
+def _port_free(host: str, port: int, flag: str) -> None:
+    """ConfigError, in one paragraph, when ``host:port`` cannot be listened on."""
+    try:
+        bind(host, port).close()
+    except OSError as exc:
+        why = ("is in use (another SuperLink, or a previous one still stopping?)"
+               if exc.errno == errno.EADDRINUSE else f"cannot be listened on ({exc.strerror})")
+        raise ConfigError(f"{host}:{port} {why}; choose another {flag}.") from None
+
+
+def supernode_command(link: Connection, node_config: dict[str, str | int | bool],
+                      key: Path | None,
                       host: str = "127.0.0.1", port: int = 9094) -> list[str]:
     """``flower-supernode`` for one host: the partition it serves, its key."""
-    config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
+    config = " ".join(f'{k}="{v}"' if isinstance(v, str)
+                      else f"{k}={str(v).lower()}" if isinstance(v, bool) else f"{k}={v}"
                       for k, v in node_config.items())
     cmd = [flower_executable("flower-supernode"), "--superlink", link.address, *link.flags(),
            "--node-config", config, "--host", host, "--port", str(port)]
@@ -92,31 +157,88 @@ def public_name(certs: Certificates) -> str:
     return names[0] if names else "127.0.0.1"
 
 
+def _answers(port: int, certs: Certificates | None) -> bool:
+    """Whether the SuperLink on ``127.0.0.1:port`` answers its health check."""
+    scheme = "https" if certs else "http"
+    context = ssl.create_default_context(cafile=str(certs.ca)) if certs else None
+    try:
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/health", timeout=1,
+                                    context=context) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def serve_superlink(certs: Certificates | None, state: Path, host: str, port: int,
-                    auth: bool, nodes: int, echo: Echo = print) -> int:
-    """Run the SuperLink in the foreground until it exits or is interrupted."""
-    state.mkdir(parents=True, exist_ok=True)
-    cmd = superlink_command(certs.check() if certs else None, state, host, port, auth)
+                    auth: bool, nodes: int, echo: Echo = print,
+                    internal_port: int | None = None, startup_timeout: float = 90.0) -> int:
+    """Run the SuperLink in the foreground until it exits or is interrupted.
+
+    The SuperLink (Fleet, Control and Runtime APIs on one server) listens on
+    ``127.0.0.1:internal_port`` only (default ``port + 1``); the public ``host:port`` is
+    the fleet-only gateway, so whoever reaches it can do nothing but connect a SuperNode
+    whose key the operator registered. Operator commands run on this host, against the
+    internal port. A Runtime API secret (``state/superexec.secret``) binds the SuperExec.
+    """
+    internal = internal_port or port + 1
+    if not 0 < internal < 65536 or not 0 < port < 65536:
+        raise ConfigError(f"--port {port} and --internal-port {internal} must be in 1..65535.")
+    if internal == port:
+        raise ConfigError(f"--internal-port {internal} must differ from --port {port}: the "
+                          "SuperLink listens on 127.0.0.1:INTERNAL, the gateway on "
+                          "HOST:PORT.")
+    if certs:
+        certs.check()
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)  # registrations, runs, the secret
+    _port_free("127.0.0.1", internal, "--internal-port")
+    _port_free(host, port, "--port")
+    secret = write_secret(state)
     name = public_name(certs) if certs else "127.0.0.1"
-    where = f"{name}:{port}"
     ca = f" --ca {certs.ca}" if certs else " --insecure"
+    op = f"--superlink 127.0.0.1:{internal}{ca}"
     if certs is None:
         echo("warning: --insecure: no TLS and no SuperNode authentication; anyone who can "
              "reach this port can join the federation and read the models. Use it only on "
              "loopback.")
-    echo(f"SuperLink on {host}:{port} ({'TLS' if certs else 'insecure'}"
-         f"{', SuperNode authentication' if auth else ''}); state in {state / 'state.db'}")
-    if auth:
-        echo("register each SuperNode's public key first (from any host with ca.crt):")
-        echo(f"  fedpriv deploy register KEYS/supernode-0.pub ... --superlink {where}{ca}")
-    echo("then on each host I (with ca.crt and its own private key):")
-    node_ca = " --ca ca.crt" if certs else " --insecure"
-    key = " --key supernode-I" if auth else ""
-    echo(f"  fedpriv deploy supernode --superlink {where}{node_ca}{key} --partition-id I "
-         f"--num-partitions {nodes or 'N'}")
-    echo("and submit a run (on this host, so the results folder is here):")
-    echo(f"  fedpriv deploy run --superlink 127.0.0.1:{port}{ca} --config mnist")
-    return stream_child(cmd, echo, flower_env(None))
+    echo(f"SuperLink on 127.0.0.1:{internal} ({'TLS' if certs else 'insecure'}"
+         f"{', SuperNode authentication' if auth else ''}; Control and Runtime APIs on this "
+         f"host only); fleet gateway for SuperNodes on {host}:{port}; state in "
+         f"{state / 'state.db'}")
+    ready = threading.Event()
+
+    def line(text: str) -> None:
+        if text.startswith(READY):
+            ready.set()
+        echo(text)
+
+    with Foreground(line, flower_env(None)) as children:
+        link = children.start(superlink_command(certs, state, "127.0.0.1", internal, auth,
+                                                secret))
+        if not children.pump(lambda: _answers(internal, certs), startup_timeout):
+            echo(f"the SuperLink did not start on 127.0.0.1:{internal} (exit code "
+                 f"{link.poll()}); see its output above.")
+            return link.poll() or 1
+        children.start(superexec_command(certs, internal, secret, link.pid))
+        children.start(gateway_command(certs, host, port, internal))
+        if not children.pump(ready.is_set, startup_timeout):
+            echo(f"the fleet gateway did not start on {host}:{port}; see its output above.")
+            gone = children.exited()
+            return (gone.returncode if gone else 0) or 1
+        if auth:
+            echo("on this host, register each SuperNode's public key first:")
+            echo(f"  fedpriv deploy register KEYS/supernode-0.pub ... {op}")
+        echo("then on each host I (with ca.crt and its own private key):")
+        node_ca = " --ca ca.crt" if certs else " --insecure"
+        key = " --key supernode-I" if auth else ""
+        echo(f"  fedpriv deploy supernode --superlink {name}:{port}{node_ca}{key} "
+             f"--partition-id I --num-partitions {nodes or 'N'}")
+        echo("and submit runs on this host (the results folder is written here):")
+        echo(f"  fedpriv deploy run {op} --config mnist")
+        echo(f"{SERVING}: SuperNodes connect to {name}:{port}; operator commands "
+             f"(register, run, ls) use 127.0.0.1:{internal} on this host")
+        children.pump()
+        gone = children.exited()
+        return gone.returncode if gone else 0
 
 
 # What flower-supernode prints (Flower 1.41): exit code 305 (SUPERNODE_CONNECTION_ERROR);
@@ -158,7 +280,7 @@ class _Attempt:
             self.echo(text)
 
 
-def serve_supernode(link: Connection, node_config: dict[str, str | int], key: Path | None,
+def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], key: Path | None,
                     port: int, echo: Echo = print, *, rejoin_wait: float = 90.0,
                     retry_every: float = 3.0) -> int:
     """Run one SuperNode in the foreground until it exits or is interrupted.
@@ -179,8 +301,9 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int], key: Pa
         return code
     if key is None or not attempt.not_activated or rejoin_wait <= 0:
         echo("the SuperLink refused this SuperNode (Flower's exit code 305): register its key "
-             "with `fedpriv deploy register KEY.pub --superlink ... --ca ...`, or, if it has "
-             "just restarted, wait about a minute for its old session to time out.")
+             "on the SuperLink's host with `fedpriv deploy register KEY.pub --superlink "
+             "127.0.0.1:INTERNAL_PORT --ca ...`, or, if it has just restarted, wait about a "
+             "minute for its old session to time out.")
         return code
     echo(f"the SuperLink refused to activate this SuperNode: it still counts this node's "
          f"previous session as online for up to {ONLINE_AFTER_HEARTBEAT} s after its last "
@@ -199,14 +322,51 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int], key: Pa
             attempt.release()  # it joined and has ended, or failed in another way
             return code
     echo(f"the SuperLink refused this SuperNode for {time.monotonic() - start:.0f} s, longer "
-         "than a previous session stays online: register its key with `fedpriv deploy "
-         "register KEY.pub --superlink ... --ca ...` (`--ls` lists the registered nodes).")
+         "than a previous session stays online: register its key on the SuperLink's "
+         "host with `fedpriv deploy register KEY.pub --superlink 127.0.0.1:INTERNAL_PORT "
+         "--ca ...` (`--ls` lists the registered nodes).")
     return code
+
+
+def refuse_public_port(link: Connection) -> None:
+    """ConfigError when ``link`` is a deployment's public port (its fleet gateway), which
+    refuses operator commands; said before Flower's bare "403 Forbidden"."""
+    scheme = "https" if link.ca else "http"
+    context = ssl.create_default_context(cafile=str(link.ca)) if link.ca else None
+    try:
+        with urllib.request.urlopen(f"{scheme}://{link.address}/v1/control/list-runs",
+                                    timeout=5, context=context):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code != 403 or OPERATOR_ONLY[:40] not in exc.read(4096).decode(errors="replace"):
+            return
+    except urllib.error.URLError as exc:
+        raise _unreachable(link, exc.reason) from None
+    except (OSError, ValueError) as exc:
+        raise _unreachable(link, exc) from None
+    raise ConfigError(f"--superlink {link.address} is the deployment's public port, which "
+                      "serves SuperNodes only (Flower's Fleet API). Operator commands "
+                      "(register, run) run on the SuperLink's host against its internal "
+                      "port: --superlink 127.0.0.1:INTERNAL_PORT (the port `fedpriv deploy "
+                      "superlink` printed; --port + 1 by default).")
+
+
+def _unreachable(link: Connection, reason: object) -> ConfigError:
+    """The one paragraph for a SuperLink that cannot be reached (before anything is made)."""
+    if isinstance(reason, ssl.SSLError):
+        why = (f"the TLS handshake failed ({reason}): --ca is not the deployment's ca.crt, "
+               "or the port does not serve TLS (an --insecure SuperLink: give --insecure).")
+    else:
+        why = (f"nothing answered ({reason}): is `fedpriv deploy superlink` running on this "
+               "host, and is this its internal port (--port + 1 by default)?")
+    return ConfigError(f"--superlink {link.address}: cannot reach the SuperLink: {why} "
+                       "Nothing was started or written.")
 
 
 def register(link: Connection, keys: Sequence[Path], action: str = "register",
              echo: Echo = print) -> int:
     """``flwr supernode register`` (or ``unregister``/``ls``) through a private FLWR_HOME."""
+    refuse_public_port(link)
     for key in keys:
         if action == "register" and not key.is_file():
             raise ConfigError(f"public key {str(key)!r} does not exist (the .pub file made by "
@@ -243,6 +403,7 @@ class DeployedSuperLink(LocalSuperLink):
         self.simulation = False
 
     def start(self) -> DeployedSuperLink:
+        refuse_public_port(self.link)
         self.home = Path(tempfile.mkdtemp(prefix="fp-deploy-"))
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.CONNECTION}"\n\n' + self.link.toml(self.CONNECTION))

@@ -15,14 +15,17 @@ three hosts (server.lab, and hospitals a and b), the server holding the CA:
   server$ fedpriv deploy certs certs --host server.lab
   server$ fedpriv deploy keys keys --nodes 2
   server$ fedpriv deploy superlink --certs certs --state state --host 0.0.0.0 --nodes 2
+          (SuperNodes connect to server.lab:9092, a gateway that serves only Flower's
+          Fleet API; the SuperLink itself, with the Control API that registers nodes and
+          runs apps, listens on 127.0.0.1:9093: operator commands run on the server)
   server$ fedpriv deploy register keys/supernode-0.pub keys/supernode-1.pub \\
-              --superlink 127.0.0.1:9092 --ca certs/ca.crt
+              --superlink 127.0.0.1:9093 --ca certs/ca.crt
   (copy certs/ca.crt and keys/supernode-I to host I)
   a$      fedpriv deploy supernode --superlink server.lab:9092 --ca ca.crt \\
               --key supernode-0 --partition-id 0 --num-partitions 2
   b$      fedpriv deploy supernode --superlink server.lab:9092 --ca ca.crt \\
               --key supernode-1 --partition-id 1 --num-partitions 2
-  server$ fedpriv deploy run --superlink 127.0.0.1:9092 --ca certs/ca.crt \\
+  server$ fedpriv deploy run --superlink 127.0.0.1:9093 --ca certs/ca.crt \\
               --set num-clients=2 --set num-server-rounds=3
 """
 
@@ -47,16 +50,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     keys.add_argument("folder", type=Path)
     keys.add_argument("--nodes", type=int, required=True, metavar="N")
 
-    def connection(p: argparse.ArgumentParser) -> None:
+    def connection(p: argparse.ArgumentParser, operator: bool = True) -> None:
         p.add_argument("--superlink", required=True, metavar="HOST:PORT",
-                       help="the SuperLink's address")
+                       help=("the SuperLink's internal address, on the SuperLink's host: "
+                             "127.0.0.1:INTERNAL_PORT (9093 by default); the public port "
+                             "refuses operator commands" if operator else
+                             "the SuperLink's public address (its fleet gateway), e.g. "
+                             "server.lab:9092"))
         trust = p.add_mutually_exclusive_group(required=True)
         trust.add_argument("--ca", type=Path, help="the deployment's ca.crt")
         trust.add_argument("--insecure", action="store_true",
                            help="no TLS (loopback demos only)")
 
     reg = cmds.add_parser("register", help="register SuperNode public keys with the "
-                                           "SuperLink (flwr supernode register)")
+                                           "SuperLink (flwr supernode register; on the "
+                                           "SuperLink's host)")
     reg.add_argument("keys", type=Path, nargs="*", metavar="KEY.pub")
     reg.add_argument("--ls", action="store_true", help="list the registered SuperNodes")
     reg.add_argument("--unregister", action="store_true",
@@ -69,13 +77,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="folder for the SQLite state (registrations, runs)")
     link.add_argument("--host", default="127.0.0.1",
                       help="address to listen on (0.0.0.0: every interface; default loopback)")
-    link.add_argument("--port", type=int, default=9092)
+    link.add_argument("--port", type=int, default=9092,
+                      help="public port: the fleet gateway SuperNodes connect to, which "
+                           "serves only Flower's Fleet API (default 9092)")
+    link.add_argument("--internal-port", type=int, metavar="PORT",
+                      help="the SuperLink's own port on 127.0.0.1, with the Control and "
+                           "Runtime APIs: operator commands (register, run) on this host "
+                           "use it (default: --port + 1)")
     link.add_argument("--nodes", type=int, default=0, help="for the printed commands")
     link.add_argument("--insecure", action="store_true",
                       help="no TLS and no authentication: loopback demos only")
 
     node = cmds.add_parser("supernode", help="start a SuperNode for this host (foreground)")
-    connection(node)
+    connection(node, operator=False)
     node.add_argument("--key", type=Path, help="this host's private key (with authentication)")
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
@@ -87,6 +101,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     node.add_argument("--state-dir", type=Path,
                       help="where this client keeps its state (DP ledger, CVAE) so that "
                            "`fedpriv deploy run --resume` can go on without resetting it")
+    node.add_argument("--data-dir", type=Path,
+                      help="this host's folder of datasets in torchvision's layout (a run "
+                           "config's data-dir is ignored on a SuperNode); default: only the "
+                           "embedded or system copies")
+    node.add_argument("--download", action="store_true",
+                      help="allow downloading a missing dataset into --data-dir (the server "
+                           "cannot turn this on)")
+    node.add_argument("--backbone-weights", type=Path,
+                      help="this host's copy of the run's backbone weights file (features = "
+                           "embeddings with backbone-weights)")
     node.add_argument("--port", type=int, default=9094,
                       help="local port of this SuperNode's ClientApp API (default 9094)")
     node.add_argument("--rejoin-wait", type=float, default=90.0, metavar="SECONDS",
@@ -119,14 +143,17 @@ def _connection(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``fedpriv deploy <command>``; ConfigError for bad input."""
     from . import deploy
-    from .credentials import Certificates, write_certificates, write_node_keys
+    from .credentials import (
+        Certificates,
+        certificates_message,
+        write_certificates,
+        write_node_keys,
+    )
 
     cmd = args.deploy_command
     if cmd == "certs":
         made = write_certificates(args.folder, args.host, args.days)
-        print(f"wrote {made.ca} (give it to every SuperNode host), {made.cert} and {made.key} "
-              f"(keep them on the SuperLink's host); valid for {', '.join(args.host)}, "
-              "127.0.0.1 and localhost")
+        print(certificates_message(made, args.host))
         return 0
     if cmd == "keys":
         paths = write_node_keys(args.folder, args.nodes)
@@ -144,8 +171,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("fedpriv deploy superlink: give --certs FOLDER (TLS and SuperNode "
                               "authentication), or --insecure for a loopback demo.")
         certs = Certificates.in_folder(args.certs) if args.certs else None
+        for exposed in certs.exposed_signing_keys() if certs else []:
+            print(f"note: the CA's signing key {exposed} is on the SuperLink's host; move it "
+                  "offline (it is needed only to issue a new server certificate, and whoever "
+                  "holds it can impersonate the SuperLink)")
         return deploy.serve_superlink(certs, args.state, args.host, args.port,
-                                      auth=certs is not None, nodes=args.nodes)
+                                      auth=certs is not None, nodes=args.nodes,
+                                      internal_port=args.internal_port)
     if cmd == "supernode":
         if args.key is None and not args.insecure:
             print("note: no --key: the SuperLink admits this node only if it runs without "
@@ -154,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--partition-id {args.partition_id} must be in 0.."
                               f"{args.num_partitions - 1} (--num-partitions "
                               f"{args.num_partitions}).")
-        config: dict[str, str | int] = {"partition-id": args.partition_id,
+        config: dict[str, str | int | bool] = {"partition-id": args.partition_id,
                                         "num-partitions": args.num_partitions}
         if args.data_path is not None:
             from tasks.local_data import describe
@@ -164,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         if args.state_dir is not None:
             args.state_dir.mkdir(parents=True, exist_ok=True)
             config["state-dir"] = str(args.state_dir.resolve())
+        config.update(_host_data(args))
         return deploy.serve_supernode(_connection(args), config, args.key, args.port,
                                       rejoin_wait=args.rejoin_wait)
     if cmd == "run":
@@ -171,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         from .configs import resolve
 
         t0 = time.perf_counter()
+        deploy.refuse_public_port(_connection(args))  # before the pre-flight check
         if args.resume is not None:
             given = [f for f, v in (("--config", args.config), ("--set", args.set),
                                     ("--name", args.name)) if v]
@@ -188,3 +222,30 @@ def run(args: argparse.Namespace) -> int:
               f"(flwr.log) are in {result.run_dir}")
         return 1
     raise AssertionError(cmd)
+
+
+def _host_data(args: argparse.Namespace) -> dict[str, str | int | bool]:
+    """The node config keys for where this host's shared datasets live and whether it may
+    download: the host's decision only (clients.host_config), checked here first."""
+    out: dict[str, str | int | bool] = {}
+    if args.download and args.data_dir is None:
+        raise ConfigError("--download needs --data-dir: the folder a missing dataset is "
+                          "downloaded into. Give e.g. --data-dir ~/data --download.")
+    if args.data_dir is not None:
+        folder = args.data_dir.expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--data-dir {str(folder)!r} is a file; give the folder that "
+                              "holds the datasets (torchvision's layout).")
+        if not folder.exists() and not args.download:
+            raise ConfigError(f"--data-dir {str(folder)!r} does not exist; create it with the "
+                              "datasets in it, or add --download to let this node fetch them.")
+        out["data-dir"] = str(folder.resolve())
+    if args.download:
+        out["download"] = True
+    if args.backbone_weights is not None:
+        weights = args.backbone_weights.expanduser()
+        if not weights.is_file():
+            raise ConfigError(f"--backbone-weights {str(weights)!r} is not a file; give this "
+                              "host's copy of the run's weights file.")
+        out["backbone-weights"] = str(weights.resolve())
+    return out

@@ -153,3 +153,84 @@ def stream_child(cmd: list[str], on_line: Callable[[str], None],
         if proc.poll() is None:  # interrupted: the child, its group, then any stragglers
             stop_group(proc.pid)
             stop_tree(proc)
+
+
+class Foreground:
+    """Child processes that serve together in the foreground and end together.
+
+    Each runs in a session of its own and gets the parent-death signal (the kernel stops
+    it even when we are SIGKILLed); their output lines reach ``on_line`` from the caller's
+    thread. When one exits, or we are interrupted, every child and what it started is
+    stopped by PID: SIGTERM, then SIGKILL after a grace period.
+    """
+
+    def __init__(self, on_line: Callable[[str], None], env: dict[str, str] | None = None
+                 ) -> None:
+        self.on_line = on_line
+        self.env = env
+        self.children: list[subprocess.Popen] = []
+        self._lines: queue.Queue[str] = queue.Queue()
+
+    def start(self, cmd: list[str]) -> subprocess.Popen:
+        """Start ``cmd``; its lines are passed on while :meth:`pump` runs."""
+        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                bufsize=1, errors="replace", preexec_fn=_die_with_parent,
+                                start_new_session=True)
+        self.children.append(proc)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self._lines.put(line.rstrip("\n"))
+
+        threading.Thread(target=pump, daemon=True).start()
+        return proc
+
+    def exited(self) -> subprocess.Popen | None:
+        """The first child that has exited, if any."""
+        return next((p for p in self.children if p.poll() is not None), None)
+
+    def pump(self, until: Callable[[], bool] | None = None, timeout: float | None = None
+             ) -> bool:
+        """Pass lines on until ``until()`` holds (True), or a child exits or ``timeout``
+        passes (False); without ``until``, until a child exits."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        checked = 0.0
+        while True:
+            try:
+                self.on_line(self._lines.get(timeout=0.1))
+                if time.monotonic() - checked < 0.5:
+                    continue  # drain what is there before deciding, but not forever
+            except queue.Empty:
+                pass
+            checked = time.monotonic()
+            if until is not None and until():
+                return True
+            if self.exited() is not None:
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop every child (last started first) with its descendants and its group, then
+        pass on the lines they left."""
+        with signals_deferred():
+            for proc in reversed(self.children):
+                terminate_then_kill(lambda p=proc: tree(p.pid), grace)
+                stop_group(proc.pid, grace)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                self.on_line(self._lines.get(timeout=0.1))
+            except queue.Empty:
+                if all(p.poll() is not None for p in self.children):
+                    break
+
+    def __enter__(self) -> Foreground:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -56,6 +56,14 @@ def given_run_dir(results: ResultsConfig) -> Path | None:
         raise ConfigError(
             f"run-dir {str(path)!r} already holds a run; fedpriv never overwrites results. "
             "Leave run-dir empty to get a new folder under results-dir, or name a new one.")
+    if path.is_dir() and any((child / RUN_INFO).is_file() for child in path.iterdir()
+                             if child.is_dir()):
+        raise ConfigError(
+            f"run-dir {str(path)!r} is a folder of runs (results-dir), not a run's own "
+            "folder: this run's files would lie among theirs. Give results-dir = "
+            f"{str(path)!r} instead, or name a new folder for run-dir.")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run-dir {str(path)!r} is a file, not a folder; name a new folder.")
     return path
 
 

@@ -158,3 +158,4 @@ def test_deploy_certs_says_where_each_file_goes(tmp_path):
     assert "server.pem + server.key to the SuperLink's host only" in text
     assert f"keep {CA_PRIVATE}/ca.key offline" in text
     assert "issue a new server certificate" in text
+    assert text in made.stdout  # what the command printed

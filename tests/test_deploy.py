@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from experiments.credentials import certificate_hosts, write_certificates, write_node_keys
-from experiments.deploy import Connection, superlink_command, supernode_command
+from experiments.deploy import SERVING, Connection, superlink_command, supernode_command
 from server.results import read_run_info
 from tasks.config import ConfigError
 
@@ -131,15 +131,17 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
     subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "4"], cwd=REPO,
                    check=True, capture_output=True)
     ca = str(tmp_path / "certs" / "ca.crt")
-    port = _free_port()
-    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]
+    port, internal = _free_ports(2)
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]  # the fleet gateway: SuperNodes
+    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]  # the operator, on loopback
     try:
         started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
                                 "--state", str(tmp_path / "state"), "--port", str(port),
+                                "--internal-port", str(internal),
                                 marker=marker, log=tmp_path / "superlink.log"))
-        _wait_for(tmp_path / "superlink.log", "Uvicorn running on https")
+        _wait_for(tmp_path / "superlink.log", SERVING)
         keys = [str(tmp_path / "keys" / f"supernode-{i}.pub") for i in range(3)]
-        reg = subprocess.run([*run, "register", *keys, *link], cwd=REPO, capture_output=True,
+        reg = subprocess.run([*run, "register", *keys, *op], cwd=REPO, capture_output=True,
                              text=True, timeout=120)
         assert reg.returncode == 0 and reg.stdout.count("registered successfully") == 3, reg
         for i in range(3):
@@ -159,21 +161,25 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
         other = tmp_path / "other"
         subprocess.run([*run, "certs", str(other), "--host", "server.lab"], cwd=REPO,
                        check=True, capture_output=True)
-        wrong = subprocess.run([*run, "register", "--ls", "--superlink", f"127.0.0.1:{port}",
-                                "--ca", str(other / "ca.crt")], cwd=REPO, capture_output=True,
-                               text=True, timeout=120)
+        wrong = subprocess.run([*run, "register", "--ls", "--superlink",
+                                f"127.0.0.1:{internal}", "--ca", str(other / "ca.crt")],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert wrong.returncode != 0 and "unavailable" in wrong.stdout + wrong.stderr
-        listed = subprocess.run([*run, "register", "--ls", *link], cwd=REPO,
+        # the public port refuses operator commands, with the way to the right one
+        public = subprocess.run([*run, "register", "--ls", *link], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        assert public.returncode == 2 and "the deployment's public port" in public.stderr, public
+        listed = subprocess.run([*run, "register", "--ls", *op], cwd=REPO,
                                 capture_output=True, text=True, timeout=120)
         deadline = time.monotonic() + 60
         while listed.stdout.count("online") < 3 and time.monotonic() < deadline:
             time.sleep(2)
-            listed = subprocess.run([*run, "register", "--ls", *link], cwd=REPO,
+            listed = subprocess.run([*run, "register", "--ls", *op], cwd=REPO,
                                     capture_output=True, text=True, timeout=120)
         assert listed.stdout.count("online") == 3, listed.stdout
 
         results = tmp_path / "results"
-        job = _fedpriv("deploy", "run", *link, "--set", "num-clients=3", "--set",
+        job = _fedpriv("deploy", "run", *op, "--set", "num-clients=3", "--set",
                        "num-server-rounds=3", "--set", f"results-dir={results}",
                        marker=marker)
         started.append(job)
@@ -208,6 +214,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held open together while chosen)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
@@ -263,16 +278,18 @@ def test_kill_9_of_fedpriv_deploy_leaves_no_flower_process(tmp_path):
     """`fedpriv deploy superlink` and `supernode` killed with SIGKILL: their Flower
     processes (SuperLink, SuperNode and the SuperExecs below them) stop too."""
     marker = uuid.uuid4().hex
-    port = _free_port()
+    port, internal = _free_ports(2)
     link = _fedpriv("deploy", "superlink", "--insecure", "--state", str(tmp_path / "state"),
-                    "--port", str(port), marker=marker, log=tmp_path / "superlink.log")
-    _wait_for(tmp_path / "superlink.log", "Starting Flower SuperLink")
+                    "--port", str(port), "--internal-port", str(internal), marker=marker,
+                    log=tmp_path / "superlink.log")
+    _wait_for(tmp_path / "superlink.log", SERVING)
     node = _fedpriv("deploy", "supernode", "--superlink", f"127.0.0.1:{port}", "--insecure",
                     "--partition-id", "0", "--num-partitions", "1", "--port", str(_free_port()),
                     marker=marker, log=tmp_path / "supernode.log")
     _wait_for(tmp_path / "supernode.log", "Starting Flower SuperNode")
     flower = [p for p in _processes_with(marker) if p not in (link.pid, node.pid)]
-    assert len(flower) >= 2, flower  # at least flower-superlink and flower-supernode
+    # at least flower-superlink, flower-superexec, the gateway and flower-supernode
+    assert len(flower) >= 4, flower
     for proc in (node, link):
         proc.kill()
         proc.wait(timeout=30)
@@ -330,15 +347,17 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
     digits = load_dataset("mnist")
     rows = np.random.default_rng(1).permutation(len(digits.y_train))[:400]
     np.savez(tmp_path / "host-1.npz", x=digits.x_train[rows], y=digits.y_train[rows])
-    port = _free_port()
-    link = ["--superlink", f"127.0.0.1:{port}", "--ca", str(tmp_path / "certs" / "ca.crt")]
+    port, internal = _free_ports(2)
+    ca = str(tmp_path / "certs" / "ca.crt")
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]
+    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]
     serve = ["deploy", "superlink", "--certs", str(tmp_path / "certs"), "--state",
-             str(tmp_path / "state"), "--port", str(port)]
+             str(tmp_path / "state"), "--port", str(port), "--internal-port", str(internal)]
     try:
         started.append(_fedpriv(*serve, marker=marker, log=tmp_path / "superlink.log"))
-        _wait_for(tmp_path / "superlink.log", "Uvicorn running on https")
+        _wait_for(tmp_path / "superlink.log", SERVING)
         reg = subprocess.run([*run, "register", *[str(tmp_path / "keys" / f"supernode-{i}.pub")
-                                                  for i in range(2)], *link],
+                                                  for i in range(2)], *op],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         assert reg.returncode == 0, reg
         for i in range(2):
@@ -348,9 +367,9 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
                 "--partition-id", str(i), "--num-partitions", "2", "--port", str(_free_port()),
                 "--state-dir", str(tmp_path / f"host-{i}"), *own,
                 marker=marker, log=tmp_path / f"supernode-{i}.log"))
-        _online(link, 2)
+        _online(op, 2)
         results = tmp_path / "results"
-        job = _fedpriv("deploy", "run", *link, "--set", "num-clients=2", "--set",
+        job = _fedpriv("deploy", "run", *op, "--set", "num-clients=2", "--set",
                        "num-server-rounds=4", "--set", "dp=local", "--set",
                        "noise-multiplier=1.0", "--set", f"results-dir={results}",
                        marker=marker)
@@ -371,9 +390,9 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
         started[0].wait(timeout=60)  # fedpriv deploy superlink ends with its SuperLink
 
         started.append(_fedpriv(*serve, marker=marker, log=tmp_path / "superlink-2.log"))
-        _wait_for(tmp_path / "superlink-2.log", "Uvicorn running on https")
-        _online(link, 2, timeout=120)  # the keys were kept in state.db; the nodes came back
-        again = subprocess.run([*run, "run", *link, "--resume", str(folder)], cwd=REPO,
+        _wait_for(tmp_path / "superlink-2.log", SERVING)
+        _online(op, 2, timeout=120)  # the keys were kept in state.db; the nodes came back
+        again = subprocess.run([*run, "run", *op, "--resume", str(folder)], cwd=REPO,
                                capture_output=True, text=True, timeout=600,
                                env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -387,8 +406,19 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
         eps = [{c["partition-id"]: c["epsilon"] for c in r["clients"]} for r in ledger]
         assert all(eps[k][p] > eps[k - 1][p] for k in (1, 2, 3) for p in (0, 1)), eps
         for i in range(2):  # each host's own ledger: every round released once
-            state = load_state(tmp_path / f"host-{i}" / folder.name / f"partition-{i}.state")
+            state = load_state(tmp_path / f"host-{i}" / info["run-id"] / f"partition-{i}.state")
             assert sorted(state.config_records["dp-sgd"]["released-rounds"]) == [1, 2, 3, 4]
     finally:
         _stop_all(started, marker)
     assert _processes_with(marker) == []
+
+
+def test_deploy_run_to_an_unreachable_superlink_says_so_and_writes_nothing(tmp_path):
+    port = _free_port()
+    res = subprocess.run([sys.executable, "-m", "experiments.cli", "deploy", "run",
+                          "--superlink", f"127.0.0.1:{port}", "--insecure",
+                          "--set", f"results-dir={tmp_path / 'results'}"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "cannot reach the SuperLink: nothing answered" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "results").exists()

@@ -21,11 +21,18 @@ import psutil
 import pytest
 
 from experiments import deploy
-from experiments.deploy import Connection, serve_supernode
+from experiments.deploy import SERVING, Connection, serve_supernode
 from server.results import read_run_info
 
 from .conftest import REPO, ledger_json, only_run
-from .test_deploy import _fedpriv, _free_port, _processes_with, _stop_all, _wait_for
+from .test_deploy import (
+    _fedpriv,
+    _free_port,
+    _free_ports,
+    _processes_with,
+    _stop_all,
+    _wait_for,
+)
 
 STILL_ONLINE = "still counts this node's previous session as online"
 # what flower-supernode 1.41 prints when the SuperLink refuses to activate it
@@ -114,8 +121,10 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
                    cwd=REPO, check=True, capture_output=True)
     subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "3"], cwd=REPO,
                    check=True, capture_output=True)
-    port = _free_port()
-    link = ["--superlink", f"127.0.0.1:{port}", "--ca", str(tmp_path / "certs" / "ca.crt")]
+    port, internal = _free_ports(2)
+    ca = str(tmp_path / "certs" / "ca.crt")
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]  # the gateway, for SuperNodes
+    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]  # the operator's loopback
 
     def supernode(key: int, partition: int, log: str) -> subprocess.Popen:
         started.append(_fedpriv(
@@ -127,16 +136,17 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
     try:
         started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
                                 "--state", str(tmp_path / "state"), "--port", str(port),
+                                "--internal-port", str(internal),
                                 marker=marker, log=tmp_path / "superlink.log"))
-        _wait_for(tmp_path / "superlink.log", "Uvicorn running on https")
+        _wait_for(tmp_path / "superlink.log", SERVING)
         keys = [str(tmp_path / "keys" / f"supernode-{i}.pub") for i in range(2)]
-        reg = subprocess.run([*run, "register", *keys, *link], cwd=REPO, capture_output=True,
+        reg = subprocess.run([*run, "register", *keys, *op], cwd=REPO, capture_output=True,
                              text=True, timeout=120)
         assert reg.returncode == 0 and reg.stdout.count("registered successfully") == 2, reg
         supernode(0, 0, "node-0.log")
         node1 = supernode(1, 1, "node-1.log")
         results = tmp_path / "results"
-        job = _fedpriv("deploy", "run", *link, "--set", "num-clients=2", "--set",
+        job = _fedpriv("deploy", "run", *op, "--set", "num-clients=2", "--set",
                        "num-server-rounds=4", "--set", "round-timeout=120", "--set",
                        f"results-dir={results}", marker=marker)
         started.append(job)

@@ -164,3 +164,22 @@ def test_host_run_config_defaults_and_bad_node_values():
         host_run_config(run, {"download": "maybe"})
     with pytest.raises(ConfigError, match="must be a path in quotes"):
         host_run_config(run, {"data-dir": 3})
+
+
+def test_deploy_supernode_checks_its_own_data_flags_before_starting(tmp_path):
+    """--data-dir/--download/--backbone-weights are the host's, checked before any process
+    starts: one paragraph each, exit 2."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "experiments.cli", "deploy", "supernode", "--superlink",
+            "127.0.0.1:1", "--insecure", "--partition-id", "0", "--num-partitions", "1"]
+    (tmp_path / "afile").write_text("x")
+    for extra, why in ((["--download"], "--download needs --data-dir"),
+                       (["--data-dir", str(tmp_path / "afile")], "is a file"),
+                       (["--data-dir", str(tmp_path / "none")], "does not exist"),
+                       (["--backbone-weights", str(tmp_path / "none.pt")], "is not a file")):
+        res = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and why in res.stderr and "Traceback" not in res.stderr, \
+            (extra, res.stderr)
+    assert not (tmp_path / "none").exists()

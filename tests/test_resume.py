@@ -390,3 +390,20 @@ def test_a_hook_failing_while_stopping_never_hides_the_first_error(capsys):
         run_rounds(FullDisk(), ArrayRecord(), 3, lambda a: {}, SimpleNamespace(
             resumed=lambda s: None), hooks=[FailingPlot()], start=2)
     assert "FailingPlot failed too: RuntimeError: matplotlib" in capsys.readouterr().out
+
+
+def test_runs_that_ask_for_nothing_or_would_mix_folders_are_refused(tmp_path):
+    """An observed set that is empty, and a run-dir that is a folder of other runs."""
+    with pytest.raises(ConfigError, match="leakage-clients empty: the study would observe"):
+        validate({"leakage-rounds": "1", "leakage-clients": ""})
+    with pytest.raises(ConfigError, match="attacks empty"):
+        validate({"leakage-rounds": "1", "attacks": " "})
+    from server.results import given_run_dir
+
+    (tmp_path / "old-run").mkdir()
+    (tmp_path / "old-run" / "run.json").write_text("{}")
+    cfg = validate({"run-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="is a folder of runs"):
+        given_run_dir(cfg.results)
+    assert given_run_dir(validate({"run-dir": str(tmp_path / "new")}).results) == \
+        (tmp_path / "new").resolve()

@@ -176,7 +176,13 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
             errors.append("canaries are for the audit of observed rounds: set leakage-rounds "
                           "(e.g. '1') and add 'audit' to attacks, or canaries = 0.")
         return errors
-    if cfg.secagg.enabled and clients is not None:
+    if clients == [] or not lk.attack_list():
+        what = "leakage-clients" if clients == [] else "attacks"
+        errors.append(f"leakage-rounds = {lk.leakage_rounds!r} with {what} empty: the study "
+                      "would observe or attack nothing. Name clients (e.g. leakage-clients = "
+                      "'0', 'all' or 'aggregate') and attacks, or leave leakage-rounds empty "
+                      "to run without the leakage study.")
+    if cfg.secagg.enabled and clients:
         errors.append(f"leakage-clients = {lk.leakage_clients!r} with secure-aggregation: the "
                       "server never sees one client's update, only the aggregate, so a "
                       "per-client attack is impossible. Use leakage-clients = 'aggregate'.")
