@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -54,6 +55,13 @@ class Certificates:
         if missing:
             raise ConfigError(f"certificate files missing: {', '.join(missing)}. Make them with "
                               "`fedpriv deploy certs FOLDER --host NAME_OR_IP`.")
+        read_certificate(self.ca, "--certs")
+        read_certificate(self.cert, "--certs")
+        try:
+            serialization.load_pem_private_key(self.key.read_bytes(), password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise ConfigError(f"{self.key} is not an unencrypted PEM private key ({exc}); make "
+                              "the files again with `fedpriv deploy certs`.") from None
         return self
 
     def exposed_signing_keys(self) -> list[Path]:
@@ -63,6 +71,15 @@ class Certificates:
         folder = self.ca.parent
         return [p for p in (folder / "ca.key", folder / CA_PRIVATE / "ca.key")
                 if p.is_file() or p.is_symlink()]
+
+
+def read_certificate(path: Path, flag: str) -> x509.Certificate:
+    """The PEM certificate at ``path``; ConfigError naming the file and ``flag`` otherwise."""
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {path} is not a PEM certificate ({exc}); copy the "
+                          "deployment's files made by `fedpriv deploy certs` again.") from None
 
 
 def _name(common: str) -> x509.Name:
@@ -75,6 +92,48 @@ def _san(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
+
+
+MAX_DAYS = 3650  # ten years
+
+
+def host_name(host: str) -> str:
+    """``host`` as it goes into a certificate: an IP address, or a DNS name in its ASCII
+    (IDNA A-label) form; ConfigError for anything else (e.g. 999.1.1.1)."""
+    hint = ("give the name or address SuperNodes will connect to, e.g. --host "
+            "server.lab.example or --host 10.0.0.5.")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if all(label.isdigit() for label in labels):
+        raise ConfigError(f"--host {host!r} looks like an IPv4 address but is not one; {hint}")
+    try:
+        ascii_name = host.rstrip(".").encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ConfigError(f"--host {host!r} is not a valid host name; {hint}") from None
+    if not ascii_name or len(ascii_name) > 253 or not all(
+            label and len(label) <= 63 and label.replace("-", "").isalnum()
+            and not label.startswith("-") and not label.endswith("-")
+            for label in ascii_name.split(".")):
+        raise ConfigError(f"--host {host!r} is not a host name or IP address; {hint}")
+    return ascii_name.lower()
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` made (with parents); ConfigError naming it when that cannot be done."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{folder} is a file, not a folder: name a folder to write the "
+                          "certificates or keys into.") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot make the folder {folder} ({exc.strerror}); name a folder "
+                          "you can write to.") from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"cannot write into {folder} (no permission); name a folder you "
+                          "can write to.")
 
 
 def _refuse_link(path: Path, what: str) -> None:
@@ -156,12 +215,11 @@ def write_certificates(folder: Path, hosts: Sequence[str], days: int = 365) -> C
     ``folder`` gets ``ca.crt``, ``server.pem`` and ``server.key``; the CA's signing key
     goes to ``folder/ca-private/ca.key`` (see :func:`ca_key_path`). A ``ca.key`` left
     beside them by an earlier version is the replaced CA's and is removed."""
-    bad = [h for h in hosts if not h or any(c.isspace() or c in "/\\:" for c in h)]
-    if bad:
-        raise ConfigError(f"--host {bad[0]!r} is not a host name or IP address; give the "
-                          "name or address SuperNodes will connect to, e.g. --host "
-                          "server.lab.example or --host 10.0.0.5.")
-    folder.mkdir(parents=True, exist_ok=True)
+    hosts = [host_name(h) for h in hosts]
+    if not 1 <= days <= MAX_DAYS:
+        raise ConfigError(f"--days {days}: a certificate must be valid for 1 to {MAX_DAYS} days "
+                          "from now (0 or less would expire before SuperNodes use it).")
+    _make_folder(folder)
     out = Certificates.in_folder(folder)
     for path in (out.ca, out.cert, out.key, ca_key_path(folder)):  # before any write
         _refuse_link(path, "a certificate or key")
@@ -213,9 +271,9 @@ def certificate_hosts(cert: Path) -> list[str]:
 
 def write_node_keys(folder: Path, count: int, prefix: str = "supernode") -> list[Path]:
     """``count`` ECDSA P-384 key pairs, ``<prefix>-<i>`` (private) and ``.pub``."""
-    if count < 1:
-        raise ConfigError(f"--nodes {count}: give at least 1 SuperNode.")
-    folder.mkdir(parents=True, exist_ok=True)
+    if not 1 <= count <= 10_000:
+        raise ConfigError(f"--nodes {count}: give 1 to 10,000 SuperNodes.")
+    _make_folder(folder)
     for i in range(count):  # refuse before anything is written
         for path in (folder / f"{prefix}-{i}", folder / f"{prefix}-{i}.pub"):
             _refuse_link(path, "a SuperNode key")

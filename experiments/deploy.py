@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tasks.config import ConfigError
 
-from .credentials import LOOPBACK, Certificates, certificate_hosts
+from .credentials import LOOPBACK, Certificates, certificate_hosts, read_certificate
 from .fleet_gateway import OPERATOR_ONLY, READY, bind
 from .procs import Foreground, stream_child
 from .superlink import LocalSuperLink, flower_env, flower_executable
@@ -57,6 +57,8 @@ class Connection:
         if self.ca is not None and not self.ca.is_file():
             raise ConfigError(f"--ca {str(self.ca)!r} does not exist. Copy the deployment's "
                               "ca.crt (made by `fedpriv deploy certs`) to this host.")
+        if self.ca is not None:
+            read_certificate(self.ca, "--ca")
 
     def toml(self, name: str) -> str:
         """This connection as a ``[superlink.<name>]`` table of ``$FLWR_HOME/config.toml``."""
@@ -124,7 +126,7 @@ def write_secret(state: Path) -> Path:
     return path
 
 
-def _port_free(host: str, port: int, flag: str) -> None:
+def port_free(host: str, port: int, flag: str) -> None:
     """ConfigError, in one paragraph, when ``host:port`` cannot be listened on."""
     try:
         bind(host, port).close()
@@ -190,8 +192,8 @@ def serve_superlink(certs: Certificates | None, state: Path, host: str, port: in
     if certs:
         certs.check()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)  # registrations, runs, the secret
-    _port_free("127.0.0.1", internal, "--internal-port")
-    _port_free(host, port, "--port")
+    port_free("127.0.0.1", internal, "--internal-port")
+    port_free(host, port, "--port")
     secret = write_secret(state)
     name = public_name(certs) if certs else "127.0.0.1"
     ca = f" --ca {certs.ca}" if certs else " --insecure"

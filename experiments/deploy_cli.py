@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -141,7 +142,19 @@ def _connection(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch ``fedpriv deploy <command>``; ConfigError for bad input."""
+    """Dispatch ``fedpriv deploy <command>``; ConfigError for bad input, including a file
+    or folder that cannot be read or written (named, with what to do)."""
+    try:
+        return _dispatch(args)
+    except OSError as exc:
+        what = f" {exc.filename}" if exc.filename else ""
+        raise ConfigError(f"fedpriv deploy {args.deploy_command}: cannot use{what} "
+                          f"({exc.strerror or exc}); check that the path is a folder or file "
+                          "you can read and write, not a file where a folder is expected "
+                          "(or the reverse), and run the command again.") from None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     from . import deploy
     from .credentials import (
         Certificates,
@@ -170,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         if args.insecure == bool(args.certs):
             raise ConfigError("fedpriv deploy superlink: give --certs FOLDER (TLS and SuperNode "
                               "authentication), or --insecure for a loopback demo.")
-        certs = Certificates.in_folder(args.certs) if args.certs else None
+        certs = Certificates.in_folder(args.certs).check() if args.certs else None
         for exposed in certs.exposed_signing_keys() if certs else []:
             print(f"note: the CA's signing key {exposed} is on the SuperLink's host; move it "
                   "offline (it is needed only to issue a new server certificate, and whoever "
@@ -182,6 +195,14 @@ def run(args: argparse.Namespace) -> int:
         if args.key is None and not args.insecure:
             print("note: no --key: the SuperLink admits this node only if it runs without "
                   "SuperNode authentication")
+        if not (math.isfinite(args.rejoin_wait) and args.rejoin_wait >= 0):
+            raise ConfigError(f"--rejoin-wait {args.rejoin_wait}: give the seconds to keep "
+                              "retrying, 0 or more (0: give up at once).")
+        if args.state_dir is not None and args.state_dir.exists() and \
+                not args.state_dir.is_dir():
+            raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a file; give a folder "
+                              "(it is made if missing).")
+        deploy.port_free("127.0.0.1", args.port, "--port")
         if not 0 <= args.partition_id < args.num_partitions:
             raise ConfigError(f"--partition-id {args.partition_id} must be in 0.."
                               f"{args.num_partitions - 1} (--num-partitions "
@@ -200,21 +221,26 @@ def run(args: argparse.Namespace) -> int:
         return deploy.serve_supernode(_connection(args), config, args.key, args.port,
                                       rejoin_wait=args.rejoin_wait)
     if cmd == "run":
+        from server.checkpoint import resumable
+
         from .api import resume_deployed, run_deployed
         from .configs import resolve
 
         t0 = time.perf_counter()
-        deploy.refuse_public_port(_connection(args))  # before the pre-flight check
-        if args.resume is not None:
+        link = _connection(args)
+        if args.resume is not None:  # this host's inputs first, then the SuperLink
             given = [f for f, v in (("--config", args.config), ("--set", args.set),
                                     ("--name", args.name)) if v]
             if given:
                 raise ConfigError(f"fedpriv deploy run --resume continues a run with its own "
                                   f"config; drop {', '.join(given)}.")
-            result = resume_deployed(args.resume, _connection(args), verbose=args.verbose)
+            resumable(args.resume)
+            deploy.refuse_public_port(link)  # before the pre-flight check
+            result = resume_deployed(args.resume, link, verbose=args.verbose)
         else:
-            result = run_deployed(resolve(args.config, args.set), _connection(args),
-                                  name=args.name, verbose=args.verbose)
+            cfg = resolve(args.config, args.set)
+            deploy.refuse_public_port(link)
+            result = run_deployed(cfg, link, name=args.name, verbose=args.verbose)
         if result.ok:
             print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
             return 0

@@ -21,6 +21,7 @@ is not needed on the host.
 
 from __future__ import annotations
 
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -60,10 +61,17 @@ def describe(path: str | Path) -> str:
     path = _existing(path)
     if path.is_file():
         x, y = _read_npz(path)
+        if len(y) == 0 or x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+            raise _error(path, f"x {tuple(x.shape)} and y {tuple(y.shape)} are not N examples "
+                         "with N labels (N > 0): x must be (N, ...) and y (N,)")
+        if not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+            raise _error(path, f"the labels y ({y.dtype}) must be class indices 0, 1, ...")
         counts = Counter(int(v) for v in y)
         return (f"{len(y):,} examples of shape {tuple(x.shape[1:])} ({x.dtype}) in {path.name}; "
                 f"labels {dict(sorted(counts.items()))}")
     files = _class_folders(path)
+    if not any(files.values()):
+        raise _error(path, "the class folders hold no images")
     return (f"{sum(len(v) for v in files.values()):,} images in {len(files)} class folders; "
             f"per class {({k: len(v) for k, v in files.items()})}")
 
@@ -85,8 +93,8 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 raise _error(path, f"the .npz file has no array {' or '.join(missing)} (it has "
                              f"{', '.join(f.files) or 'none'})")
             return f["x"], f["y"]
-    except (OSError, ValueError, EOFError) as exc:
-        raise _error(path, f"not a readable .npz file ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise _error(path, f"not a readable .npz file ({type(exc).__name__}: {exc})") from None
 
 
 def _read_folder(path: Path, meta: DatasetMeta) -> tuple[np.ndarray, np.ndarray]:

@@ -200,3 +200,58 @@ def test_bad_deploy_inputs_are_refused_before_any_process_starts(capsys, guarded
                       "--resume", str(tmp_path), "--set", "num-clients=3"], "drop --set")
     _refused(capsys, ["deploy", "run", "--superlink", "127.0.0.1:9092", "--insecure",
                       "--resume", str(tmp_path)], "not a fedpriv run folder")
+
+
+def test_damaged_deploy_files_and_flags_are_refused_in_one_paragraph(capsys, guarded, tmp_path,
+                                                                     monkeypatch):
+    """The cases a seeded fuzz from outside found as tracebacks or silent acceptances."""
+    import numpy as np
+
+    import experiments.deploy
+
+    def started(*a, **k):
+        raise AssertionError("a bad input reached a Flower process")
+
+    monkeypatch.setattr(experiments.deploy, "serve_supernode", started)
+    monkeypatch.setattr(experiments.deploy, "serve_superlink", started)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    certs = ["deploy", "certs", str(tmp_path / "certs")]
+    for argv, why in (
+            ([*certs, "--host", "server.lab", "--days", "10000000"], "--days 10000000"),
+            ([*certs, "--host", "server.lab", "--days", "-5"], "--days -5"),
+            ([*certs, "--host", "server.lab", "--days", "0"], "--days 0"),
+            ([*certs, "--host", "999.1.1.1"], "looks like an IPv4 address"),
+            (["deploy", "certs", str(afile), "--host", "server.lab"], "is a file"),
+            (["deploy", "certs", "/proc/fedpriv-certs", "--host", "server.lab"], "/proc"),
+            (["deploy", "keys", str(afile), "--nodes", "2"], "is a file"),
+            (["deploy", "keys", "/proc/fedpriv-keys", "--nodes", "2"], "/proc")):
+        _refused(capsys, argv, why)
+    assert cli.main([*certs, "--host", "hôpital.lab"]) == 0  # an IDNA name, as its A-label
+    capsys.readouterr()
+    (tmp_path / "bad").mkdir()
+    for name in ("ca.crt", "server.pem", "server.key"):
+        (tmp_path / "bad" / name).write_text("garbage")
+    _refused(capsys, ["deploy", "superlink", "--certs", str(tmp_path / "bad"), "--state",
+                      str(tmp_path / "state")], "is not a PEM certificate")
+    node = ["deploy", "supernode", "--superlink", "127.0.0.1:9092", "--partition-id", "0",
+            "--num-partitions", "2"]
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 28, 28), np.uint8), y=np.zeros(0, int))
+    np.savez(tmp_path / "mismatch.npz", x=np.zeros((5, 28, 28), np.uint8), y=np.zeros(3, int))
+    np.savez(tmp_path / "labels.npz", x=np.zeros((3, 28, 28), np.uint8), y=np.array([-1, 0, 1]))
+    good = (tmp_path / "empty.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(good[: len(good) // 2])
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04" + b"\x00" * 64)
+    for extra, why in (
+            (["--ca", str(garbage)], "is not a PEM certificate"),
+            (["--insecure", "--state-dir", str(afile)], "is a file"),
+            (["--insecure", "--rejoin-wait", "-1"], "--rejoin-wait -1"),
+            (["--insecure", "--rejoin-wait", "nan"], "--rejoin-wait nan"),
+            (["--insecure", "--data-path", str(tmp_path / "empty.npz")], "N examples"),
+            (["--insecure", "--data-path", str(tmp_path / "mismatch.npz")], "N examples"),
+            (["--insecure", "--data-path", str(tmp_path / "labels.npz")], "class indices"),
+            (["--insecure", "--data-path", str(tmp_path / "truncated.npz")], "not a readable"),
+            (["--insecure", "--data-path", str(tmp_path / "junk.npz")], "not a readable")):
+        _refused(capsys, [*node, *extra], why)
