@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 
@@ -28,17 +29,28 @@ def interruption(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Ignore Ctrl-C and SIGTERM while cleanup runs (a second Ctrl-C must not cut it
-    short); only possible in the main thread, elsewhere a no-op."""
+    """Hold Ctrl-C and SIGTERM while cleanup runs (a second Ctrl-C must not cut it short),
+    then act on them: a signal that arrived meanwhile is raised once cleanup is done
+    (KeyboardInterrupt, or :class:`Terminated`), unless an error is already on its way
+    out; never lost. Only possible in the main thread, elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    saved: dict[int, Any] = {}
     try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            saved[s] = signal.signal(s, hold)
         yield
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+    if held:  # reached only when the block itself ended normally
+        raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 
 def tree(pid: int) -> list[psutil.Process]:

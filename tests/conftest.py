@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,14 @@ def ledger_json(run_dir: Path) -> list[dict]:
     from server.ledger import read_ledger
 
     return [r.to_json() for r in read_ledger(run_dir)]
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Each test starts with the handlers the one before it found: a test that runs the
+    CLI in-process (which installs its SIGTERM handler) cannot change how the next one
+    reacts to Ctrl-C or SIGTERM."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
