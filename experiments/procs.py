@@ -9,6 +9,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +50,9 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    if held:  # reached only when the block itself ended normally
+    # reached only when the block ended normally; inside an __exit__ that an error is
+    # passing through (Ctrl-C's own cleanup), that error goes on instead
+    if held and sys.exc_info()[0] is None:
         raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 

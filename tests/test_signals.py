@@ -35,3 +35,19 @@ def test_a_held_signal_never_replaces_the_error_already_on_its_way():
             raise RuntimeError("the first error")
     with signals_deferred():  # and nothing is left held for the next cleanup
         pass
+
+
+def test_a_held_signal_in_cleanup_after_sigterm_keeps_the_sigterm():
+    """SIGTERM's cleanup (an __exit__ it passes through) with a Ctrl-C meanwhile: the run
+    still ends as stopped by SIGTERM."""
+    class Link:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Terminated):
+        with Link():
+            raise Terminated
