@@ -4,7 +4,6 @@ for, and the refusals (before any work) of what cannot be attacked."""
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import numpy as np
 from privacy.attacks import ATTACKS
 from privacy.attacks.observation import Observation
 from server.observe import FOLDER
+from server.results import read_saved_config
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
 from tasks.config.checks import AGGREGATE_ATTACKS
 from tasks.splits import model_for
@@ -27,12 +27,7 @@ def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Obser
         raise ConfigError(f"{run_dir} is still running (run.json says so): attack it once it "
                           "has ended. If its fedpriv process was killed, fedpriv marks it "
                           "crashed within seconds.")
-    try:
-        with open(run_dir / "config.toml", "rb") as f:
-            values = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{run_dir / 'config.toml'} is not TOML ({exc}); restore the file "
-                          "the run wrote.") from None
+    values = read_saved_config(run_dir, "fedpriv attack")
     for text in sets:
         key, value = parse_assignment(text)
         if key not in LeakageConfig.ATTACK_SETTINGS:

@@ -14,7 +14,6 @@ resumed from round R goes on exactly as an uninterrupted one would.
 from __future__ import annotations
 
 import json
-import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from tasks.files import write_atomic
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
-from .results import OUTCOMES, RUN_INFO, json_default
+from .results import OUTCOMES, RUN_INFO, json_default, read_saved_config
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
@@ -145,12 +144,7 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             f"--resume {str(path)!r}: the run {status} before its first round was "
             "checkpointed (or ran with checkpoint = false), so there is nothing to continue "
             "from. Start it again as a new run.")
-    try:
-        with open(path / "config.toml", "rb") as f:
-            saved = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--resume {str(path)!r}: its config.toml is not TOML ({exc}); "
-                          "restore the file fedpriv wrote, or start a new run.") from None
+    saved = read_saved_config(path, f"--resume {str(path)!r}")
     cfg = validate({**saved, "run-dir": str(path), "resume": True})
     if needs_client_state(cfg) and not info.get("client-state"):
         raise ConfigError(

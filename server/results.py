@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+import tomllib
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -150,3 +151,15 @@ def run_identity(run_dir: str | Path, results: ResultsConfig) -> str:
     recorded = read_run_info(run_dir).get("run-id") if (Path(run_dir) / RUN_INFO).is_file() \
         else None
     return str(recorded or results.run_id or uuid.uuid4().hex)
+
+
+def read_saved_config(run_dir: str | Path, prefix: str) -> dict[str, Any]:
+    """The config.toml a run wrote, as its key-value table; ConfigError (starting with
+    ``prefix``) when it is not TOML."""
+    path = Path(run_dir) / "config.toml"
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{prefix}: {path} is not TOML ({exc}); restore the file the run "
+                          "wrote, or start a new run.") from None

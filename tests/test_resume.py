@@ -326,7 +326,7 @@ def _write_checkpoint_round(path, rnd):
     (lambda p: (p / "metrics.jsonl").write_text("{not json\n"), "has a damaged line"),
     (lambda p: (p / "run.json").write_text("[1, 2]"), "holds a list"),
     (lambda p: (p / "run.json").write_text(""), "its run.json is not JSON"),
-    (lambda p: (p / "config.toml").write_text("= ="), "its config.toml is not TOML"),
+    (lambda p: (p / "config.toml").write_text("= ="), "config.toml is not TOML"),
     (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(b"garbage"), "is damaged"),
     (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(
         (p / FOLDER / SERVER_FILE).read_bytes()[:200]), "is damaged"),
