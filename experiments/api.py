@@ -10,7 +10,6 @@ starts; progress lines go to ``echo`` (``print``, so they show in a notebook).
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from server.results import (
     new_run_dir,
     now,
     read_run_info,
+    read_saved_config,
 )
 from tasks.config import ConfigError, RunConfig, validate
 
@@ -125,12 +125,12 @@ def _row(r: RoundRecord) -> dict[str, Any]:
 def load(run_dir: str | Path) -> Result:
     """A finished (or interrupted) run folder, read back."""
     path = Path(run_dir).expanduser().resolve()
-    if not (path / "config.toml").is_file():
+    if not path.is_dir() or not (path / "config.toml").exists():
         raise ConfigError(f"{path} is not a fedpriv run folder (no config.toml). Give the "
                           "folder `fedpriv run` printed, e.g. results/20261122-101500-mnist-...")
-    with open(path / "config.toml", "rb") as f:
-        cfg = validate(tomllib.load(f))
-    return Result(path, cfg, read_ledger(path), read_run_info(path))
+    where = f"fedpriv.load({str(path)!r})"
+    cfg = validate(read_saved_config(path, where))
+    return Result(path, cfg, read_ledger(path, where), read_run_info(path, where))
 
 
 def _keys(overrides: Mapping[str, Any]) -> dict[str, Any]:

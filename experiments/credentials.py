@@ -82,6 +82,25 @@ def read_certificate(path: Path, flag: str) -> x509.Certificate:
                           "deployment's files made by `fedpriv deploy certs` again.") from None
 
 
+def read_node_key(path: Path, flag: str, private: bool) -> None:
+    """Check a SuperNode key file (OpenSSH format, ECDSA, as `fedpriv deploy keys` makes
+    it) before Flower is given it; ConfigError naming the file and ``flag`` otherwise."""
+    what = "private key" if private else "public key (.pub)"
+    if not path.is_file():
+        raise ConfigError(f"{flag} {str(path)!r} is not a file; give the SuperNode {what} "
+                          "made by `fedpriv deploy keys`.")
+    try:
+        data = path.read_bytes()
+        key = (serialization.load_ssh_private_key(data, password=None) if private
+               else serialization.load_ssh_public_key(data))
+    except (ValueError, TypeError, UnsupportedAlgorithm, OSError) as exc:
+        raise ConfigError(f"{flag} {str(path)!r} is not an OpenSSH {what} ({exc}); copy the "
+                          "file `fedpriv deploy keys` made again (unchanged).") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
+        raise ConfigError(f"{flag} {str(path)!r} is a {type(key).__name__}; Flower's SuperNode "
+                          "authentication needs the ECDSA keys `fedpriv deploy keys` makes.")
+
+
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedpriv deployment"),
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])

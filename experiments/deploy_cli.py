@@ -159,6 +159,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from .credentials import (
         Certificates,
         certificates_message,
+        read_node_key,
         write_certificates,
         write_node_keys,
     )
@@ -178,6 +179,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if action != "ls" and not args.keys:
             raise ConfigError("fedpriv deploy register: give the .pub files to register (or "
                               "node ids with --unregister), or --ls to list.")
+        if action == "register":
+            for key in args.keys:
+                read_node_key(key, "deploy register", private=False)
         return deploy.register(_connection(args), args.keys, action)
     if cmd == "superlink":
         if args.insecure == bool(args.certs):
@@ -192,6 +196,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                                       auth=certs is not None, nodes=args.nodes,
                                       internal_port=args.internal_port)
     if cmd == "supernode":
+        if args.key is not None:
+            read_node_key(args.key, "--key", private=True)
         if args.key is None and not args.insecure:
             print("note: no --key: the SuperLink admits this node only if it runs without "
                   "SuperNode authentication")

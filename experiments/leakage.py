@@ -48,6 +48,7 @@ from tasks.config import (
     ConfigError,
     RunConfig,
 )
+from tasks.files import read_text
 from tasks.seeding import derive_seed
 from tasks.splits import model_for
 from tasks.training import resolve_device
@@ -272,9 +273,9 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     attacks = list(attacks or cfg.leakage.attack_list())
     chosen = select(observations, rounds, clients)
     check(cfg, chosen, attacks)
+    lines = _merge(run_dir / LEDGER, [])  # a damaged ledger is refused before any work
     torch.manual_seed(cfg.training.seed)
     task = ServerTask.load(cfg)
-    lines = _merge(run_dir / LEDGER, [])
     echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
     for obs in chosen:
         attacker = Attacker(cfg, obs, task, run_dir, echo)
@@ -301,7 +302,7 @@ def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier results, with those for the same observation and attack replaced."""
     redone = {(x["round"], x["client"], x["attack"]) for x in new}
     try:
-        old = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        old = [json.loads(x) for x in read_text(path).splitlines() if x.strip()] \
             if path.exists() else []
         kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
     except (ValueError, TypeError, KeyError) as exc:

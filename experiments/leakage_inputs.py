@@ -3,7 +3,6 @@ for, and the refusals (before any work) of what cannot be attacked."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 from privacy.attacks import ATTACKS
 from privacy.attacks.observation import Observation
 from server.observe import FOLDER
-from server.results import read_saved_config
+from server.results import read_run_info, read_saved_config
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
 from tasks.config.checks import AGGREGATE_ATTACKS
 from tasks.splits import model_for
@@ -45,11 +44,9 @@ def load(run_dir: Path, sets: Sequence[str] = ()) -> tuple[RunConfig, list[Obser
 
 
 def _status(run_dir: Path) -> str | None:
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return None  # no or damaged run.json: the observations say what there is
-    return info.get("status") if isinstance(info, dict) else None
+    """run.json's status (None without one); a damaged run.json is refused now, not after
+    the attacks, when their results are recorded in it."""
+    return read_run_info(run_dir, "fedpriv attack").get("status")
 
 
 def _observations(folder: Path) -> list[Observation]:

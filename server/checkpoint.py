@@ -29,7 +29,7 @@ from tasks.files import write_atomic
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
-from .results import OUTCOMES, RUN_INFO, json_default, read_saved_config
+from .results import OUTCOMES, RUN_INFO, json_default, read_run_info, read_saved_config
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
@@ -156,16 +156,7 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
 
 
 def _run_info(path: Path) -> dict[str, Any]:
-    try:
-        info = json.loads((path / RUN_INFO).read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--resume {str(path)!r}: its run.json is not JSON ({exc}); "
-                          "restore the file fedpriv wrote, or start a new run.") from None
-    if not isinstance(info, dict):
-        raise ConfigError(f"--resume {str(path)!r}: its run.json holds a "
-                          f"{type(info).__name__}, not the object fedpriv writes; restore "
-                          "the file, or start a new run.")
-    return info
+    return read_run_info(path, f"--resume {str(path)!r}")
 
 
 def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpoint) -> None:
@@ -195,12 +186,7 @@ def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpo
         raise ConfigError(f"{where}: the run's files name different runs ("
                           + ", ".join(f"{k}: {v}" for k, v in ids.items()) + "): they were "
                           "mixed from several run folders. Restore this run's own files.")
-    try:
-        have = [r.round for r in read_ledger(path)]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{where}: its ledger {path / METRICS} has a damaged line "
-                          f"({type(exc).__name__}: {exc}); restore the file, or start a new "
-                          "run.") from None
+    have = [r.round for r in read_ledger(path, where)]
     want = list(range(1, checkpoint.round + 1))
     if have[:checkpoint.round] != want:
         raise ConfigError(f"{where}: the checkpoint is after round {checkpoint.round}, but "

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tasks.files import damaged, read_text
+
 METRICS = "metrics.jsonl"
 
 
@@ -52,13 +54,22 @@ class RoundRecord:
         return float(self.test["accuracy"])
 
 
-def read_ledger(run_dir: str | Path) -> list[RoundRecord]:
-    """The ledger of a run, one record per finished round."""
+def read_ledger(run_dir: str | Path, prefix: str = "") -> list[RoundRecord]:
+    """The ledger of a run, one record per finished round (none without the file);
+    ConfigError naming the file and line when it is damaged."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    return [RoundRecord.from_json(json.loads(line))
-            for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for n, line in enumerate(read_text(path, prefix).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(RoundRecord.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise damaged(path, f"has a damaged line {n} ({type(exc).__name__}: {exc})",
+                          prefix) from None
+    return records
 
 
 def outcome(records: Sequence[RoundRecord]) -> dict[str, Any]:

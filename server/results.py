@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
-from tasks.files import append_line, write_atomic
+from tasks.files import append_line, damaged, read_text, write_atomic
 
 from .ledger import METRICS, RoundRecord
 
@@ -140,9 +140,22 @@ def json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+def read_run_info(run_dir: str | Path, prefix: str = "") -> dict[str, Any]:
+    """A run's run.json ({} while there is none); ConfigError naming the file when it is
+    damaged."""
     path = Path(run_dir) / RUN_INFO
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists() and not path.is_symlink():
+        return {}
+    try:
+        info = json.loads(read_text(path, prefix))
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise damaged(path, f"is not JSON ({exc})", prefix) from None
+    if not isinstance(info, dict):
+        raise damaged(path, f"holds a {type(info).__name__}, not the object fedpriv writes",
+                      prefix)
+    return info
 
 
 def run_identity(run_dir: str | Path, results: ResultsConfig) -> str:
@@ -155,11 +168,15 @@ def run_identity(run_dir: str | Path, results: ResultsConfig) -> str:
 
 def read_saved_config(run_dir: str | Path, prefix: str) -> dict[str, Any]:
     """The config.toml a run wrote, as its key-value table; ConfigError (starting with
-    ``prefix``) when it is not TOML."""
+    ``prefix``) when it is missing, not TOML or empty."""
     path = Path(run_dir) / "config.toml"
+    if not path.exists() and not path.is_symlink():
+        raise damaged(path, "is missing (every run folder has the config it ran with)", prefix)
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{prefix}: {path} is not TOML ({exc}); restore the file the run "
-                          "wrote, or start a new run.") from None
+        saved = tomllib.loads(read_text(path, prefix))
+    except tomllib.TOMLDecodeError as exc:
+        raise damaged(path, f"is not TOML ({exc})", prefix) from None
+    if not saved:
+        raise damaged(path, "holds no keys (fedpriv writes every key of the run's config)",
+                      prefix)
+    return saved

@@ -9,6 +9,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from .errors import ConfigError
+
+
+def damaged(path: Path, why: str, prefix: str = "") -> ConfigError:
+    """A result file fedpriv wrote that cannot be used, as one paragraph: which, why, and
+    what to do (``prefix`` names the command, e.g. ``--resume 'results/x'``)."""
+    return ConfigError(f"{prefix + ': ' if prefix else ''}{path} {why}; restore the file "
+                       "fedpriv wrote (from a backup or the run's copy), or start a new run.")
+
+
+def read_text(path: Path, prefix: str = "") -> str:
+    """The text of a result file; ConfigError naming it when it cannot be read (a folder
+    in its place, bytes that are not UTF-8, no permission)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise damaged(path, f"is damaged (not UTF-8 text: {exc.reason} at byte {exc.start})",
+                      prefix) from None
+    except OSError as exc:
+        raise damaged(path, f"cannot be read ({exc.strerror or exc})", prefix) from None
+
 
 class WriteFailed(OSError):
     """A result file could not be written; the message says why and what to do."""

@@ -325,7 +325,7 @@ def _write_checkpoint_round(path, rnd):
     (lambda p: (p / "metrics.jsonl").unlink(), "metrics.jsonl holds rounds none"),
     (lambda p: (p / "metrics.jsonl").write_text("{not json\n"), "has a damaged line"),
     (lambda p: (p / "run.json").write_text("[1, 2]"), "holds a list"),
-    (lambda p: (p / "run.json").write_text(""), "its run.json is not JSON"),
+    (lambda p: (p / "run.json").write_text(""), "run.json is not JSON"),
     (lambda p: (p / "config.toml").write_text("= ="), "config.toml is not TOML"),
     (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(b"garbage"), "is damaged"),
     (lambda p: (p / FOLDER / SERVER_FILE).write_bytes(
