@@ -8,6 +8,7 @@ starts; a cell whose data check or run fails is recorded and the sweep goes on.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -22,6 +23,7 @@ from server.ledger import read_ledger
 from server.privacy_log import headline_epsilon
 from server.results import new_run_dir, read_run_info, run_identity
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
+from tasks.files import damaged, read_text
 
 from .app_bundle import app_dir
 from .configs import SWEEPS, absolutize, find_file, read_preset, read_toml
@@ -452,27 +454,44 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
         _write_table(out, spec, cells)
 
 
+def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
+    """A finished sweep's sweep.json and its cells from sweep.csv (each with its run's
+    outcome); ConfigError naming the damaged file."""
+    where = f"fedpriv sweep --replot {str(out)!r}"
+    name = "sweep.json"
+    try:
+        spec = json.loads(read_text(out / name, where))
+        name = "sweep.csv"
+        keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
+        cells = []
+        for row in csv.DictReader(io.StringIO(read_text(out / name, where), newline="")):
+            params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
+            cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
+                        out / row["run-dir"] if row["run-dir"] else None,
+                        seed=int(row["seed"]) if row.get("seed") else None)
+            if cell.run_dir:
+                info = read_run_info(cell.run_dir, where)
+                cell.result = {**run_outcome(read_ledger(cell.run_dir, where)),
+                               "privacy": info.get("privacy", {}),
+                               **{k: info.get(k) for k in REPORTED}}
+            cells.append(cell)
+        str(spec["name"])
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, csv.Error) as exc:
+        raise damaged(out / name, f"is damaged ({type(exc).__name__}: {exc})", where) from None
+    if not cells:
+        raise damaged(out / "sweep.csv", "lists no cells", where)
+    return spec, cells
+
+
 def replot(out: Path) -> None:
     """Redraw a finished sweep's comparison plots from its folder (sweep.csv + cells)."""
     if not (out / "sweep.json").is_file() or not (out / "sweep.csv").is_file():
         raise ConfigError(f"{out} is not a finished sweep's folder (no sweep.json and "
                           "sweep.csv there). Give the folder `fedpriv sweep` printed, e.g. "
                           "results/sweeps/20261122-101500-dp-epsilon-mnist.")
-    spec = json.loads((out / "sweep.json").read_text())
-    keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
-    cells = []
-    with open(out / "sweep.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
-            cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
-                        out / row["run-dir"] if row["run-dir"] else None,
-                        seed=int(row["seed"]) if row.get("seed") else None)
-            if cell.run_dir:
-                info = read_run_info(cell.run_dir)
-                cell.result = {**run_outcome(read_ledger(cell.run_dir)),
-                               "privacy": info.get("privacy", {}),
-                               **{k: info.get(k) for k in REPORTED}}
-            cells.append(cell)
+    spec, cells = _read_sweep(out)
     sweep_plots(out / "plots", spec["name"], cells)
     leaked = sweep_rows(cells)
     if leaked:  # the attacks may have been re-run since (fedpriv attack on a cell)

@@ -303,3 +303,30 @@ def test_damaged_certificates_keys_and_data_are_refused_by_deploy(capsys, tmp_pa
         findings += [f"{command.__name__}: {f}" for f in _fuzz(
             capsys, tmp_path / str(i), deployment, files, command, SEED + 30 + i)]
     assert not findings, "\n".join(findings)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, attacked_run) -> Path:
+    """A finished sweep's folder of one cell, its files written by the sweep's own writer."""
+    from experiments.sweep import Cell, SweepSpec, _write_table
+    from server.ledger import outcome, read_ledger
+
+    out = tmp_path_factory.mktemp("fuzz") / "sweep"
+    shutil.copytree(attacked_run, out / "01")
+    spec = SweepSpec("fuzz", out / "fuzz.toml", {}, {"seed": [1]})
+    (out / "sweep.json").write_text(json.dumps(
+        {"name": spec.name, "file": str(spec.path), "fixed": {}, "grid": spec.grid,
+         "cells": [], "seeds": []}))
+    cell = Cell(1, {"seed": 1}, None, "finished", None, out / "01",
+                result=outcome(read_ledger(out / "01")))
+    _write_table(out, spec, [cell])
+    return out
+
+
+def test_damaged_sweep_folders_are_refused_by_replot(capsys, tmp_path, finished_sweep,
+                                                     before_work):
+    findings = _fuzz(capsys, tmp_path, finished_sweep,
+                     ["sweep.json", "sweep.csv", "01/run.json", "01/metrics.jsonl"],
+                     lambda d: (lambda: cli.main(["sweep", str(d), "--replot"]) or _reached()),
+                     SEED + 40, optional=("01/run.json", "01/metrics.jsonl"))  # failed early
+    assert not findings, "\n".join(findings)
