@@ -122,3 +122,10 @@ def _signal_handlers_restored():
     yield
     for s, handler in saved.items():
         signal.signal(s, handler)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The end-to-end runs first: spread over the workers (scripts/test.sh runs pytest-xdist)
+    the long ones start at once and the quick ones fill the gaps, instead of one long run
+    left alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -65,8 +65,16 @@ def epsilon(history: Iterable[Entry], delta: float, accountant: str = "rdp") -> 
 def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                     accountant: str = "rdp") -> float:
     """The smallest noise multiplier that keeps ``steps`` DP-SGD steps within the target."""
-    from opacus.accountants.utils import get_noise_multiplier
+    from opacus.accountants.utils import MAX_SIGMA, get_noise_multiplier
 
+    # Epsilon falls as sigma grows: when Opacus' largest sigma is not enough, say so after
+    # one accountant call instead of its ~17 doublings up to that sigma.
+    floor = _epsilon(((MAX_SIGMA, sample_rate, steps),), float(delta), accountant)
+    if floor > target_epsilon:
+        raise BudgetTooSmall(
+            f"target-epsilon = {target_epsilon} cannot be met for {steps} steps at sample "
+            f"rate {sample_rate:.4g} and delta {delta:.3g}: even a noise multiplier of "
+            f"{MAX_SIGMA:.0e} gives epsilon {floor:.3g} under the {accountant} accountant")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
