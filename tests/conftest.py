@@ -10,8 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
+# One math thread in every test process and every process a test starts (the attack
+# stage, the ServerApp, pre-flight checks; simulated clients already use client-threads =
+# 1): the suite runs in several pytest-xdist workers on 2 cores, where more threads per
+# process only make them wait for each other. Set before numpy or torch is imported.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

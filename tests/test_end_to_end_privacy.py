@@ -20,7 +20,8 @@ from tasks.seeding import sampling_seed
 from .conftest import fresh_epsilon, ledger_json, only_run, run_cli
 from .dp_reference import gaussian_epsilon
 
-pytestmark = pytest.mark.slow
+# Every test here reads its cells of one sweep, run once in one simulation (one worker).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("privacy-sweep")]
 
 
 def _seed_with_oversampling(rounds, clients, planned):
@@ -33,15 +34,82 @@ def _seed_with_oversampling(rounds, clients, planned):
     raise AssertionError("no such seed")
 
 
-def test_local_dp_accounting_budget_and_exhaustion(tmp_path, results):
-    seed = _seed_with_oversampling(rounds=5, clients=3, planned=2)
-    res = run_cli("run", "--set", "num-clients=3", "--set", "fraction-train=0.34",
-                  "--set", "num-server-rounds=5", "--set", "dp=local",
-                  "--set", "target-epsilon=2", "--set", "batch-size=64",
-                  "--set", f"seed={seed}", "--set", f"results-dir={results}", cwd=tmp_path)
+def _central_reference(k):
+    """Client-level epsilon after k rounds of 2-of-4 central DP at z = 1 (dp-accounting
+    directly, not fedpriv's accountant): one client joining can displace another, so each
+    round is a Gaussian mechanism with multiplier z / 2 = 0.5 at delta 1e-5."""
+    acc = RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(GaussianDpEvent(0.5), k)
+    return acc.get_epsilon(1e-5)
+
+
+LOCAL_SEED = _seed_with_oversampling(rounds=5, clients=3, planned=2)
+# Seed 0 samples client 0 in all 4 rounds (2 of 3 a round); it planned for 3.
+SECAGG_PICKS = [sorted(random.Random(sampling_seed(0, r, 0)).sample(range(3), 2))
+                for r in range(1, 5)]
+EXTRA_CELLS = {  # (num-server-rounds, dp, secure-aggregation as sweep.csv writes it): cell
+    ("5", "local", "False"): {"num-clients": 3, "fraction-train": 0.34, "num-server-rounds": 5,
+                              "dp": "local", "target-epsilon": 2.0, "batch-size": 64,
+                              "seed": LOCAL_SEED, "secure-aggregation": False,
+                              "central-clipping": "server-fixed"},
+    ("3", "central", "False"): {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3,
+                                "dp": "central", "noise-multiplier": 1.0, "clipping-norm": 0.5,
+                                "central-clipping": "server-fixed", "target-epsilon": 0.0,
+                                "max-epsilon": (_central_reference(2)
+                                                + _central_reference(3)) / 2,
+                                "fraction-evaluate": 0.5, "seed": 42,
+                                "secure-aggregation": False},
+    ("4", "local", "True"): {"num-clients": 3, "fraction-train": 0.67, "num-server-rounds": 4,
+                             "dp": "local", "target-epsilon": 2.0, "batch-size": 64,
+                             "secure-aggregation": True, "seed": 0,
+                             "central-clipping": "server-fixed"},
+}
+
+
+@pytest.fixture(scope="module")
+def privacy_sweep(tmp_path_factory):
+    """(sweep folder, its rows): the secure-aggregation grid (one round each) and the
+    three longer DP runs of the tests below, in one simulation."""
+    tmp = tmp_path_factory.mktemp("privacy")
+    results = tmp / "results"
+    cells = "".join("[[cells]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in c.items())
+                    for c in EXTRA_CELLS.values())
+    sweep = tmp / "secure.toml"
+    sweep.write_text(f"""
+name = "secure"
+[fixed]
+num-clients = 3
+num-server-rounds = 1
+central-clipping = "client-fixed"
+target-epsilon = 5.0
+seed = 5
+results-dir = "{results}"
+[grid]
+dp = ["none", "local"]
+secure-aggregation = [false, true, "he"]
+[[cells]]
+dp = "central"
+secure-aggregation = true
+[[cells]]
+dp = "central"
+secure-aggregation = "he"
+""" + cells)
+    res = run_cli("sweep", str(sweep), cwd=tmp)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "privacy: local DP-SGD" in res.stdout and "epsilon" in res.stdout
-    run = only_run(results)
+    out = only_run(results / "sweeps")
+    return out, list(csv.DictReader(open(out / "sweep.csv")))
+
+
+def _cell(privacy_sweep, key):
+    out, rows = privacy_sweep
+    (row,) = [r for r in rows if (r["num-server-rounds"], r["dp"], r["secure-aggregation"])
+              == key]
+    assert row["status"] == "finished", row
+    return out / row["run-dir"]
+
+
+def test_local_dp_accounting_budget_and_exhaustion(privacy_sweep):
+    run = _cell(privacy_sweep, ("5", "local", "False"))
     records = ledger_json(run)
     assert len(records) == 5 and read_run_info(run)["status"] == "finished"
     trained: Counter = Counter()
@@ -74,24 +142,11 @@ def test_local_dp_accounting_budget_and_exhaustion(tmp_path, results):
     assert read_run_info(run)["privacy"]["clients-out-of-budget"] >= 1
 
 
-def test_central_dp_accounting_and_max_epsilon_stop(tmp_path, results):
-    # 2 of 4 clients a round (a fixed cohort): one client joining can displace another,
-    # so each round is a Gaussian mechanism with multiplier z / 2 = 0.5 at delta 1e-5.
-    def reference(k):  # dp-accounting directly, not fedpriv's accountant
-        acc = RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
-        acc.compose(GaussianDpEvent(0.5), k)
-        return acc.get_epsilon(1e-5)
-
-    eps = [reference(k) for k in (1, 2, 3)]
+def test_central_dp_accounting_and_max_epsilon_stop(privacy_sweep):
+    eps = [_central_reference(k) for k in (1, 2, 3)]
     assert all(gaussian_epsilon(np.sqrt(k) * 2.0, 1e-5) <= e for k, e in zip((1, 2, 3), eps,
                                                                               strict=True))
-    res = run_cli("run", "--set", "num-clients=4", "--set", "fraction-train=0.5",
-                  "--set", "num-server-rounds=3", "--set", "dp=central",
-                  "--set", "noise-multiplier=1.0", "--set", "clipping-norm=0.5",
-                  "--set", f"max-epsilon={(eps[1] + eps[2]) / 2}", "--set", "fraction-evaluate=0.5",
-                  "--set", f"results-dir={results}", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    run = only_run(results)
+    run = _cell(privacy_sweep, ("3", "central", "False"))
     records = ledger_json(run)
     assert [r["privacy"]["epsilon"] for r in records] == pytest.approx(eps[:2])
     assert all(r["privacy"]["cohort"] == 2 and r["privacy"]["delta"] == 1e-5 for r in records)
@@ -107,33 +162,12 @@ def test_central_dp_accounting_and_max_epsilon_stop(tmp_path, results):
     assert "neighbours: add or remove one client" in summary
 
 
-def test_secure_aggregation_matches_plain_and_combines_with_dp(tmp_path, results):
-    sweep = tmp_path / "secure.toml"
-    sweep.write_text(f"""
-name = "secure"
-[fixed]
-num-clients = 3
-num-server-rounds = 1
-central-clipping = "client-fixed"
-target-epsilon = 5.0
-seed = 5
-results-dir = "{results}"
-[grid]
-dp = ["none", "local"]
-secure-aggregation = [false, true, "he"]
-[[cells]]
-dp = "central"
-secure-aggregation = true
-[[cells]]
-dp = "central"
-secure-aggregation = "he"
-""")
-    res = run_cli("sweep", str(sweep), cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    out = only_run(results / "sweeps")
+def test_secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
+    out, all_rows = privacy_sweep
     given = {"False": "off", "True": "secagg+", "he": "he"}  # the sweep file's values
     rows = {(r["dp"], given[r["secure-aggregation"]]): r
-            for r in csv.DictReader(open(out / "sweep.csv"))}
+            for r in all_rows if r["num-server-rounds"] == ""}  # the one-round grid
+    assert len(rows) == 8
     assert all(r["status"] == "finished" for r in rows.values())
     step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels
     # the clients' sizes, as the plain run's replies reported them (in simulation the
@@ -181,18 +215,10 @@ secure-aggregation = "he"
     assert 0 < he_central["privacy"]["epsilon"] <= central["privacy"]["epsilon"]
 
 
-def test_secure_aggregation_records_clients_out_of_local_dp_budget(tmp_path, results):
-    # Seed 0 samples client 0 in all 4 rounds (2 of 3 a round); it planned for 3.
-    picks = [sorted(random.Random(sampling_seed(0, r, 0)).sample(range(3), 2))
-             for r in range(1, 5)]
+def test_secure_aggregation_records_clients_out_of_local_dp_budget(privacy_sweep):
+    picks = SECAGG_PICKS
     assert all(0 in p for p in picks)
-    res = run_cli("run", "--set", "num-clients=3", "--set", "fraction-train=0.67",
-                  "--set", "num-server-rounds=4", "--set", "dp=local",
-                  "--set", "target-epsilon=2", "--set", "batch-size=64",
-                  "--set", "secure-aggregation=true", "--set", "seed=0",
-                  "--set", f"results-dir={results}", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    run = only_run(results)
+    run = _cell(privacy_sweep, ("4", "local", "True"))
     records = ledger_json(run)
     assert len(records) == 4 and read_run_info(run)["status"] == "finished"
     for r, sampled in zip(records[:3], picks[:3], strict=True):

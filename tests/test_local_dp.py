@@ -304,3 +304,20 @@ def test_secure_rng_draws_unpredictable_noise_of_the_right_scale():
     a, b = noise(), noise()
     assert float(a.std()) == pytest.approx(2.0 * 0.5, rel=0.03)  # sigma C
     assert not torch.allclose(a, b)
+
+
+def test_the_pre_flight_check_states_the_local_dp_settings_a_run_will_use():
+    """What `fedpriv run` prints as "privacy: ..." before any process starts: the noise
+    each client calibrated from its own record count and the budget."""
+    from experiments.checks import preflight
+    from tasks.config import validate
+
+    cfg = validate({"num-clients": 3, "num-server-rounds": 5, "fraction-train": 0.34,
+                    "dp": "local", "target-epsilon": 2.0, "batch-size": 64})
+    text = preflight(cfg).privacy
+    assert text.startswith("local DP-SGD (record-level): noise multiplier ")
+    assert "clipping 1.0, target-epsilon 2.0 per client" in text
+    sigma = float(text.split("noise multiplier ")[1].split(",")[0].split("–")[0])
+    # 1,333 or 1,334 records: 21 batches of q = 64/n an epoch, 2 planned rounds
+    assert sigma == pytest.approx(calibrate_noise(2.0, 1 / (10 * 1333), 64 / 1333, 42),
+                                  rel=0.02)

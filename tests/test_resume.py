@@ -173,6 +173,9 @@ def test_resume_is_refused_for_finished_running_and_unknown_folders(tmp_path):
         resumable(tmp_path)
     (tmp_path / FOLDER).mkdir()
     (tmp_path / FOLDER / SERVER_FILE).write_bytes(b"")  # an empty checkpoint is no checkpoint
+    with pytest.raises(ConfigError, match="config.toml holds no keys"):  # nor an empty config
+        resumable(tmp_path)
+    (tmp_path / "config.toml").write_text("num-clients = 3\n")
     with pytest.raises(ConfigError, match="server.npz is damaged"):
         resumable(tmp_path)
 
