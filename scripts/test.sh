@@ -3,10 +3,9 @@
 # including the end-to-end runs of the real Flower simulation runtime (marked slow).
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow". Tests run in
 # FEDPRIV_TEST_WORKERS pytest-xdist workers (default 3: the end-to-end runs spend much of
-# their time waiting on process start-up and polling; -n 0 runs them one by one); tests
-# that share one federation run are kept on one worker (xdist_group).
+# their time waiting on process start-up and polling; -n 0 runs them one by one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -n "${FEDPRIV_TEST_WORKERS:-3}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${FEDPRIV_TEST_WORKERS:-3}" --dist worksteal "$@"

@@ -20,8 +20,7 @@ from tasks.seeding import sampling_seed
 from .conftest import fresh_epsilon, ledger_json, only_run, run_cli
 from .dp_reference import gaussian_epsilon
 
-# Every test here reads its cells of one sweep, run once in one simulation (one worker).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("privacy-sweep")]
+pytestmark = pytest.mark.slow
 
 
 def _seed_with_oversampling(rounds, clients, planned):
@@ -66,8 +65,7 @@ EXTRA_CELLS = {  # (num-server-rounds, dp, secure-aggregation as sweep.csv write
 }
 
 
-@pytest.fixture(scope="module")
-def privacy_sweep(tmp_path_factory):
+def _privacy_sweep(tmp_path_factory):
     """(sweep folder, its rows): the secure-aggregation grid (one round each) and the
     three longer DP runs of the tests below, in one simulation."""
     tmp = tmp_path_factory.mktemp("privacy")
@@ -108,7 +106,7 @@ def _cell(privacy_sweep, key):
     return out / row["run-dir"]
 
 
-def test_local_dp_accounting_budget_and_exhaustion(privacy_sweep):
+def _local_dp_accounting_budget_and_exhaustion(privacy_sweep):
     run = _cell(privacy_sweep, ("5", "local", "False"))
     records = ledger_json(run)
     assert len(records) == 5 and read_run_info(run)["status"] == "finished"
@@ -142,7 +140,7 @@ def test_local_dp_accounting_budget_and_exhaustion(privacy_sweep):
     assert read_run_info(run)["privacy"]["clients-out-of-budget"] >= 1
 
 
-def test_central_dp_accounting_and_max_epsilon_stop(privacy_sweep):
+def _central_dp_accounting_and_max_epsilon_stop(privacy_sweep):
     eps = [_central_reference(k) for k in (1, 2, 3)]
     assert all(gaussian_epsilon(np.sqrt(k) * 2.0, 1e-5) <= e for k, e in zip((1, 2, 3), eps,
                                                                               strict=True))
@@ -162,7 +160,7 @@ def test_central_dp_accounting_and_max_epsilon_stop(privacy_sweep):
     assert "neighbours: add or remove one client" in summary
 
 
-def test_secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
+def _secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
     out, all_rows = privacy_sweep
     given = {"False": "off", "True": "secagg+", "he": "he"}  # the sweep file's values
     rows = {(r["dp"], given[r["secure-aggregation"]]): r
@@ -215,7 +213,7 @@ def test_secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
     assert 0 < he_central["privacy"]["epsilon"] <= central["privacy"]["epsilon"]
 
 
-def test_secure_aggregation_records_clients_out_of_local_dp_budget(privacy_sweep):
+def _secure_aggregation_records_clients_out_of_local_dp_budget(privacy_sweep):
     picks = SECAGG_PICKS
     assert all(0 in p for p in picks)
     run = _cell(privacy_sweep, ("4", "local", "True"))
@@ -234,3 +232,19 @@ def test_secure_aggregation_records_clients_out_of_local_dp_budget(privacy_sweep
     assert info["aggregation"]["protocol"] == "SecAgg+"
     assert info["privacy"]["clients-out-of-budget"] == 1
     assert "ran out of budget" in (run / "summary.md").read_text()
+
+
+def test_privacy_in_real_runs(tmp_path_factory):
+    """One sweep in one simulation, then each check on its cells (every failing check is
+    reported, not only the first)."""
+    sweep = _privacy_sweep(tmp_path_factory)
+    failed = []
+    for check in (_local_dp_accounting_budget_and_exhaustion,
+                  _central_dp_accounting_and_max_epsilon_stop,
+                  _secure_aggregation_matches_plain_and_combines_with_dp,
+                  _secure_aggregation_records_clients_out_of_local_dp_budget):
+        try:
+            check(sweep)
+        except AssertionError as exc:
+            failed.append(f"{check.__name__.strip('_')}: {exc}")
+    assert not failed, "\n\n".join(failed)
