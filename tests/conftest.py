@@ -17,6 +17,13 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
 
+# A shell without job control starts a background command with Ctrl-C (SIGINT) ignored,
+# and every process it starts inherits that: a Python child then never turns SIGINT into
+# KeyboardInterrupt. The tests that press Ctrl-C on a run (their own process or a `fedpriv`
+# child) need what a terminal gives, however the suite itself was started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 

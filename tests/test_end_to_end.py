@@ -283,8 +283,7 @@ def test_real_supernodes_on_loopback(tmp_path, results):
     assert info["status"] == "finished" and info["num-clients"] == 2
     (record,) = ledger_json(run)
     assert record["sampled"] == [0, 1] and record["test"]["accuracy"] > 0.5
-    time.sleep(2)  # SuperExec processes notice their parent is gone within a second
-    assert _processes_with(marker) == []
+    assert _gone(marker) == []  # SuperExec processes notice their parent is gone
 
 
 def test_the_python_api_runs_a_federation_and_reads_it_back(results):
