@@ -475,7 +475,8 @@ def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
                                "privacy": info.get("privacy", {}),
                                **{k: info.get(k) for k in REPORTED}}
             cells.append(cell)
-        str(spec["name"])
+        if not isinstance(spec["name"], str):
+            raise TypeError(f"its name is a {type(spec['name']).__name__}")
     except ConfigError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, csv.Error) as exc:

@@ -129,7 +129,7 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             f"--resume {str(run_dir)!r}: not a fedpriv run folder (it has no run.json and "
             "config.toml). Give the folder `fedpriv run` printed, e.g. "
             "results/20261122-101500-mnist-fedavg-iid.")
-    info = _run_info(path)
+    info = read_run_info(path, f"--resume {str(path)!r}")
     status = info.get("status", "running")
     if status == "finished":
         raise ConfigError(f"--resume {str(path)!r}: this run already finished; there is "
@@ -153,10 +153,6 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             "reset their epsilon. Start it again as a new run.")
     _agree(path, cfg, info, Checkpoint.load(path))
     return path, cfg
-
-
-def _run_info(path: Path) -> dict[str, Any]:
-    return read_run_info(path, f"--resume {str(path)!r}")
 
 
 def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpoint) -> None:

@@ -146,11 +146,10 @@ def read_run_info(run_dir: str | Path, prefix: str = "") -> dict[str, Any]:
     path = Path(run_dir) / RUN_INFO
     if not path.exists() and not path.is_symlink():
         return {}
+    text = read_text(path, prefix)
     try:
-        info = json.loads(read_text(path, prefix))
+        info = json.loads(text)
     except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
         raise damaged(path, f"is not JSON ({exc})", prefix) from None
     if not isinstance(info, dict):
         raise damaged(path, f"holds a {type(info).__name__}, not the object fedpriv writes",

@@ -42,27 +42,30 @@ def _central_reference(k):
     return acc.get_epsilon(1e-5)
 
 
-LOCAL_SEED = _seed_with_oversampling(rounds=5, clients=3, planned=2)
-# Seed 0 samples client 0 in all 4 rounds (2 of 3 a round); it planned for 3.
-SECAGG_PICKS = [sorted(random.Random(sampling_seed(0, r, 0)).sample(range(3), 2))
-                for r in range(1, 5)]
-EXTRA_CELLS = {  # (num-server-rounds, dp, secure-aggregation as sweep.csv writes it): cell
-    ("5", "local", "False"): {"num-clients": 3, "fraction-train": 0.34, "num-server-rounds": 5,
-                              "dp": "local", "target-epsilon": 2.0, "batch-size": 64,
-                              "seed": LOCAL_SEED, "secure-aggregation": False,
-                              "central-clipping": "server-fixed"},
-    ("3", "central", "False"): {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3,
-                                "dp": "central", "noise-multiplier": 1.0, "clipping-norm": 0.5,
-                                "central-clipping": "server-fixed", "target-epsilon": 0.0,
-                                "max-epsilon": (_central_reference(2)
-                                                + _central_reference(3)) / 2,
-                                "fraction-evaluate": 0.5, "seed": 42,
-                                "secure-aggregation": False},
-    ("4", "local", "True"): {"num-clients": 3, "fraction-train": 0.67, "num-server-rounds": 4,
-                             "dp": "local", "target-epsilon": 2.0, "batch-size": 64,
-                             "secure-aggregation": True, "seed": 0,
-                             "central-clipping": "server-fixed"},
-}
+def _secagg_picks():
+    """Seed 0 samples client 0 in all 4 rounds (2 of 3 a round); it planned for 3."""
+    return [sorted(random.Random(sampling_seed(0, r, 0)).sample(range(3), 2))
+            for r in range(1, 5)]
+
+
+def _extra_cells():
+    """The three longer DP runs, each told apart in sweep.csv by (num-server-rounds, dp,
+    secure-aggregation): ("5", "local", "False"), ("3", "central", "False"),
+    ("4", "local", "True")."""
+    local = {"dp": "local", "target-epsilon": 2.0, "batch-size": 64,
+             "central-clipping": "server-fixed"}
+    return [
+        {**local, "num-clients": 3, "fraction-train": 0.34, "num-server-rounds": 5,
+         "seed": _seed_with_oversampling(rounds=5, clients=3, planned=2),
+         "secure-aggregation": False},
+        {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "dp": "central",
+         "noise-multiplier": 1.0, "clipping-norm": 0.5, "central-clipping": "server-fixed",
+         "target-epsilon": 0.0,
+         "max-epsilon": (_central_reference(2) + _central_reference(3)) / 2,
+         "fraction-evaluate": 0.5, "seed": 42, "secure-aggregation": False},
+        {**local, "num-clients": 3, "fraction-train": 0.67, "num-server-rounds": 4,
+         "secure-aggregation": True, "seed": 0},
+    ]
 
 
 def _privacy_sweep(tmp_path_factory):
@@ -71,7 +74,7 @@ def _privacy_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("privacy")
     results = tmp / "results"
     cells = "".join("[[cells]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in c.items())
-                    for c in EXTRA_CELLS.values())
+                    for c in _extra_cells())
     sweep = tmp / "secure.toml"
     sweep.write_text(f"""
 name = "secure"
@@ -214,7 +217,7 @@ def _secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
 
 
 def _secure_aggregation_records_clients_out_of_local_dp_budget(privacy_sweep):
-    picks = SECAGG_PICKS
+    picks = _secagg_picks()
     assert all(0 in p for p in picks)
     run = _cell(privacy_sweep, ("4", "local", "True"))
     records = ledger_json(run)
