@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import (
     FedAdam,
@@ -187,9 +188,10 @@ def test_round_with_only_failures_raises_with_reasons():
 def test_every_strategy_trains_the_real_clients(name):
     # 4 clients of the embedded MNIST, 3 rounds through the real ClientApp: accuracy rises
     # well above chance (0.10) with every strategy, each with its own server-side rule.
-    extra = {"fedadam": {"server-lr": 0.01}}.get(name, {})
+    extra = {"fedadam": {"server-lr": 0.02}}.get(name, {})
     cfg = validate({"num-clients": 4, "strategy": name, "lr": 0.1, **extra})
     grid = InProcessGrid(cfg)
+    torch.manual_seed(cfg.training.seed)  # as the ServerApp does: the same start every run
     model, _ = model_for(cfg)
     evaluate = CentralEvaluator(model, heldout_split(cfg), 512, resolve_device("cpu"))
     runner = PlainRounds(build_strategy(cfg, 4), grid, grid.partition_of, 42, 60.0,
