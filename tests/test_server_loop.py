@@ -3,6 +3,7 @@ stop conditions, hooks, and the ledger they write."""
 
 from __future__ import annotations
 
+import torch
 from flwr.app import ArrayRecord
 
 from server.evaluation import CentralEvaluator
@@ -40,6 +41,7 @@ def _loop(tmp_path, cfg, num_rounds, stops=None):
     strategy = build_strategy(cfg, cfg.federation.num_clients)
     runner = PlainRounds(strategy, grid, grid.partition_of, cfg.training.seed, 60.0,
                          {"local-epochs": cfg.training.local_epochs})
+    torch.manual_seed(cfg.training.seed)  # as the ServerApp does: the same start every run
     model, _ = model_for(cfg)
     central = strategy.privacy if isinstance(strategy, CentralDP) else None
     privacy = PrivacyLog(cfg, central, cfg.federation.num_clients)
