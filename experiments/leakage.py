@@ -43,7 +43,7 @@ from server.federation import ServerTask
 from server.ledger import read_ledger
 from server.results import read_run_info
 from strategies.central_dp import central_params
-from strategies.secure import quantization_slack
+from strategies.protocols.secagg import quantization_slack
 from tasks.config import (
     ConfigError,
     RunConfig,

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from strategies.rounds import RoundResult, RoundRunner
-from strategies.state import RunnerState
+from strategies.aggregation import State as RunnerState
+from strategies.rounds import RoundResult
+from strategies.runner import RoundRunner
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.files import write_atomic
 

@@ -19,8 +19,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from privacy.anonymize.cvae import CVAE
+from strategies.aggregation import FlowerAggregation
 from strategies.build import common_args
-from strategies.rounds import PlainRounds
+from strategies.grid import FederationGrid
+from strategies.protocols.plain import PlainProtocol
+from strategies.runner import RoundRunner
 from tasks import messages
 from tasks.config import RunConfig
 
@@ -36,8 +39,10 @@ def run_cvae_phase(grid: Grid, cfg: RunConfig, partition_of: Mapping[int, int], 
     decoder = CVAE(dim, num_classes, a.cvae_latent, a.cvae_hidden).decoder
     strategy = FedAvg(**{**common_args(fed, len(partition_of)), "fraction_evaluate": 0.0,
                          "min_evaluate_nodes": 0})
-    rounds = PlainRounds(strategy, grid, partition_of, cfg.training.seed, fed.round_timeout,
-                         {}, action=messages.CVAE_FIT)
+    grid = grid if isinstance(grid, FederationGrid) else FederationGrid(grid, partition_of)
+    rounds = RoundRunner(PlainProtocol(grid, partition_of, cfg.training.seed, fed.round_timeout,
+                                       action=messages.CVAE_FIT),
+                         FlowerAggregation(strategy), {})
     say(f"phase 1: {a.cvae_rounds} rounds of federated CVAE training (only decoders are "
         "shared)")
     arrays = ArrayRecord(decoder.state_dict())

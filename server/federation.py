@@ -21,14 +21,11 @@ from flwr.serverapp import Grid
 
 from privacy.anonymize import public_transform
 from privacy.dp.disclosure import Disclosure, policy
-from privacy.encryption import ckks
-from privacy.encryption.cohort import MIN_COHORT_FLOOR
-from strategies.build import build_strategy
-from strategies.central_dp import CentralDP, CentralPrivacy
-from strategies.encrypted import EncryptedRounds, encoding_slack, he_central
+from strategies.build import build_runner as runner_for
 from strategies.grid import FederationGrid
-from strategies.rounds import PlainRounds, RoundRunner
-from strategies.secure import SecureRounds, secure_central
+from strategies.protocols.he import encoding_slack
+from strategies.protocols.secagg import max_weight
+from strategies.runner import RoundRunner
 from tasks.config import RunConfig
 from tasks.datasets import DatasetBundle
 from tasks.embeddings import backbone_info, backbone_spec
@@ -104,63 +101,19 @@ class ServerTask:
                                 resolve_device(cfg.resources.device), self.validation)
 
 
-def secagg_max_weight(cfg: RunConfig, sizes: list[int], num_clients: int,
-                      train_size: int) -> float:
-    """SecAgg+'s bound on one client's weight: 1 under central DP (equal weights); else
-    ``secagg-max-weight``, or the largest client when sizes are disclosed (local DP),
-    or the training set's size, which bounds every client without asking any."""
-    if cfg.privacy.dp == "central":
-        return 1.0
-    if cfg.secagg.max_weight:
-        return float(cfg.secagg.max_weight)
-    return float(max(sizes)) if sizes and len(sizes) == num_clients else float(train_size)
-
-
 def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[ClientInfo],
-                 task: ServerTask, disclosure: Disclosure, info: dict[str, Any]
-                 ) -> tuple[RoundRunner, CentralPrivacy | None]:
-    """HE or SecAgg+ rounds, or plain rounds of the configured strategy (with DP-FedAvg's
-    privacy)."""
-    partition_of = {c.node_id: c.partition_id for c in clients}
+                 task: ServerTask, disclosure: Disclosure, info: dict[str, Any]) -> RoundRunner:
+    """The run's round runner (:func:`strategies.build.build_runner`); run.json records how
+    it aggregates."""
+    sizes = [c.num_examples for c in clients if c.num_examples is not None]
+    params = count_parameters(task.model)
+    runner = runner_for(cfg, grid, {c.node_id: c.partition_id for c in clients},
+                        num_parameters=params, context=context,
+                        max_weight=max_weight(cfg, sizes, len(clients), len(task.data.y_train)))
+    info["aggregation"] = {**runner.describe(), **disclosure.describe()}
     if cfg.secagg.he:
-        params = count_parameters(task.model)
-        central = he_central(cfg, len(clients), params) if cfg.privacy.dp == "central" else None
-        floor = max(cfg.secagg.he_min_cohort, MIN_COHORT_FLOOR)
-        info["aggregation"] = {
-            "protocol": "CKKS homomorphic encryption (TenSEAL)",
-            # what the decrypting client enforces: never a sum of fewer than `floor` clients
-            "individual-updates-visible": floor < 2, "min-cohort": floor,
-            "min-cohort-enforced-by": "the decrypting client (updates signed per round and "
-                                      "decryptor; one decryption per round)",
-            **disclosure.describe(),
-            "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
-                   "holds only the public context",
-            "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
-            "scale-bits": ckks.SCALE_BITS, "encoding-slack": encoding_slack(params),
-            "decryption": "the cohort's first client checks the signed updates, sums and "
-                          "decrypts them (under central DP, before the server adds the "
-                          "noise); it sees the sum"}
-        return EncryptedRounds(cfg, grid, partition_of, central), central
-    if cfg.secagg.enabled:
-        s = cfg.secagg
-        central = (secure_central(cfg, len(clients), count_parameters(task.model))
-                   if cfg.privacy.dp == "central" else None)
-        sizes = [c.num_examples for c in clients if c.num_examples is not None]
-        weight = secagg_max_weight(cfg, sizes, len(clients), len(task.data.y_train))
-        info["aggregation"] = {
-            "protocol": "SecAgg+", "individual-updates-visible": False, **disclosure.describe(),
-            "num-shares": s.num_shares, "reconstruction-threshold": s.reconstruction_threshold,
-            "clipping-range": s.clipping_range, "quantization-range": s.quantization_range,
-            "max-weight": weight}
-        return SecureRounds(cfg, grid, context, partition_of, weight, central), central
-    strategy = build_strategy(cfg, len(clients))
-    info["aggregation"] = {"protocol": "plain", "individual-updates-visible": True,
-                           **disclosure.describe()}
-    central = strategy.privacy if isinstance(strategy, CentralDP) else None
-    fed = cfg.federation
-    return PlainRounds(strategy, grid, partition_of, cfg.training.seed, fed.round_timeout,
-                       {"local-epochs": cfg.training.local_epochs},
-                       min_replies=min(fed.min_train_clients, len(clients))), central
+        info["aggregation"]["encoding-slack"] = encoding_slack(params)
+    return runner
 
 
 def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title: str
@@ -265,7 +218,8 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
                                             int(task.test.x.shape[1]), task.data.num_classes,
                                             run)
         anonymization.add(info["cvae-phase"]["clients"])  # each scored the release it sampled
-    runner, central = build_runner(cfg, grid, context, clients, task, disclosure, info)
+    runner = build_runner(cfg, grid, context, clients, task, disclosure, info)
+    central = runner.central
     privacy = PrivacyLog(cfg, central, len(clients))
     initial = ArrayRecord(task.model.state_dict())
     if checkpoint is not None:

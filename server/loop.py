@@ -10,7 +10,8 @@ from typing import Protocol
 
 from flwr.app import ArrayRecord
 
-from strategies.rounds import RoundResult, RoundRunner
+from strategies.rounds import RoundResult
+from strategies.runner import RoundRunner
 
 from .console import say
 from .ledger import RoundRecord

@@ -1,11 +1,14 @@
-"""Flower's Message-API strategies, configured from a run config (the targets of
-strategies.registry.STRATEGIES)."""
+"""A run's round runner from its config: Flower's strategies by name (the targets of
+``tasks.registry.STRATEGIES``), the aggregation (a strategy, or DP-FedAvg) and the protocol."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from typing import Any
 
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import Context, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     FedAdam,
     FedAvg,
@@ -19,24 +22,20 @@ from flwr.serverapp.strategy import (
 from tasks.config import FederationConfig, RunConfig
 from tasks.registry import STRATEGIES
 
+from .aggregation import Aggregation, FlowerAggregation
+from .central_dp import CentralDPAggregation, central_privacy
+from .grid import FederationGrid
+from .protocols import PROTOCOLS
+from .runner import RoundRunner
+
 WEIGHT_KEY = "num-examples"
-# Client metrics that are meaningful as an example-weighted mean; everything else a
-# client reports (partition id, timings, epsilon...) is kept per client by the server.
-AVERAGED_METRICS = ("train-loss", "train-accuracy", "eval-loss", "eval-accuracy")
 
 
-def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
-    """Example-weighted mean of the loss/accuracy metrics in client replies."""
-    totals: dict[str, float] = {}
-    weight_sum = 0.0
-    for record in records:
-        metrics = next(iter(record.metric_records.values()))
-        w = float(metrics.get(WEIGHT_KEY, 0))
-        weight_sum += w
-        for key in AVERAGED_METRICS:
-            if key in metrics:
-                totals[key] = totals.get(key, 0.0) + w * float(metrics[key])
-    return MetricRecord({k: v / weight_sum for k, v in totals.items()} if weight_sum else {})
+def no_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
+    """What Flower's strategies aggregate of the clients' metrics: nothing. The server keeps
+    every client's metrics and averages them itself (:mod:`server.recorder`), also under
+    DP-FedAvg and SecAgg+, which aggregate no metrics."""
+    return MetricRecord()
 
 
 def common_args(fed: FederationConfig, num_clients: int) -> dict[str, Any]:
@@ -48,8 +47,8 @@ def common_args(fed: FederationConfig, num_clients: int) -> dict[str, Any]:
             # would otherwise wait for it forever, checking once a second)
             "min_available_nodes": min(fed.min_train_clients, num_clients),
             "weighted_by_key": WEIGHT_KEY,
-            "train_metrics_aggr_fn": weighted_metrics,
-            "evaluate_metrics_aggr_fn": weighted_metrics}
+            "train_metrics_aggr_fn": no_metrics,
+            "evaluate_metrics_aggr_fn": no_metrics}
 
 
 def fedavg(fed: FederationConfig, common: dict[str, Any], lr: float) -> Strategy:
@@ -79,15 +78,28 @@ def fedtrimmedavg(fed: FederationConfig, common: dict[str, Any], lr: float) -> S
 
 
 def build_strategy(cfg: RunConfig, num_clients: int) -> Strategy:
-    """The strategy ``cfg`` names, for ``num_clients`` clients.
-
-    With ``dp = "central"`` training rounds are DP-FedAvg with a client-level accountant
-    (:class:`strategies.central_dp.CentralDP`); a plain FedAvg serves client evaluation.
-    """
+    """The Flower strategy ``cfg`` names, for ``num_clients`` clients."""
     fed = cfg.federation
-    strategy = STRATEGIES.load(fed.strategy)(fed, common_args(fed, num_clients), cfg.training.lr)
-    if cfg.privacy.dp == "central":
-        from .central_dp import CentralDP  # imports dp-accounting: only central-DP runs
+    return STRATEGIES.load(fed.strategy)(fed, common_args(fed, num_clients), cfg.training.lr)
 
-        return CentralDP(strategy, cfg, num_clients)
-    return strategy
+
+def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
+                 num_parameters: int = 0, context: Context | None = None,
+                 max_weight: float = 0.0) -> RoundRunner:
+    """The round runner ``cfg`` describes: its protocol (``secure-aggregation``) and its
+    aggregation — the configured strategy, or with ``dp = "central"`` DP-FedAvg, whose
+    sensitivity accounts for what the protocol can add to an update (``num_parameters``:
+    the model's size). ``context`` and ``max_weight``: the ServerApp's, for SecAgg+."""
+    n = len(partition_of)
+    grid = grid if isinstance(grid, FederationGrid) else FederationGrid(grid, partition_of)
+    module, name = PROTOCOLS[cfg.secagg.protocol].split(":")
+    protocol_class = getattr(importlib.import_module(module), name)
+    strategy = build_strategy(cfg, n)  # under central DP it serves client evaluation only
+    aggregation: Aggregation = FlowerAggregation(strategy)
+    if cfg.privacy.dp == "central":
+        aggregation = CentralDPAggregation(
+            central_privacy(cfg, n, protocol_class.slack(cfg, num_parameters)),
+            cfg.privacy.central_clipping.startswith("client"))
+    protocol = protocol_class.for_run(cfg, grid, partition_of, evaluation=strategy,
+                                      context=context, max_weight=max_weight)
+    return RoundRunner(protocol, aggregation, {"local-epochs": cfg.training.local_epochs})

@@ -18,21 +18,12 @@ every raw update; only local DP-SGD (or local noise) protects a client from the 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from privacy.dp.accounting import clients_per_round
 from privacy.dp.dpfedavg import (
@@ -47,12 +38,15 @@ from privacy.dp.dpfedavg import (
 from tasks.config import RunConfig
 from tasks.seeding import sample_cohort
 
-from .rounds import metrics_of
+from .aggregation import Collected, State, with_arrays
+from .replies import metrics_of
 
 
 def central_params(cfg: RunConfig, num_clients: int,
                    quantization_slack: float = 0.0) -> DPFedAvgParams:
-    """The DP-FedAvg mechanism a run config describes, over ``num_clients`` clients."""
+    """The DP-FedAvg mechanism a run config describes, over ``num_clients`` clients;
+    ``quantization_slack``: how much the aggregation protocol can lengthen one update
+    (SecAgg+'s rounding, CKKS's encoding), accounted as extra sensitivity."""
     p, fed = cfg.privacy, cfg.federation
     poisson = p.client_sampling == "poisson"
     return DPFedAvgParams(
@@ -63,6 +57,13 @@ def central_params(cfg: RunConfig, num_clients: int,
         adaptive=p.central_clipping.endswith("adaptive"), delta=p.delta,
         max_epsilon=p.max_epsilon, secure_rng=p.secure_rng,
         quantization_slack=quantization_slack)
+
+
+def central_privacy(cfg: RunConfig, num_clients: int, slack: float = 0.0) -> CentralPrivacy:
+    """DP-FedAvg's mechanism and accountant for a run, ``slack`` accounted (see
+    :func:`central_params`)."""
+    return CentralPrivacy(central_params(cfg, num_clients, slack),
+                          cfg.privacy.central_clipping, cfg.training.seed)
 
 
 class CentralPrivacy:
@@ -125,55 +126,50 @@ class CentralPrivacy:
         return out
 
 
-class CentralDP(Strategy):
-    """DP-FedAvg rounds; client evaluation is delegated to ``evaluation`` (a FedAvg)."""
+class CentralDPAggregation:
+    """DP-FedAvg as the server's aggregation: the cohort by the mechanism's sampling rule;
+    every update the server sees clipped (again, if the client clipped), the sum noised,
+    divided by the fixed denominator and accounted. Under SecAgg+/HE the server sees only
+    the sum of the clients' clipped updates, which it noises the same way."""
 
-    def __init__(self, evaluation: Strategy, cfg: RunConfig, num_clients: int) -> None:
-        self.evaluation = evaluation
-        self.privacy = CentralPrivacy(central_params(cfg, num_clients),
-                                      cfg.privacy.central_clipping, cfg.training.seed)
-        self.client_side = cfg.privacy.central_clipping.startswith("client")
-        self.current: ArrayRecord | None = None
+    def __init__(self, privacy: CentralPrivacy, client_side: bool) -> None:
+        self.privacy = privacy
+        self.client_side = client_side
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def begin_round(self, server_round: int) -> None:
         self.privacy.last_round_released = False
-        self.current = arrays
-        # the round runner has seeded `random` and ordered the node ids by partition
+
+    def client_config(self) -> dict[str, Any]:
+        return {CLIP_KEY: self.privacy.clipping_norm} if self.client_side else {}
+
+    def sample(self, ordered: Sequence[int], rng: Any, size: int) -> list[int]:
         p = self.privacy.params
-        chosen = sample_cohort(list(grid.get_node_ids()), random,
-                               0 if p.everyone else p.cohort,
-                               p.fraction if p.sampling == "poisson" else None)
-        config["server-round"] = server_round
-        if self.client_side:
-            config[CLIP_KEY] = self.privacy.clipping_norm
+        return sample_cohort(ordered, rng, 0 if p.everyone else p.cohort,
+                             p.fraction if p.sampling == "poisson" else None)
+
+    def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                  grid: Grid) -> Iterable[Message]:
+        # the round runner has seeded `random` and ordered the node ids by partition
+        chosen = self.sample(list(grid.get_node_ids()), random, 0)
         record = RecordDict({"arrays": arrays, "config": config})
         return [Message(record, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Clip every update (again, if the client clipped), noise the sum, divide by d."""
-        assert self.current is not None
-        keys = list(self.current.keys())
-        current = self.current.to_numpy_ndarrays()
-        ok = [r for r in replies if not r.has_error()]
+    def combine(self, server_round: int, arrays: ArrayRecord, got: Collected
+                ) -> ArrayRecord:
+        current = arrays.to_numpy_ndarrays()
+        if got.total is not None:  # equal weights: the sum of the clients' clipped updates
+            return with_arrays(arrays, self.privacy.release(server_round, current, got.total))
         updates = [[np.asarray(new, dtype=np.float64) - old for new, old in
                     zip(r.content["arrays"].to_numpy_ndarrays(), current, strict=True)]
-                   for r in ok]
+                   for r in got.replies]
         total, bits = clipped_sum(updates, self.privacy.clipping_norm,
                                   [a.shape for a in current])
         if self.client_side and self.privacy.params.adaptive:
-            bits = [bool(metrics_of(r).get(UNCLIPPED_KEY, 0)) for r in ok]
-        new = self.privacy.release(server_round, current, total, bits)
-        return ArrayRecord({k: Array(v) for k, v in zip(keys, new, strict=True)}), None
+            bits = [bool(metrics_of(r).get(UNCLIPPED_KEY, 0)) for r in got.replies]
+        return with_arrays(arrays, self.privacy.release(server_round, current, total, bits))
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return self.evaluation.configure_evaluate(server_round, arrays, config, grid)
+    def state(self) -> State:
+        return {"central": self.privacy.state()}, {}
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
-        return self.evaluation.aggregate_evaluate(server_round, replies)
-
-    def summary(self) -> None:
-        self.evaluation.summary()
+    def restore(self, state: State) -> None:
+        self.privacy.restore(state[0]["central"])

@@ -1,6 +1,6 @@
 """Central DP-FedAvg: the mechanism actually run, measured, against independent epsilons.
 
-The strategy runs here on real Flower Message objects (the grid is reduced to its node
+The aggregation runs here on real Flower Message objects (the grid is reduced to its node
 ids, as in test_strategies). Each test measures what the released model really does —
 its noise, how far one client can move it, how often a client is sampled — and computes
 epsilon from those measurements with a closed form, a Monte Carlo of the privacy loss
@@ -23,9 +23,10 @@ from flwr.app import (
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from privacy.dp.dpfedavg import CLIP_KEY, DPFedAvgParams, default_central_delta
-from strategies.build import build_strategy
-from strategies.central_dp import CentralDP
-from strategies.secure import quantization_slack
+from strategies.aggregation import Collected
+from strategies.build import build_runner
+from strategies.central_dp import CentralDPAggregation
+from strategies.protocols.secagg import quantization_slack
 from tasks.config import ConfigError, validate
 
 from .dp_reference import gaussian_epsilon, monte_carlo_epsilon, pld_epsilon
@@ -36,10 +37,16 @@ def _cfg(n, **kw):
     return validate({"dp": "central", "num-clients": n, **kw})
 
 
+def build_strategy(cfg, n):
+    """The run's server-side aggregation (DP-FedAvg), as the ServerApp builds it."""
+    return build_runner(cfg, NodeList(range(n)), {i: i for i in range(n)}).aggregation
+
+
 def _messages(strategy, rnd, nodes, dim, seed=0):
     random.seed(seed)  # what the round runner does before the strategy samples
-    return list(strategy.configure_train(rnd, ArrayRecord([np.zeros(dim, np.float32)]),
-                                         ConfigRecord(), NodeList(nodes)))
+    strategy.begin_round(rnd)
+    return list(strategy.configure(rnd, ArrayRecord([np.zeros(dim, np.float32)]),
+                                   ConfigRecord(strategy.client_config()), NodeList(nodes)))
 
 
 def _aggregate(strategy, rnd, msgs, updates):
@@ -48,7 +55,9 @@ def _aggregate(strategy, rnd, msgs, updates):
                                                           .astype(np.float32)]),
                                    "metrics": MetricRecord({"num-examples": 100})}),
                        reply_to=m) for m in msgs]
-    arrays, _ = strategy.aggregate_train(rnd, replies)
+    dim = len(next(iter(updates.values())))
+    arrays = strategy.combine(rnd, ArrayRecord([np.zeros(dim, np.float32)]),
+                              Collected(replies=replies, count=len(replies)))
     return arrays.to_numpy_ndarrays()[0].astype(np.float64)
 
 
@@ -96,7 +105,6 @@ def test_fixed_cohort_epsilon_covers_a_client_displacing_another():
         msgs = _messages(with_c, 1, range(6), dim, seed)
         if 5 in {x.metadata.dst_node_id for x in msgs}:
             break
-    without_c.current = with_c.current
     out_c = _aggregate(with_c, 1, msgs, updates)
     out_d = _aggregate(without_c, 1, msgs, {**updates, 5: updates[0]})  # a D client instead
     shift = np.linalg.norm(out_c - out_d)
@@ -164,7 +172,6 @@ def test_poisson_sampling_is_amplified_and_matches_pld_and_monte_carlo():
     updates = {i: _axis(dim, 5.0) for i in range(n)}
     out = _aggregate(a, 1, msgs, updates)
     extra = next(i for i in range(n) if i not in {x.metadata.dst_node_id for x in msgs})
-    b.current = a.current
     out_plus = _aggregate(b, 1, [*msgs, _message_to(extra, dim)], updates)
     mu = np.linalg.norm(out_plus - out) / (_noise_multiplier_measured(cfg, n, d) * c / d)
     assert mu == pytest.approx(1 / z, rel=0.02)
@@ -276,7 +283,7 @@ def test_central_dp_config_errors():
     with pytest.raises(ConfigError, match="Poisson round can sample fewer clients"):
         validate({"dp": "central", "client-sampling": "poisson", "secure-aggregation": True,
                   "central-clipping": "client-fixed"})
-    assert isinstance(build_strategy(_cfg(3), 3), CentralDP)
+    assert isinstance(build_strategy(_cfg(3), 3), CentralDPAggregation)
 
 
 def test_secure_rng_noise_has_the_same_scale_and_is_not_reproducible():

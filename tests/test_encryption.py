@@ -14,10 +14,9 @@ from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.encryption import ckks, keyshare
 from server.app import run_one
 from server.ledger import read_ledger
-from strategies.build import build_strategy
-from strategies.encrypted import EncryptedRounds, encoding_slack
+from strategies.build import build_runner
 from strategies.grid import FederationGrid
-from strategies.rounds import PlainRounds
+from strategies.protocols.he import encoding_slack
 from tasks import messages
 from tasks.config import validate
 from tasks.splits import model_for
@@ -122,10 +121,7 @@ def _runner(cfg):
     """The runner ``cfg`` asks for, over in-process clients that run ``cfg`` too."""
     grid = InProcessGrid(cfg, simulated=True)
     fed = FederationGrid(grid, grid.partition_of, assign=True)
-    if cfg.secagg.he:
-        return grid, EncryptedRounds(cfg, fed, fed.partition_of)
-    return grid, PlainRounds(build_strategy(cfg, len(grid.partition_of)), fed,
-                             fed.partition_of, cfg.training.seed, 60, {"local-epochs": 1})
+    return grid, build_runner(cfg, fed, fed.partition_of)
 
 
 def test_he_rounds_give_the_plain_aggregate_of_the_same_updates(_task_identity):  # noqa: F811

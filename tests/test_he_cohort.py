@@ -16,8 +16,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from privacy.encryption import cohort
-from strategies.encrypted import EncryptedRounds, _signed
+from strategies.build import build_runner
 from strategies.grid import FederationGrid
+from strategies.protocols.he import HEProtocol, _signed
 from tasks import messages
 from tasks.config import validate
 from tasks.encrypted_updates import to_record
@@ -36,7 +37,7 @@ class Attacker:
                              "run-dir": "/tmp/fedpriv-he-attack", **values})
         self.grid = InProcessGrid(self.cfg)  # real SuperNodes' semantics
         fed = FederationGrid(self.grid, self.grid.partition_of)
-        self.rounds = EncryptedRounds(self.cfg, fed, fed.partition_of)
+        self.rounds = HEProtocol(self.cfg, fed, fed.partition_of)
         self.rounds.setup()
         self.arrays = ArrayRecord(model_for(self.cfg)[0].state_dict())
         self.length = sum(a.size for a in self.arrays.to_numpy_ndarrays())
@@ -47,7 +48,8 @@ class Attacker:
         return reply
 
     def train(self, pid: int, server_round: int, decryptor: int) -> Message:
-        config = ConfigRecord({**self.rounds.fit_config(server_round),
+        config = ConfigRecord({"server-round": server_round,
+                               "local-epochs": self.cfg.training.local_epochs,
                                "he-decryptor": decryptor})
         return self.send(pid, messages.HE_FIT, RecordDict({"arrays": self.arrays,
                                                            "config": config}))
@@ -171,7 +173,7 @@ def test_the_honest_server_records_a_round_below_the_minimum_and_keeps_the_model
 
     grid = DropOne(cfg)
     fed = FederationGrid(grid, grid.partition_of)
-    rounds = EncryptedRounds(cfg, fed, fed.partition_of)
+    rounds = build_runner(cfg, fed, fed.partition_of)
     arrays = ArrayRecord(model_for(cfg)[0].state_dict())
     result = rounds.run_round(1, arrays)
     assert result.arrays is None and "fewer than he-min-cohort = 2" in result.log.refused

@@ -20,9 +20,7 @@ from server.loop import run_rounds
 from server.privacy_log import AnonymizationLog, PrivacyLog
 from server.recorder import RoundRecorder
 from server.results import RunFolder
-from strategies.build import build_strategy
-from strategies.central_dp import CentralDP
-from strategies.rounds import PlainRounds
+from strategies.build import build_runner
 from tasks.config import ConfigError, validate
 from tasks.splits import client_split
 from tasks.training import resolve_device
@@ -39,16 +37,14 @@ def observed_run(path, values, rounds=1):
     cfg = validate({"num-clients": 3, "num-server-rounds": rounds, **values})
     n = cfg.federation.num_clients
     grid = InProcessGrid(cfg)
-    strategy = build_strategy(cfg, n)
-    runner = PlainRounds(strategy, grid, grid.partition_of, cfg.training.seed, 60.0,
-                         {"local-epochs": cfg.training.local_epochs})
+    runner = build_runner(cfg, grid, grid.partition_of)
     torch.manual_seed(cfg.training.seed)  # as the ServerApp does before building the model
     task = ServerTask.load(cfg)
     run = RunFolder(path)
     run.write_config(cfg)
     run.write_json("run.json", {"num-clients": n, "status": "running"})
-    central = strategy.privacy if isinstance(strategy, CentralDP) else None
-    recorder = RoundRecorder(run, {}, PrivacyLog(cfg, central, n), AnonymizationLog("none"))
+    recorder = RoundRecorder(run, {}, PrivacyLog(cfg, runner.central, n),
+                             AnonymizationLog("none"))
     run_rounds(runner, ArrayRecord(task.model.state_dict()), rounds,
                CentralEvaluator(task.model, task.test, 512, resolve_device("cpu")), recorder,
                hooks=[task.observer(cfg, run, n)])

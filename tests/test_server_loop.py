@@ -12,9 +12,7 @@ from server.loop import run_rounds, target_accuracy_reached
 from server.privacy_log import AnonymizationLog, PrivacyLog
 from server.recorder import RoundRecorder
 from server.results import RunFolder
-from strategies.build import build_strategy
-from strategies.central_dp import CentralDP
-from strategies.rounds import PlainRounds
+from strategies.build import build_runner
 from tasks.config import validate
 from tasks.splits import heldout_split, model_for
 from tasks.training import resolve_device
@@ -38,12 +36,10 @@ def _loop(tmp_path, cfg, num_rounds, stops=None):
     """Run the loop in-process; ``stops(privacy_log, central_privacy)`` gives its stop
     conditions."""
     grid = InProcessGrid(cfg)
-    strategy = build_strategy(cfg, cfg.federation.num_clients)
-    runner = PlainRounds(strategy, grid, grid.partition_of, cfg.training.seed, 60.0,
-                         {"local-epochs": cfg.training.local_epochs})
+    runner = build_runner(cfg, grid, grid.partition_of)
     torch.manual_seed(cfg.training.seed)  # as the ServerApp does: the same start every run
     model, _ = model_for(cfg)
-    central = strategy.privacy if isinstance(strategy, CentralDP) else None
+    central = runner.central
     privacy = PrivacyLog(cfg, central, cfg.federation.num_clients)
     run = RunFolder(tmp_path)
     recorder = RoundRecorder(run, {}, privacy, AnonymizationLog("none"))

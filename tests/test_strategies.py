@@ -23,8 +23,8 @@ from flwr.serverapp.strategy import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from server.evaluation import CentralEvaluator
-from strategies.build import build_strategy, weighted_metrics
-from strategies.rounds import PlainRounds, RoundFailed
+from strategies.build import build_runner, build_strategy
+from strategies.rounds import RoundFailed
 from tasks import messages
 from tasks.config import KEYS, validate
 from tasks.registry import STRATEGIES
@@ -81,14 +81,6 @@ def test_registry_passes_strategy_parameters():
     assert build_strategy(validate({"strategy": "fedtrimmedavg", "trim-beta": 0.1}), 4).beta == 0.1
 
 
-def test_weighted_metrics_average_only_loss_and_accuracy():
-    recs = [RecordDict({"m": MetricRecord({"num-examples": 1, "train-loss": 1.0,
-                                           "partition-id": 0})}),
-            RecordDict({"m": MetricRecord({"num-examples": 3, "train-loss": 3.0,
-                                           "partition-id": 7})})]
-    assert dict(weighted_metrics(recs, "num-examples")) == {"train-loss": 2.5}
-
-
 def _reply(ins, value, n=1, error=None):
     if error is not None:
         return Message(Error(code=0, reason=error), reply_to=ins)
@@ -97,9 +89,9 @@ def _reply(ins, value, n=1, error=None):
     return Message(content, reply_to=ins)
 
 
-def _runner(cfg, grid, mapping, seed=42):
-    return PlainRounds(build_strategy(cfg, len(mapping)), grid, mapping, seed, 60.0,
-                       {"local-epochs": 1})
+def _runner(cfg, grid, mapping, seed=None):
+    cfg = cfg if seed is None else validate({**cfg.flat(), "seed": seed})
+    return build_runner(cfg, grid, mapping)
 
 
 def test_sampling_is_reproducible_across_node_id_assignments():
@@ -167,8 +159,7 @@ def test_a_round_below_min_train_clients_after_failures_stops_the_run():
     mapping = {1: 0, 2: 1, 3: 2}
     grid = NodeList(mapping, lambda m: _reply(m, 1.0) if m.metadata.dst_node_id == 1
                     else _reply(m, 0, error="ActorDiedError: the actor died"))
-    runner = PlainRounds(build_strategy(validate({}), 3), grid, mapping, 42, 60.0,
-                         {"local-epochs": 1}, min_replies=2)
+    runner = build_runner(validate({"num-clients": 3, "min-train-clients": 2}), grid, mapping)
     with pytest.raises(RoundFailed, match="only 1 of 3 sampled clients answered, fewer than "
                                           "min-train-clients = 2.*ActorDiedError"):
         runner.run_round(1, ArrayRecord([np.zeros(2)]))
@@ -194,8 +185,7 @@ def test_every_strategy_trains_the_real_clients(name):
     torch.manual_seed(cfg.training.seed)  # as the ServerApp does: the same start every run
     model, _ = model_for(cfg)
     evaluate = CentralEvaluator(model, heldout_split(cfg), 512, resolve_device("cpu"))
-    runner = PlainRounds(build_strategy(cfg, 4), grid, grid.partition_of, 42, 60.0,
-                         {"local-epochs": 1})
+    runner = build_runner(cfg, grid, grid.partition_of)
     arrays = ArrayRecord(model.state_dict())
     start = evaluate(arrays)["accuracy"]
     for rnd in (1, 2, 3):

@@ -1,4 +1,4 @@
-"""Rounds aggregated under CKKS homomorphic encryption: the server sums ciphertexts.
+"""HE rounds: the clients' updates travel under CKKS homomorphic encryption.
 
 What NVIDIA FLARE offers and Flower does not, built on :mod:`privacy.encryption`:
 
@@ -20,46 +20,34 @@ What NVIDIA FLARE offers and Flower does not, built on :mod:`privacy.encryption`
    decrypts an update itself; what remains (roster substitution, collusion with a client,
    key recovery from raw CKKS decryptions after Li & Micciancio 2021) is listed in
    docs/PRIVACY.md.
-3. The weighted average (weights: the record counts), or, under
-   central DP, the sum of the clients' clipped updates released through the same
-   DP-FedAvg mechanism as every other path, with CKKS's encoding error accounted as
-   extra sensitivity (like SecAgg+'s quantization).
-
-It is a :class:`strategies.rounds.RoundRunner`, so the loop and ledger do not care.
+3. The server gets the decrypted weighted sum and the sum of the weights (the record
+   counts; under central DP every weight is 1, so the sum of the clients' clipped
+   updates, which the aggregation releases as every other sum, with CKKS's encoding
+   error accounted as extra sensitivity, like SecAgg+'s quantization).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp.strategy import Strategy
 
-from privacy.dp.accounting import clients_per_round
-from privacy.dp.dpfedavg import CLIP_KEY
 from privacy.encryption import ckks
-from privacy.encryption.cohort import CohortRefused, SignedUpdate, check_signature
+from privacy.encryption.cohort import MIN_COHORT_FLOOR, CohortRefused, SignedUpdate, check_signature
 from tasks import messages
 from tasks.config import RunConfig
 from tasks.encrypted_updates import to_record
 
-from .central_dp import CentralPrivacy, central_params
-from .grid import FederationGrid
-from .rounds import (
-    DEAD_WORKER,
-    RoundLog,
-    RoundResult,
-    WorkerLost,
-    metrics_of,
-    short_reason,
-    split_replies,
-)
-from .secure import cohort
-from .state import RunnerState
+from ..aggregation import Aggregation, Collected
+from ..grid import FederationGrid
+from ..replies import metrics_of, split_replies
+from ..rounds import DEAD_WORKER, RoundLog, WorkerLost, short_reason
+from . import cohort, per_round
 
 
 class KeySetupFailed(RuntimeError):
@@ -72,35 +60,51 @@ def encoding_slack(num_parameters: int) -> float:
     return math.sqrt(num_parameters) * ckks.ENCODING_ERROR
 
 
-def he_central(cfg: RunConfig, num_clients: int, num_parameters: int) -> CentralPrivacy:
-    """Central DP over HE rounds: DP-FedAvg with CKKS's encoding error accounted."""
-    return CentralPrivacy(central_params(cfg, num_clients, encoding_slack(num_parameters)),
-                          cfg.privacy.central_clipping, cfg.training.seed)
-
-
-class EncryptedRounds:
+class HEProtocol:
     """One HE-aggregated round at a time, over the nodes found by client discovery."""
 
-    def __init__(self, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
-                 central: CentralPrivacy | None = None) -> None:
+    individual_updates = False
+
+    def __init__(self, cfg: RunConfig, grid: FederationGrid,
+                 partition_of: Mapping[int, int]) -> None:
         self.cfg = cfg
         self.grid = grid
         self.partition_of = dict(partition_of)
-        self.central = central
         self.timeout = cfg.federation.round_timeout
-        self.per_round = clients_per_round(len(self.partition_of), cfg.federation.fraction_train,
-                                           cfg.federation.min_train_clients)
+        self.per_round = per_round(cfg, len(self.partition_of))
         self.min_replies = min(cfg.federation.min_train_clients, len(self.partition_of))
         self.min_cohort = cfg.secagg.he_min_cohort
         self.public: bytes | None = None
         self.roster: dict[int, bytes] = {}  # partition id -> the client's signing key
 
-    def state(self) -> RunnerState:
-        return ({"central": self.central.state()} if self.central is not None else {}), {}
+    @classmethod
+    def for_run(cls, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
+                *, evaluation: Strategy | None = None, context: Context | None = None,
+                max_weight: float = 0.0) -> HEProtocol:
+        return cls(cfg, grid, partition_of)
 
-    def restore(self, state: RunnerState) -> None:
-        if self.central is not None:
-            self.central.restore(state[0]["central"])
+    @staticmethod
+    def slack(cfg: RunConfig, num_parameters: int) -> float:
+        return encoding_slack(num_parameters)
+
+    def describe(self) -> dict[str, Any]:
+        floor = max(self.min_cohort, MIN_COHORT_FLOOR)
+        return {
+            "protocol": "CKKS homomorphic encryption (TenSEAL)",
+            # what the decrypting client enforces: never a sum of fewer than `floor` clients
+            "individual-updates-visible": floor < 2, "min-cohort": floor,
+            "min-cohort-enforced-by": "the decrypting client (updates signed per round and "
+                                      "decryptor; one decryption per round)",
+            "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
+                   "holds only the public context",
+            "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
+            "scale-bits": ckks.SCALE_BITS,
+            "decryption": "the cohort's first client checks the signed updates, sums and "
+                          "decrypts them (under central DP, before the server adds the "
+                          "noise); it sees the sum"}
+
+    def evaluate(self, server_round: int, arrays: ArrayRecord, log: RoundLog) -> None:
+        return None  # the clients' own evaluation would send per-client numbers in the clear
 
     def _ask(self, node_ids: list[int], action: str, records: Mapping[int, ConfigRecord]
              ) -> dict[int, Message]:
@@ -141,27 +145,20 @@ class EncryptedRounds:
                 for n, box in zip(others, dealt["sealed"], strict=True)})
         self.public = bytes(dealt["public-context"])
 
-    def fit_config(self, server_round: int) -> dict[str, Any]:
-        config: dict[str, Any] = {"server-round": server_round,
-                                  "local-epochs": self.cfg.training.local_epochs}
-        if self.central is not None:
-            config[CLIP_KEY] = self.central.clipping_norm
-        return config
-
-    def run_round(self, server_round: int, arrays: ArrayRecord) -> RoundResult:
+    def collect(self, server_round: int, arrays: ArrayRecord, config: dict[str, Any],
+                aggregation: Aggregation, log: RoundLog) -> Collected | None:
+        """Train, check and relay the signed ciphertexts; the named client decrypts the sum."""
         if self.public is None:
             self.setup()
-        if self.central is not None:
-            self.central.last_round_released = False
-        log = RoundLog(server_round)
-        nodes = cohort(self.partition_of, self.cfg.training.seed, server_round, self.per_round)
+        nodes = cohort(aggregation, self.partition_of, self.cfg.training.seed, server_round,
+                       self.per_round)
         log.sampled = sorted(self.partition_of[n] for n in nodes)
         if len(nodes) < self.min_cohort:
             log.refused = (f"only {len(nodes)} client(s) to sample, fewer than he-min-cohort "
                            f"= {self.min_cohort}: nothing trained or decrypted")
-            return RoundResult(None, log, arrays)
+            return None
         decryptor = log.sampled[0]
-        config = ConfigRecord({**self.fit_config(server_round), "he-decryptor": decryptor})
+        config = ConfigRecord({**config, "he-decryptor": decryptor})
         out = [Message(RecordDict({"arrays": arrays, "config": config}),
                        message_type=messages.HE_FIT, dst_node_id=n) for n in nodes]
         chunks = ckks.num_chunks(sum(int(np.prod(a.shape)) for a in arrays.values()))
@@ -175,11 +172,9 @@ class EncryptedRounds:
                         "upload-bytes": sum(len(c) for c in _chunks(m))} for m in ok]
         log.check_not_all_failed(self.min_replies)
         log.refused = self._below_minimum(ok, decryptor)
-        new = None
-        if ok and log.refused is None:
-            new = self._decrypt(server_round, arrays, ok, decryptor, log)
-        log.train_done = time.perf_counter()
-        return RoundResult(new, log, arrays)
+        if not ok or log.refused is not None:
+            return None
+        return self._decrypt(server_round, arrays, ok, decryptor, log)
 
     def _unsigned(self, msg: Message, server_round: int, decryptor: int) -> str | None:
         """Why a reply's signature does not verify (the decryptor would refuse it)."""
@@ -227,10 +222,10 @@ class EncryptedRounds:
                                      "error": f"UpdateRejected: CiphertextRejected: {exc}"})
 
     def _decrypt(self, server_round: int, arrays: ArrayRecord, ok: list[Message],
-                 decryptor: int, log: RoundLog) -> ArrayRecord | None:
+                 decryptor: int, log: RoundLog) -> Collected | None:
         """Relay the signed updates to the round's decryptor, which checks and sums them and
-        decrypts the sum; check its count slot; turn it into the next global model. A
-        refusal by the decryptor (e.g. its host demands a larger cohort) is recorded."""
+        decrypts the sum; check its count slot. A refusal by the decryptor (e.g. its host
+        demands a larger cohort) is recorded."""
         glob = arrays.to_numpy_ndarrays()
         length = sum(a.size for a in glob)
         holder = next(m.metadata.src_node_id for m in ok if self._pid(m) == decryptor)
@@ -245,14 +240,8 @@ class EncryptedRounds:
         record = reply.content.array_records["arrays"]
         values = record["sum"].numpy()
         ckks.check_count(record["counts"].numpy(), len(ok))
-        weight, summed = float(values[length]), values[:length]
-        if self.central is not None:  # equal weights: the sum of the clipped updates
-            result = self.central.release(server_round, glob, _unflatten(summed, glob))
-        else:
-            result = [(g + u).astype(g.dtype) for g, u in
-                      zip(glob, _unflatten(summed / weight, glob), strict=True)]
-        return ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(arrays.keys(), result,
-                                                                     strict=True)})
+        return Collected(total=_unflatten(values[:length], glob), weight=float(values[length]),
+                         count=len(ok))
 
 
 def _chunks(msg: Message) -> list[bytes]:
