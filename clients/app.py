@@ -10,6 +10,8 @@ handler only, and the disclosure mod to every reply.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
 import numpy as np
@@ -137,6 +139,16 @@ def assignment_mod(msg: Message, context: Context, call_next: ClientAppCallable)
 app = ClientApp(mods=[assignment_mod, state_mod, disclosure_mod])
 
 
+def handles(message_type: str, **options: Any) -> Callable[[ClientAppCallable],
+                                                         ClientAppCallable]:
+    """Register a handler for ``message_type`` ('<category>' or '<category>.<action>', the
+    constants of :mod:`tasks.messages` the ServerApp sends), as Flower's ``@app.<category>
+    ("<action>")`` does, so both sides route by the same names."""
+    category, _, action = message_type.partition(".")
+    register = getattr(app, category)
+    return register(action, **options) if action else register(**options)
+
+
 def _reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None) -> Message:
     content = RecordDict({"metrics": MetricRecord(metrics)})
     if arrays is not None:
@@ -144,7 +156,7 @@ def _reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None) -> Me
     return Message(content, reply_to=msg)
 
 
-@app.query()
+@handles(messages.DESCRIBE)
 def describe(msg: Message, context: Context) -> Message:
     """Report which partition this node holds, whether it is the host's own data and
     whether the node keeps its state for a resume, its size and label histogram."""
@@ -158,7 +170,7 @@ def describe(msg: Message, context: Context) -> Message:
                         "label-counts": client.data.label_counts()})
 
 
-@app.query("state")
+@handles(messages.STATE_CHECK)
 def state_check(msg: Message, context: Context) -> Message:
     """On a resume: whether this client found its saved state for the run, and how many
     DP-SGD steps its ledger holds (the server refuses a resume that would reset them)."""
@@ -169,7 +181,7 @@ def state_check(msg: Message, context: Context) -> Message:
                         "dp-steps": ledger.steps if ledger is not None else 0})
 
 
-@app.train("fit")
+@handles(messages.FIT)
 def fit(msg: Message, context: Context) -> Message:
     """A plain training round: the global model in, the client's new model out."""
     client = Client.of(context)
@@ -178,7 +190,7 @@ def fit(msg: Message, context: Context) -> Message:
     return _reply(msg, metrics, None if new_state is None else ArrayRecord(new_state))
 
 
-@app.train(mods=[secaggplus_mod])
+@handles(messages.SECURE_FIT, mods=[secaggplus_mod])
 def secure_fit(msg: Message, context: Context) -> Message:
     """A SecAgg+ round (Flower's workflow sends plain "train" in the legacy FitIns layout).
 
@@ -201,7 +213,7 @@ def secure_fit(msg: Message, context: Context) -> Message:
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 
 
-@app.train("cvae")
+@handles(messages.CVAE_FIT)
 def cvae_fit(msg: Message, context: Context) -> Message:
     """Phase 1 of the federated CVAE: train it locally, send back only the decoder."""
     client = Client.of(context)
@@ -210,7 +222,7 @@ def cvae_fit(msg: Message, context: Context) -> Message:
     return _reply(msg, {"partition-id": client.partition_id, **metrics}, decoder)
 
 
-@app.query("cvae_release")
+@handles(messages.CVAE_RELEASE)
 def cvae_release(msg: Message, context: Context) -> Message:
     """End of phase 1: keep the final shared decoder, sample this client's release, score it."""
     client = Client.of(context)
@@ -219,7 +231,7 @@ def cvae_release(msg: Message, context: Context) -> Message:
     return _reply(msg, {"partition-id": client.partition_id, **released.metrics()})
 
 
-@app.query("he_hello")
+@handles(messages.HE_HELLO)
 def he_hello(msg: Message, context: Context) -> Message:
     """HE key setup, step 1: this client's public key for the exchange."""
     client = Client.of(context)
@@ -236,7 +248,7 @@ def _roster(asked: ConfigRecord) -> dict[int, bytes]:
                                              strict=True)}
 
 
-@app.query("he_deal")
+@handles(messages.HE_DEAL)
 def he_deal(msg: Message, context: Context) -> Message:
     """HE key setup, step 2 (the dealer): the public context, and the secret sealed for each."""
     client = Client.of(context)
@@ -250,7 +262,7 @@ def he_deal(msg: Message, context: Context) -> Message:
     return reply
 
 
-@app.query("he_install")
+@handles(messages.HE_INSTALL)
 def he_install(msg: Message, context: Context) -> Message:
     """HE key setup, step 3: open the key the dealer sealed for this client."""
     client = Client.of(context)
@@ -259,7 +271,7 @@ def he_install(msg: Message, context: Context) -> Message:
     return _reply(msg, {"partition-id": client.partition_id})
 
 
-@app.train("he")
+@handles(messages.HE_FIT)
 def he_fit(msg: Message, context: Context) -> Message:
     """A round under HE: train, send the update encrypted and signed for this round and its
     decryptor (with the metrics the policy allows)."""
@@ -274,7 +286,7 @@ def he_fit(msg: Message, context: Context) -> Message:
     return reply
 
 
-@app.query("he_decrypt")
+@handles(messages.HE_DECRYPT)
 def he_decrypt(msg: Message, context: Context) -> Message:
     """As the round's decryptor: check the signed updates the server relayed (at least the
     minimum cohort of distinct clients), sum them here and decrypt the sum, once a round."""
@@ -286,7 +298,7 @@ def he_decrypt(msg: Message, context: Context) -> Message:
                   ArrayRecord({"sum": Array(values), "counts": Array(counts)}))
 
 
-@app.evaluate()
+@handles(messages.EVALUATE)
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's own data (a personalization view)."""
     client = Client.of(context)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+
+from tasks import messages
 
 from .console import say
 
@@ -50,10 +52,10 @@ class DiscoveryError(RuntimeError):
 
 
 def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
-    messages = [Message(RecordDict({"config": ConfigRecord({})}),
-                        message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+    asked = [Message(RecordDict({"config": ConfigRecord({})}),
+                     message_type=messages.DESCRIBE, dst_node_id=n) for n in node_ids]
     infos, errors = [], []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in grid.send_and_receive(asked, timeout=timeout):
         if reply.has_error():
             errors.append(reply.error.reason)
             continue

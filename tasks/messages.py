@@ -1,10 +1,13 @@
 """The message types the ServerApp sends and the ClientApp routes by (Flower's named actions).
 
-Flower routes ``"<category>.<action>"`` to ``@app.<category>("<action>")``. Flower's own
-SecAgg+ workflow sends plain ``"train"``, so that default action is the secure round's.
+Flower routes ``"<category>.<action>"`` to ``@app.<category>("<action>")``; the ClientApp
+registers each handler from these constants (:func:`clients.app.handles`), so the two
+sides cannot drift apart. Flower's own SecAgg+ workflow sends plain ``"train"``, so that
+default action is the secure round's; ``"query"`` and ``"evaluate"`` are Flower's
+``MessageType`` values.
 """
 
-FIT = "train.fit"  # a plain training round (strategies.Observed types its messages so)
+FIT = "train.fit"  # a plain training round (strategies.protocols.plain types its messages so)
 SECURE_FIT = "train"  # a SecAgg+ round (Flower's SecAggPlusWorkflow)
 CVAE_FIT = "train.cvae"  # phase 1 of the federated CVAE: train it, send back the decoder
 DESCRIBE = "query"  # which partition a node holds (client discovery)
