@@ -17,7 +17,6 @@ from flwr.app import Context
 
 from privacy.anonymize import public_transform
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
-from privacy.dp.dpfedavg import CLIP_KEY, UNCLIPPED_KEY, clip
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
@@ -26,6 +25,7 @@ from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
 from .local_dp import dp_round, release_digest
+from .postprocess import update_steps
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,8 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     Returns the new state dict (None when the client declines: its DP budget is spent)
     and the metrics to report (the disclosure mod decides which of them leave the
     client). With ``dp = "local"`` training is DP-SGD and the metrics carry the client's
-    cumulative epsilon; with central DP and client-side clipping the update is clipped
-    to the norm the server sent.
+    cumulative epsilon; then the run's update steps apply (:mod:`clients.postprocess`:
+    pruning, clipping to the norm the server sent).
     """
     cfg, t = client.cfg, client.cfg.training
     server_round = int(round_config["server-round"])
@@ -205,32 +205,9 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
                     "train-steps": result.steps,
                     "train-time-s": time.perf_counter() - start})
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if cfg.leakage.prune_update:
-        new_state = prune(state, new_state, cfg.leakage.prune_update)
-    if cfg.privacy.dp == "central" and CLIP_KEY in round_config:  # client-side clipping
-        norm = float(round_config[CLIP_KEY])
-        names = list(new_state)
-        old = [state[k].cpu().numpy() for k in names]
-        update, before = clip([new_state[k].numpy() - o for k, o in zip(names, old,
-                                                                       strict=True)], norm)
-        metrics.update({"update-norm": before, UNCLIPPED_KEY: int(before <= norm)})
-        new_state = {k: torch.from_numpy((o + u).astype(o.dtype))
-                     for k, o, u in zip(names, old, update, strict=True)}
+    for step in update_steps(cfg, round_config):  # pruning, client-side clipping
+        new_state = step.apply(state, new_state, metrics)
     return new_state, metrics
-
-
-def prune(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], fraction: float
-          ) -> dict[str, torch.Tensor]:
-    """Zero the ``fraction`` of the update's entries smallest in magnitude, over the whole
-    model (the gradient-pruning defence of Zhu et al. 2019); returns the new weights."""
-    update = {k: new[k] - old[k].to(new[k].dtype) for k in new}
-    flat = torch.cat([u.abs().reshape(-1) for u in update.values()])
-    k = int(fraction * len(flat))
-    if k == 0:
-        return dict(new)
-    threshold = flat.kthvalue(k).values
-    return {key: old[key].to(u.dtype) + torch.where(u.abs() > threshold, u, torch.zeros_like(u))
-            for key, u in update.items()}
 
 
 def as_update(new_state: Mapping[str, torch.Tensor] | None, old: list[np.ndarray]

@@ -13,7 +13,8 @@ from flwr.app import Context, RecordDict
 from scipy.optimize import brentq
 from scipy.stats import binom
 
-from clients.update import Client, audit_canaries, local_update, prune, training_data
+from clients.postprocess import Prune
+from clients.update import Client, audit_canaries, local_update, training_data
 from privacy.analysis.leakage_metrics import (
     label_accuracy,
     membership_scores,
@@ -253,7 +254,7 @@ def test_pruning_keeps_only_the_largest_entries_of_the_update():
     old = {"w": torch.zeros(10), "b": torch.zeros(2)}
     new = {"w": torch.arange(1.0, 11.0) * torch.tensor([1.0, -1.0] * 5),
            "b": torch.tensor([20.0, -0.5])}
-    pruned = prune(old, new, 0.5)
+    pruned = Prune(0.5).apply(old, new, {})
     kept = torch.cat([pruned["w"], pruned["b"]])
     assert int((kept != 0).sum()) == 6 and float(pruned["b"][0]) == 20.0
     assert kept.abs().min() == 0 and sorted(kept.abs().tolist())[6:] == [6, 7, 8, 9, 10, 20]
