@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from strategies.rounds import WorkerLost
 from tasks.config import RunConfig, validate
+from tasks.results.info import RunInfo
 
 from .console import say
 from .federation import run_federation
@@ -43,7 +44,7 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_one(grid: Grid, context: Context, cfg: RunConfig,
-            cell: dict[str, Any] | None = None) -> dict[str, Any]:
+            cell: dict[str, Any] | None = None) -> RunInfo:
     """One run into its own results folder; a failure is recorded in run.json and raised."""
     run = RunFolder.open(cfg.results, default_run_name(cfg))
     if not cfg.results.resume:  # a resumed run keeps the config it started with
@@ -55,8 +56,8 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
         say(f"error: {exc}")
         raise
     except BaseException as exc:
-        info = {**read_run_info(run.path), "status": "failed", "finished": now(),
-                "error": f"{type(exc).__name__}: {exc}"}
+        info = RunInfo.from_json({**read_run_info(run.path), "status": "failed",
+                                  "finished": now(), "error": f"{type(exc).__name__}: {exc}"})
         say(f"error: {type(exc).__name__}: {exc}")
         try:
             run.write_info(info)
@@ -65,9 +66,9 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
         except OSError as also:  # e.g. the disk is still full: the terminal has the cause
             say(f"error: run.json could not record it either: {also}")
         raise
-    final = info.get("final", {})
+    final = info.final or {}
     say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
-        f"{info.get('rounds-completed', 0)} rounds in {info['wall-s']:.1f} s · {run.path}")
+        f"{info.rounds_completed or 0} rounds in {info.wall_s or 0.0:.1f} s · {run.path}")
     return info
 
 
@@ -94,9 +95,9 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
             for rest in cells[n:]:
                 folder = Path(rest["config"]["run-dir"])
                 folder.mkdir(parents=True, exist_ok=True)
-                RunFolder(folder).write_info({
-                    "status": "failed", "finished": now(),
-                    "error": f"not run: in cell {cell['index']}, {exc}. Run this cell again."})
+                RunFolder(folder).write_info(RunInfo(
+                    status="failed", finished=now(),
+                    error=f"not run: in cell {cell['index']}, {exc}. Run this cell again."))
             raise
         except Exception:  # recorded in the cell's run.json; the sweep goes on
             continue

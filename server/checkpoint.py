@@ -27,6 +27,7 @@ from strategies.rounds import RoundResult
 from strategies.runner import RoundRunner
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.files import write_atomic
+from tasks.results.info import RunInfo
 
 from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
@@ -90,7 +91,7 @@ class CheckpointHook:
     """Writes the checkpoint after each recorded round (:class:`server.loop.RoundHook`)."""
 
     def __init__(self, run_dir: Path, runner: RoundRunner, privacy: PrivacyLog,
-                 anonymization: AnonymizationLog, info: dict[str, Any],
+                 anonymization: AnonymizationLog, info: RunInfo,
                  config: dict[str, Any]) -> None:
         self.run_dir = run_dir
         self.runner = runner
@@ -102,7 +103,8 @@ class CheckpointHook:
     def after_round(self, record: RoundRecord, arrays: ArrayRecord,
                     result: RoundResult) -> None:
         Checkpoint(record.round, arrays, self.runner.state(), self.privacy.state(),
-                   self.anonymization.state(), dict(self.info), self.config).save(self.run_dir)
+                   self.anonymization.state(), self.info.to_json(), self.config
+                   ).save(self.run_dir)
 
     def finish(self) -> None:
         return None

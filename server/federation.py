@@ -1,8 +1,8 @@
-"""Everything between a validated config and a finished results folder, in steps.
+"""Everything between a validated config and a finished results folder: build, loop, finish.
 
-:func:`run_federation` assembles the server's task (test data, model, evaluator), finds
-the clients, picks the round runner (plain or SecAgg+), and hands them to the round
-loop (:mod:`server.loop`) with the recorder, the plot hook and the stop conditions.
+:func:`run_federation` reads as Flower's own ``main``: assemble the run (:func:`assemble`:
+the server's task, the clients, the round runner, the recorder and the hooks), run the
+round loop (:mod:`server.loop`) with its stop conditions, and record the outcome.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid
 
-from privacy.anonymize import public_transform
 from privacy.dp.disclosure import Disclosure, policy
 from strategies.build import build_runner as runner_for
 from strategies.grid import FederationGrid
@@ -27,18 +26,8 @@ from strategies.protocols.he import encoding_slack
 from strategies.protocols.secagg import max_weight
 from strategies.runner import RoundRunner
 from tasks.config import RunConfig
-from tasks.datasets import DatasetBundle
-from tasks.embeddings import backbone_info, backbone_spec
-from tasks.models import count_parameters
-from tasks.splits import (
-    Split,
-    dataset_for,
-    feature_shape,
-    heldout_split,
-    model_for,
-    validation_split,
-)
-from tasks.training import resolve_device
+from tasks.results.info import RunInfo
+from tasks.splits import feature_shape
 
 from .checkpoint import CLIENTS as CLIENT_STATES
 from .checkpoint import FOLDER as CHECKPOINT
@@ -53,110 +42,39 @@ from .checkpoint import (
 from .client_state import check_client_state
 from .console import say
 from .cvae_phase import run_cvae_phase
-from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
+from .discovery import ClientInfo, simulated
 from .evaluation import CentralEvaluator, ModelSelection
 from .ledger import outcome, read_ledger
-from .loop import RoundHook, run_rounds, target_accuracy_reached
-from .observe import ObservationHook
-from .plots import PlotHook, plot_label_distribution
+from .loop import LoopOutcome, RoundHook, StopAfter, StopBefore, run_rounds, target_accuracy_reached
+from .plots import PlotHook
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
 from .results import RunFolder, now, read_run_info
 from .summary import write_summary
+from .task import ServerTask, discover
 
 VERSIONS = ("flwr", "torch", "ray", "opacus", "numpy")
 
 
 @dataclass
-class ServerTask:
-    """What the server holds of the task: the data's description, its test split, the model."""
+class Federation:
+    """Everything a run's rounds need, assembled from its config."""
 
-    data: DatasetBundle
-    test: Split
-    model: torch.nn.Module
-    model_name: str
-    validation: Split | None = None  # for model selection (validation-fraction)
-
-    @classmethod
-    def load(cls, cfg: RunConfig) -> ServerTask:
-        test = heldout_split(cfg)
-        a = cfg.anonymization
-        transform = public_transform(a.anonymizer, a.params(), int(test.x.shape[1])) \
-            if cfg.embeddings.enabled else None
-        if transform is not None:  # e.g. hashing: the head reads hashed embeddings
-            test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
-        model, name = model_for(cfg)
-        test, validation = validation_split(cfg, test)
-        return cls(dataset_for(cfg), test, model, name, validation)
-
-    def observer(self, cfg: RunConfig, run: RunFolder, num_clients: int) -> ObservationHook:
-        images = not cfg.embeddings.enabled and self.data.kind == "image"
-        return ObservationHook(cfg, run.path, num_clients, feature_shape(cfg),
-                               self.data.num_classes, self.data.mean if images else (0.0,),
-                               self.data.std if images else (1.0,),
-                               "image" if images else "vector")
-
-    def evaluator(self, cfg: RunConfig) -> CentralEvaluator:
-        return CentralEvaluator(self.model, self.test, cfg.training.eval_batch_size,
-                                resolve_device(cfg.resources.device), self.validation)
-
-
-def build_runner(cfg: RunConfig, grid: Grid, context: Context, clients: list[ClientInfo],
-                 task: ServerTask, disclosure: Disclosure, info: dict[str, Any]) -> RoundRunner:
-    """The run's round runner (:func:`strategies.build.build_runner`); run.json records how
-    it aggregates."""
-    sizes = [c.num_examples for c in clients if c.num_examples is not None]
-    params = count_parameters(task.model)
-    runner = runner_for(cfg, grid, {c.node_id: c.partition_id for c in clients},
-                        num_parameters=params, context=context,
-                        max_weight=max_weight(cfg, sizes, len(clients), len(task.data.y_train)))
-    info["aggregation"] = {**runner.describe(), **disclosure.describe()}
-    if cfg.secagg.he:
-        info["aggregation"]["encoding-slack"] = encoding_slack(params)
-    return runner
-
-
-def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title: str
-             ) -> list[ClientInfo]:
-    """The run's clients (assigned in simulation, asked on SuperNodes); write
-    partitions.json and, when the clients disclosed them, the label plot."""
-    fed = cfg.federation
-    if simulated(grid):
-        clients = assign_partitions(grid, fed.num_clients, fed.round_timeout)
-    else:
-        clients = discover_clients(grid, fed.round_timeout)
-        if len(clients) != fed.num_clients:
-            say(f"note: the federation has {len(clients)} clients (num-partitions of its "
-                f"nodes) but num-clients = {fed.num_clients}; using {len(clients)}.")
-    partitions = [c.as_json() for c in clients]
-    run.write_json("partitions.json", {"partitioner": cfg.data.partitioner,
-                                       "num-classes": task.data.num_classes,
-                                       "clients": partitions})
-    if all(c.label_counts is not None for c in clients):
-        plot_label_distribution(run.path / "plots" / "label_distribution.png", partitions,
-                                f"label distribution — {title}")
-    return clients
-
-
-def _describe(cfg: RunConfig, task: ServerTask, info: dict[str, Any]) -> None:
-    info.update({"dataset": task.data.summary(), "dataset-source": task.data.source,
-                 "model": task.model_name, "parameters": count_parameters(task.model)})
-    if cfg.embeddings.enabled:
-        info["backbone"] = backbone_info(backbone_spec(cfg.embeddings, cfg.data))
-        b = info["backbone"]
-        say(f"features: {b.get('embedding-dim')}-d embeddings from a frozen "
-            f"{b.get('backbone')} trained on {b.get('trained-on')}")
-    say(f"data: {task.data.summary()}")
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    task: ServerTask
+    runner: RoundRunner
+    privacy: PrivacyLog
+    evaluator: CentralEvaluator
+    recorder: RoundRecorder
+    hooks: list[RoundHook]
+    selection: ModelSelection | None
+    initial: ArrayRecord  # the model round ``start`` starts from
+    start: int  # the first round to run (> 1 on a resume)
+    stop_before: list[StopBefore]
+    stop_after: list[StopAfter]
 
 
 def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
-                   cell: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   cell: Mapping[str, Any] | None = None) -> RunInfo:
     """Run the rounds; write the ledger, plots, model, run.json and summary.
 
     ``cell``: in a sweep run inside one simulation, the cell's index and the keys in
@@ -165,22 +83,81 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     """
     t0 = time.perf_counter()
     checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
-    info: dict[str, Any] = {"status": "running", "started": now(), "run-dir": str(run.path),
-                            "run-id": cfg.results.run_id,
-                            "versions": {name: version(name) for name in VERSIONS}}
-    if checkpoint is not None:  # what run.json said then, and how often it was resumed
-        info = {**checkpoint.info, "status": "running", "run-dir": str(run.path),
-                "resumed": read_run_info(run.path).get("resumed", [])}
+    info = start_info(cfg, run, checkpoint)
+    fed = assemble(grid, context, cfg, run, info, checkpoint, cell)
+    info.setup_s = time.perf_counter() - t0
+    result = run_rounds(fed.runner, fed.initial, cfg.federation.num_server_rounds,
+                        fed.evaluator, fed.recorder, hooks=fed.hooks,
+                        stop_before=fed.stop_before, stop_after=fed.stop_after,
+                        start=fed.start)
+    return finish(cfg, run, info, fed, result, t0)
+
+
+def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None) -> RunInfo:
+    """run.json as the run starts: new, or (a resume) what it said at the checkpoint, with
+    every earlier resume; a resume also rewinds the ledger to the checkpoint."""
+    if checkpoint is None:
+        info = RunInfo(started=now(), run_dir=str(run.path), run_id=cfg.results.run_id,
+                       versions={name: version(name) for name in VERSIONS})
+    else:
+        info = RunInfo.from_json(checkpoint.info)
+        info.status, info.run_dir = "running", str(run.path)
+        info.resumed = read_run_info(run.path).get("resumed", [])
         rewind_ledger(run.path, checkpoint.round)
         say(f"resuming after round {checkpoint.round} of "
             f"{cfg.federation.num_server_rounds} from {run.path / 'checkpoint'}")
     run.write_info(info)
+    return info
+
+
+def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info: RunInfo,
+             checkpoint: Checkpoint | None, cell: Mapping[str, Any] | None) -> Federation:
+    """The server's task, the clients, the round runner (restored on a resume), the
+    recorder, the hooks and the stop conditions."""
     _seed_everything(cfg.training.seed)
     task = ServerTask.load(cfg)
-    _describe(cfg, task, info)
-    title = (f"{cfg.data.dataset} · {task.model_name} · {cfg.federation.strategy} · "
-             f"{cfg.federation.num_clients} clients ({cfg.data.partitioner})")
-    clients = discover(grid, cfg, task, run, title)
+    task.describe(cfg, info)
+    clients = discover(grid, cfg, task, run, task.title(cfg))
+    grid = federation_grid(grid, cfg, run, clients, info, checkpoint, cell)
+    _say_federation(cfg, task, clients, grid, info)
+    anonymization = AnonymizationLog(cfg.anonymization.anonymizer)
+    if cfg.anonymization.anonymizer == "cvae-federated" and checkpoint is None:
+        info.cvae_phase = run_cvae_phase(grid, cfg, grid.partition_of,
+                                         int(task.test.x.shape[1]), task.data.num_classes, run)
+        anonymization.add(info.cvae_phase["clients"])  # each scored the release it sampled
+    runner = build_runner(cfg, grid, context, clients, task, disclosure_of(cfg), info)
+    privacy = PrivacyLog(cfg, runner.central, len(clients))
+    initial = ArrayRecord(task.model.state_dict())
+    if checkpoint is not None:
+        runner.restore(checkpoint.runner)
+        privacy.restore(checkpoint.privacy)
+        anonymization.restore(checkpoint.anonymization)
+        initial = checkpoint.model
+    selection = ModelSelection(run.path, read_ledger(run.path)) \
+        if task.validation is not None else None
+    hooks: list[RoundHook] = [PlotHook(run.path, info, task.title(cfg))]
+    if cfg.leakage.enabled:
+        hooks.append(task.observer(cfg, run, len(clients)))
+    if selection is not None:
+        hooks.append(selection)
+    if cfg.results.checkpoint:
+        hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info,
+                                    resume_config(cfg)))
+    central = runner.central
+    return Federation(
+        task, runner, privacy, task.evaluator(cfg),
+        RoundRecorder(run, info, privacy, anonymization), hooks, selection, initial,
+        checkpoint.round + 1 if checkpoint is not None else 1,
+        [central.stop_reason] if central is not None else [],
+        [lambda r: privacy.stop_reason(r.round),
+         target_accuracy_reached(cfg.federation.target_accuracy)])
+
+
+def federation_grid(grid: Grid, cfg: RunConfig, run: RunFolder, clients: list[ClientInfo],
+                    info: RunInfo, checkpoint: Checkpoint | None,
+                    cell: Mapping[str, Any] | None) -> FederationGrid:
+    """The run's view of the grid; where each client keeps its state for a resume, and on a
+    resume, that every client still has it (else its epsilon would restart from zero)."""
     state_dir = (str(run.path / CHECKPOINT / CLIENT_STATES)
                  if cfg.results.checkpoint and simulated(grid) else "")
     stateless = [] if state_dir else [c.partition_id for c in clients if not c.keeps_state]
@@ -189,71 +166,87 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
             f"the SuperNodes of client(s) {', '.join(map(str, stateless))} keep no state "
             "(they were started without a state-dir), so resuming would reset their epsilon "
             "or CVAE; start every SuperNode with --state-dir to resume this run")
-    info["client-state"] = state_dir or (None if stateless else "on each SuperNode (state-dir)")
-    grid = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
+    info.client_state = state_dir or (None if stateless else "on each SuperNode (state-dir)")
+    info.num_clients = len(clients)
+    fed = cfg.federation
+    view = FederationGrid(grid, {c.node_id: c.partition_id for c in clients},
                           assign=simulated(grid), cell=cell, state_dir=state_dir,
-                          poll_interval=cfg.federation.reply_poll_interval,
-                          min_nodes=min(cfg.federation.min_train_clients, len(clients)),
-                          wait_limit=cfg.federation.round_timeout)
+                          poll_interval=fed.reply_poll_interval,
+                          min_nodes=min(fed.min_train_clients, len(clients)),
+                          wait_limit=fed.round_timeout)
     if checkpoint is not None and needs_client_state(cfg):
-        check_client_state(grid, grid.partition_of, cfg,
-                           {int(p): int(n) for p, n in
-                            checkpoint.privacy.get("steps", {}).items()},
+        steps = {int(p): int(n) for p, n in checkpoint.privacy.get("steps", {}).items()}
+        check_client_state(view, view.partition_of, cfg, steps,
                            state_dir or "on each SuperNode, under its state-dir")
-    info["num-clients"] = len(clients)
+    return view
+
+
+def _say_federation(cfg: RunConfig, task: ServerTask, clients: list[ClientInfo],
+                    grid: FederationGrid, info: RunInfo) -> None:
     sizes = [c.num_examples for c in clients if c.num_examples is not None]
-    say(f"model: {task.model_name} ({info['parameters']:,} parameters) · strategy "
+    say(f"model: {task.model_name} ({info.parameters:,} parameters) · strategy "
         f"{cfg.federation.strategy} · {len(clients)} clients ({cfg.data.partitioner}, "
         + (f"sizes {min(sizes)}–{max(sizes)}" if len(sizes) == len(clients)
            else "partitions assigned by the server" if grid.assign
            else "sizes not disclosed") + f") · {cfg.federation.num_server_rounds} rounds")
+
+
+def disclosure_of(cfg: RunConfig) -> Disclosure:
+    """What clients may send in the clear (:mod:`privacy.dp.disclosure`), said once."""
     disclosure = policy(cfg.privacy.dp, cfg.secagg.enabled, cfg.privacy.report_client_metrics)
     if disclosure.restricted:
         say(f"clients send in the clear only: {', '.join(sorted(disclosure.allowed or ()))} "
             f"({disclosure.reason})")
-    anonymization = AnonymizationLog(cfg.anonymization.anonymizer)
-    if cfg.anonymization.anonymizer == "cvae-federated" and checkpoint is None:
-        info["cvae-phase"] = run_cvae_phase(grid, cfg, {c.node_id: c.partition_id
-                                                        for c in clients},
-                                            int(task.test.x.shape[1]), task.data.num_classes,
-                                            run)
-        anonymization.add(info["cvae-phase"]["clients"])  # each scored the release it sampled
-    runner = build_runner(cfg, grid, context, clients, task, disclosure, info)
-    central = runner.central
-    privacy = PrivacyLog(cfg, central, len(clients))
-    initial = ArrayRecord(task.model.state_dict())
-    if checkpoint is not None:
-        runner.restore(checkpoint.runner)
-        privacy.restore(checkpoint.privacy)
-        anonymization.restore(checkpoint.anonymization)
-        initial = checkpoint.model
-    recorder = RoundRecorder(run, info, privacy, anonymization)
-    info["setup-s"] = time.perf_counter() - t0
-    evaluator = task.evaluator(cfg)
-    hooks: list[RoundHook] = [PlotHook(run.path, info, title)]
-    if cfg.leakage.enabled:
-        hooks.append(task.observer(cfg, run, len(clients)))
-    selection = ModelSelection(run.path, read_ledger(run.path)) \
-        if task.validation is not None else None
-    if selection is not None:
-        hooks.append(selection)
-    if cfg.results.checkpoint:
-        hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info,
-                                    resume_config(cfg)))
-    result = run_rounds(
-        runner, initial, cfg.federation.num_server_rounds, evaluator, recorder, hooks=hooks,
-        stop_before=[central.stop_reason] if central is not None else [],
-        stop_after=[lambda r: privacy.stop_reason(r.round),
-                    target_accuracy_reached(cfg.federation.target_accuracy)],
-        start=checkpoint.round + 1 if checkpoint is not None else 1)
+    return disclosure
+
+
+def build_runner(cfg: RunConfig, grid: FederationGrid, context: Context,
+                 clients: list[ClientInfo], task: ServerTask, disclosure: Disclosure,
+                 info: RunInfo) -> RoundRunner:
+    """The run's round runner (:func:`strategies.build.build_runner`); run.json records how
+    it aggregates."""
+    sizes = [c.num_examples for c in clients if c.num_examples is not None]
+    params = info.parameters or 0
+    runner = runner_for(cfg, grid, grid.partition_of, num_parameters=params, context=context,
+                        max_weight=max_weight(cfg, sizes, len(clients), len(task.data.y_train)))
+    info.aggregation = {**runner.describe(), **disclosure.describe()}
+    if cfg.secagg.he:
+        info.aggregation["encoding-slack"] = encoding_slack(params)
+    return runner
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def finish(cfg: RunConfig, run: RunFolder, info: RunInfo, fed: Federation,
+           result: LoopOutcome, t0: float) -> RunInfo:
+    """Record the outcome: which model is reported, the saved model, run.json, summary.md."""
     if result.stopped_early:
-        info["stopped-early"] = result.stopped_early
+        info.stopped_early = result.stopped_early
         say(f"stopping early: {result.stopped_early}")
-    _report_model(cfg, info, evaluator, selection, result.arrays)
-    return _finish(cfg, run, info, task, evaluator, privacy, t0)
+    _report_model(cfg, info, fed.evaluator, fed.selection, result.arrays)
+    info.privacy = fed.privacy.summary()
+    if cfg.results.save_model:  # the evaluator holds the final model
+        task = fed.task
+        torch.save({"model": task.model_name, "input-shape": list(feature_shape(cfg)),
+                    "num-classes": task.data.num_classes, "mlp-hidden": cfg.training.mlp_hidden,
+                    "state-dict": fed.evaluator.model.state_dict()}, run.file("model.pt"))
+    records = read_ledger(run.path)
+    target = cfg.federation.target_accuracy
+    if target:
+        info.target_reached_round = next((r.round for r in records if r.accuracy >= target),
+                                         None)
+    info.status, info.finished, info.wall_s = "finished", now(), time.perf_counter() - t0
+    info.update(outcome(records))
+    run.write_info(info)
+    write_summary(run, cfg, info, records)
+    return info
 
 
-def _report_model(cfg: RunConfig, info: dict[str, Any], evaluator: CentralEvaluator,
+def _report_model(cfg: RunConfig, info: RunInfo, evaluator: CentralEvaluator,
                   selection: ModelSelection | None, final: ArrayRecord) -> None:
     """Which model the run reports (the lowest validation loss, or the final one) and, with
     test-noise, how it scores on noisy test inputs; the evaluator is left on the final model
@@ -261,35 +254,16 @@ def _report_model(cfg: RunConfig, info: dict[str, Any], evaluator: CentralEvalua
     reported = final
     if selection is not None and selection.record is not None:
         reported = selection.arrays or final
-        info["model-selection"] = {
+        info.model_selection = {
             "round": selection.record.round, "rule": "lowest validation loss",
             "validation-fraction": cfg.training.validation_fraction,
             "test": {k: v for k, v in selection.record.test.items()
                      if not k.startswith("validation-")}}
     if cfg.training.noise_sigmas:
-        info["robustness"] = evaluator.robustness(reported, cfg.training.noise_sigmas,
+        info.robustness = evaluator.robustness(reported, cfg.training.noise_sigmas,
                                                   cfg.training.seed)
         say("robustness (test inputs + Gaussian noise): " + ", ".join(
             f"sigma {r['sigma']:g}: acc {r['accuracy']:.3f}"
             + (f", AUROC {r['auroc']:.3f}" if r.get("auroc") is not None else "")
-            for r in info["robustness"]))
+            for r in info.robustness))
     evaluator.model.load_state_dict(final.to_torch_state_dict())
-
-
-def _finish(cfg: RunConfig, run: RunFolder, info: dict[str, Any], task: ServerTask,
-            evaluator: CentralEvaluator, privacy: PrivacyLog, t0: float) -> dict[str, Any]:
-    info["privacy"] = privacy.summary()
-    if cfg.results.save_model:  # the evaluator loaded every new model: it holds the final one
-        torch.save({"model": task.model_name, "input-shape": list(feature_shape(cfg)),
-                    "num-classes": task.data.num_classes, "mlp-hidden": cfg.training.mlp_hidden,
-                    "state-dict": evaluator.model.state_dict()}, run.file("model.pt"))
-    records = read_ledger(run.path)
-    target = cfg.federation.target_accuracy
-    if target:
-        info["target-reached-round"] = next((r.round for r in records if r.accuracy >= target),
-                                            None)
-    info.update({"status": "finished", "finished": now(), "wall-s": time.perf_counter() - t0,
-                 **outcome(records)})
-    run.write_info(info)
-    write_summary(run, cfg, info, records)
-    return info

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from strategies.rounds import RoundLog, short_reason
+from tasks.results.info import RunInfo
 
 from .console import say, table_header, table_row
 from .ledger import RoundRecord
@@ -41,7 +42,7 @@ class RoundRecorder:
     """Writes one ledger record per round, prints the progress table, keeps run.json's
     running fields (``info``) up to date."""
 
-    def __init__(self, run: RunFolder, info: dict[str, Any], privacy: PrivacyLog,
+    def __init__(self, run: RunFolder, info: RunInfo, privacy: PrivacyLog,
                  anonymization: AnonymizationLog) -> None:
         self.run = run
         self.info = info
@@ -51,14 +52,14 @@ class RoundRecorder:
         self.elapsed_before = 0.0  # a resumed run's elapsed time before it was resumed
 
     def initial(self, test: dict[str, float]) -> None:
-        self.info["initial"] = test
+        self.info.initial = test
         self.run.write_info(self.info)
         say(table_header(self.privacy.enabled))
         say(table_row(0, test, None, "-", None, 0.0 if self.privacy.enabled else None))
 
     def resumed(self, start: int) -> None:
         """A resumed run: the table goes on at round ``start``; elapsed time too."""
-        self.elapsed_before = float(self.info.get("elapsed-s", 0.0))
+        self.elapsed_before = float(self.info.elapsed_s or 0.0)
         say(table_header(self.privacy.enabled))
 
     def record(self, log: RoundLog, test: dict[str, float], eval_s: float) -> RoundRecord:
@@ -76,15 +77,15 @@ class RoundRecorder:
             anonymization=self.anonymization.entry(log.clients), skipped=log.skipped,
             refused=log.refused)
         if record.anonymization is not None:
-            self.info["anonymization"] = {k: v for k, v in record.anonymization.items()
-                                          if k != "clients"}
+            self.info.anonymization = {k: v for k, v in record.anonymization.items()
+                                       if k != "clients"}
         if log.evaluated:
             record.client_eval = {"loss": weighted_mean(log.evaluated, "eval-loss"),
                                   "accuracy": weighted_mean(log.evaluated, "eval-accuracy"),
                                   "clients": log.evaluated}
         self.run.append_round(record)
-        self.info["rounds-completed"] = log.round
-        self.info["elapsed-s"] = record.time["elapsed-s"]
+        self.info.rounds_completed = log.round
+        self.info.elapsed_s = record.time["elapsed-s"]
         self._print(record, log)
         return record
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
 from tasks.files import append_line, damaged, read_text, write_atomic
+from tasks.results.info import RunInfo
 
 from .ledger import METRICS, RoundRecord
 
@@ -98,7 +99,7 @@ class RunFolder:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, default=json_default) + "\n")
 
-    def write_info(self, info: Mapping[str, Any]) -> None:
+    def write_info(self, info: RunInfo) -> None:
         """Write run.json for a run in progress or ending; refused once an outcome is
         recorded, so a ServerApp that lost its owner cannot overwrite the owner's
         "crashed" or "interrupted" with its own ending."""
@@ -107,7 +108,7 @@ class RunFolder:
             raise OutcomeAlreadyRecorded(
                 f"{self.path / RUN_INFO} already records the outcome {current!r}; this "
                 "process no longer owns the run and stops without writing.")
-        self.write_json(RUN_INFO, info)
+        self.write_json(RUN_INFO, info.to_json())
 
     def reopen(self, note: dict[str, Any]) -> None:
         """Mark a crashed, interrupted or failed run as running again (its owner resumes

@@ -7,6 +7,7 @@ from typing import Any
 
 from strategies.rounds import short_reason
 from tasks.config import RunConfig
+from tasks.results.info import RunInfo
 
 from .ledger import RoundRecord, outcome
 from .results import RunFolder
@@ -62,7 +63,7 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
     return lines
 
 
-def failure_lines(records: Sequence[RoundRecord], info: Mapping[str, Any],
+def failure_lines(records: Sequence[RoundRecord], info: RunInfo,
                   most: int = 10) -> list[str]:
     """Which clients failed, when and why; and each time the run was resumed."""
     failures = [(r.round, f) for r in records for f in r.failures]
@@ -81,17 +82,17 @@ def failure_lines(records: Sequence[RoundRecord], info: Mapping[str, Any],
     if refused:
         lines.append(f"- rounds refused (no aggregate, the model unchanged): "
                      f"{len(refused)}, e.g. round {refused[0].round}: {refused[0].refused}")
-    for r in info.get("resumed", []):
+    for r in info.resumed:
         how = "restarted automatically" if r.get("automatic") else "resumed"
         lines.append(f"- {how} after round {r.get('from-round')} ({r.get('at')}); it had "
                      f"{r.get('status')}: {r.get('error')}")
     return lines
 
 
-def reported_lines(info: Mapping[str, Any]) -> list[str]:
+def reported_lines(info: RunInfo) -> list[str]:
     """The reported model (selected on validation) and its robustness to test noise."""
     out = []
-    selection = info.get("model-selection")
+    selection = info.model_selection
     if selection:
         test = selection["test"]
         auroc = test.get("auroc")
@@ -99,7 +100,7 @@ def reported_lines(info: Mapping[str, Any]) -> list[str]:
                    f"{selection['validation-fraction']:.0%} of the held-out set): test "
                    f"accuracy **{test['accuracy']:.4f}**"
                    + (f", AUROC **{auroc:.4f}**" if auroc is not None else ""))
-    noise = info.get("robustness")
+    noise = info.robustness
     if noise:
         out.append("- robustness (Gaussian noise on the test inputs): " + "; ".join(
             f"sigma {r['sigma']:g}: accuracy {r['accuracy']:.4f}"
@@ -108,24 +109,23 @@ def reported_lines(info: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
+def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
                   records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
     fed, t = cfg.federation, cfg.training
     lines = [
-        f"# fedpriv run — {cfg.data.dataset} · {info.get('model')} · {fed.strategy}",
+        f"# fedpriv run — {cfg.data.dataset} · {info.model} · {fed.strategy}",
         "",
-        f"- status: **{info.get('status')}**, {info.get('rounds-completed', 0)} of "
-        f"{fed.num_server_rounds} rounds; started {info.get('started')}",
-        f"- data: {info.get('dataset')}",
-        f"- federation: {info.get('num-clients')} clients, partitioner "
+        f"- status: **{info.status}**, {info.rounds_completed or 0} of "
+        f"{fed.num_server_rounds} rounds; started {info.started}",
+        f"- data: {info.dataset}",
+        f"- federation: {info.num_clients} clients, partitioner "
         f"`{cfg.data.partitioner}`, fraction-train {fed.fraction_train}, {t.local_epochs} local "
         f"epoch(s), batch {t.batch_size}, lr {t.lr}, seed {t.seed}",
-        f"- model: `{info.get('model')}` ({info.get('parameters', 0):,} parameters)",
+        f"- model: `{info.model}` ({info.parameters or 0:,} parameters)",
     ]
-    privacy = info.get("privacy", {})
-    lines += privacy_lines(privacy, info.get("aggregation", {}), cfg)
-    anon = info.get("anonymization")
+    lines += privacy_lines(info.privacy or {}, info.aggregation or {}, cfg)
+    anon = info.anonymization
     if anon:
         m = anon["mean"]
 
@@ -139,20 +139,20 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
             f"membership-inference AUC **{f('mia-auc')}** (TPR at 1% FPR "
             f"{f('mia-tpr-at-1%fpr')}); DCR share {f('dcr-share')} (baseline "
             f"{f('dcr-baseline')}); k-level {f('k-level')}; overlap {f('overlap')}")
-    if info.get("backbone"):
-        b = info["backbone"]
+    if info.backbone:
+        b = info.backbone
         lines.append(f"- features: {b.get('embedding-dim')}-d embeddings of a frozen "
                      f"{b.get('backbone')} trained on {b.get('trained-on')}")
-    if info.get("stopped-early"):
-        lines.append(f"- stopped early: {info['stopped-early']}")
+    if info.stopped_early:
+        lines.append(f"- stopped early: {info.stopped_early}")
     lines += failure_lines(records, info)
     if res:
-        initial = info.get("initial", {})
+        initial = info.initial or {}
         lines += [
             f"- test accuracy: initial {initial.get('accuracy', float('nan')):.4f} → final "
             f"**{res['final']['accuracy']:.4f}** (best {res['best']['accuracy']:.4f} at round "
             f"{res['best']['round']})",
-            f"- time: {info.get('setup-s', 0):.1f} s server setup, {res['mean-round-s']:.2f} s a "
+            f"- time: {info.setup_s or 0:.1f} s server setup, {res['mean-round-s']:.2f} s a "
             f"round on average ({res['steady-round-s']:.2f} s after round 1)",
             *reported_lines(info),
             "",
@@ -166,7 +166,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: Mapping[str, Any],
                 f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
                 f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
     lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
-    if privacy.get("mode") in ("local", "central"):
+    if (info.privacy or {}).get("mode") in ("local", "central"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
     if (run.path / "plots" / "label_distribution.png").exists():
         lines += ["![label distribution](plots/label_distribution.png)", ""]

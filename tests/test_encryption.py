@@ -197,13 +197,13 @@ def test_he_runs_with_central_and_local_dp(tmp_path, _task_identity, values):  #
                     "batch-size": 64, "save-model": False, "run-dir": str(tmp_path / "run"),
                     **values})
     info = run_one(InProcessGrid(cfg, simulated=True), _context(cfg), cfg)
-    assert info["aggregation"]["individual-updates-visible"] is False
+    assert info.aggregation["individual-updates-visible"] is False
     ledger = read_ledger(tmp_path / "run")
     assert [r.round for r in ledger] == [1, 2]
     if values["dp"] == "central":
         # every client each round, no amplification claimed: two Gaussian releases of
         # ratio 1/z_eff, z_eff = z C / (C + slack) (dp-accounting, independently)
-        z_eff = 0.05 * 0.1 / (0.1 + info["aggregation"]["encoding-slack"])
+        z_eff = 0.05 * 0.1 / (0.1 + info.aggregation["encoding-slack"])
         want = gaussian_epsilon(np.sqrt(2) / z_eff, ledger[-1].privacy["delta"])
         assert want <= ledger[-1].privacy["epsilon"] <= 1.05 * want  # the accountant's bound
     else:  # each client's own ledger, and only identity and DP status in the clear

@@ -22,6 +22,7 @@ from server.recorder import RoundRecorder
 from server.results import RunFolder
 from strategies.build import build_runner
 from tasks.config import ConfigError, validate
+from tasks.results.info import RunInfo
 from tasks.splits import client_split
 from tasks.training import resolve_device
 
@@ -43,7 +44,7 @@ def observed_run(path, values, rounds=1):
     run = RunFolder(path)
     run.write_config(cfg)
     run.write_json("run.json", {"num-clients": n, "status": "running"})
-    recorder = RoundRecorder(run, {}, PrivacyLog(cfg, runner.central, n),
+    recorder = RoundRecorder(run, RunInfo(), PrivacyLog(cfg, runner.central, n),
                              AnonymizationLog("none"))
     run_rounds(runner, ArrayRecord(task.model.state_dict()), rounds,
                CentralEvaluator(task.model, task.test, 512, resolve_device("cpu")), recorder,

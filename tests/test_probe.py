@@ -48,12 +48,12 @@ def test_selection_on_validation_and_noise_robustness_are_reported(tmp_path,
     info = run_one(InProcessGrid(cfg, simulated=True), _context(cfg), cfg)
     ledger = read_ledger(tmp_path / "run")
     best = min(ledger, key=lambda r: r.test["validation-loss"])
-    selection = info["model-selection"]
+    selection = info.model_selection
     assert selection["round"] == best.round
     assert selection["test"] == {k: v for k, v in best.test.items()
                                  if not k.startswith("validation-")}
     # the test split is the other 80% of the 1,000 held-out digits
-    noise = info["robustness"]
+    noise = info.robustness
     assert [r["sigma"] for r in noise] == [0.0, 1.0, 3.0]
     assert noise[0]["auroc"] == pytest.approx(selection["test"]["auroc"])  # no noise: same
     assert noise[0]["accuracy"] > noise[2]["accuracy"]  # heavy noise hurts

@@ -51,13 +51,14 @@ def test_ledger_is_appended_one_typed_line_per_round(tmp_path):
 def test_an_outcome_is_recorded_once(tmp_path):
     # A ServerApp that lost its owner must not overwrite the owner's "crashed".
     from server.results import OutcomeAlreadyRecorded
+    from tasks.results.info import RunInfo
 
     run = RunFolder(tmp_path)
-    run.write_info({"status": "running"})
-    run.write_info({"status": "running", "rounds-completed": 1})  # progress: fine
+    run.write_info(RunInfo())
+    run.write_info(RunInfo(rounds_completed=1))  # progress: fine
     run.write_json("run.json", {"status": "crashed", "error": "SuperLink died"})
     with pytest.raises(OutcomeAlreadyRecorded, match="already records the outcome 'crashed'"):
-        run.write_info({"status": "finished"})
+        run.write_info(RunInfo(status="finished"))
     assert read_run_info(tmp_path)["status"] == "crashed"
 
 
@@ -81,3 +82,17 @@ def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
             (tmp_path / name / OWNER_FILE).write_text(json.dumps(owner))
     assert remove_stale_homes(tmp_path) == [tmp_path / "fp-dead"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fp-live", "fp-unknown"]
+
+
+def test_run_info_round_trips_run_json_and_keeps_keys_it_does_not_know():
+    from tasks.results.info import RunInfo
+
+    raw = {"status": "finished", "rounds-completed": 3, "final": {"accuracy": 0.9},
+           "resumed": [{"from-round": 1}], "from-a-newer-version": {"x": 1}}
+    info = RunInfo.from_json(raw)
+    assert info.rounds_completed == 3 and info.final == {"accuracy": 0.9}
+    assert info.extra == {"from-a-newer-version": {"x": 1}}
+    assert info.to_json() == raw and info.get("rounds-completed") == 3
+    info.update({"best": {"round": 2}, "wall-s": 1.5})
+    assert info.best == {"round": 2} and info.wall_s == 1.5
+    assert "error" not in RunInfo().to_json()  # None is left out of the file

@@ -25,6 +25,7 @@ from server.ledger import RoundRecord, read_ledger
 from server.results import RunFolder, read_run_info
 from server.summary import failure_lines
 from tasks.config import ConfigError, validate
+from tasks.results.info import RunInfo
 
 from .inprocess import InProcessGrid
 from .test_strategies import _task_identity  # noqa: F401  (fixture)
@@ -234,8 +235,9 @@ def test_the_summary_names_each_failed_client_its_round_and_cause():
                            "Traceback (most recent call last):\nValueError: boom\n'>"},
                           {"partition-id": 0, "phase": "evaluate",
                            "error": "UpdateRejected: w holds NaN or Inf"}])
-    lines = failure_lines([rec], {"resumed": [{"from-round": 2, "at": "t", "status": "crashed",
-                                               "error": "killed", "automatic": True}]})
+    lines = failure_lines([rec], RunInfo(resumed=[{"from-round": 2, "at": "t",
+                                                    "status": "crashed", "error": "killed",
+                                                    "automatic": True}]))
     text = "\n".join(lines)
     assert "2 in 1 round(s)" in text
     assert "round 3, client 1: ValueError: boom" in text

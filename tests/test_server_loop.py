@@ -14,6 +14,7 @@ from server.recorder import RoundRecorder
 from server.results import RunFolder
 from strategies.build import build_runner
 from tasks.config import validate
+from tasks.results.info import RunInfo
 from tasks.splits import heldout_split, model_for
 from tasks.training import resolve_device
 
@@ -42,7 +43,7 @@ def _loop(tmp_path, cfg, num_rounds, stops=None):
     central = runner.central
     privacy = PrivacyLog(cfg, central, cfg.federation.num_clients)
     run = RunFolder(tmp_path)
-    recorder = RoundRecorder(run, {}, privacy, AnonymizationLog("none"))
+    recorder = RoundRecorder(run, RunInfo(), privacy, AnonymizationLog("none"))
     hook = Hook()
     out = run_rounds(runner, ArrayRecord(model.state_dict()), num_rounds,
                      CentralEvaluator(model, heldout_split(cfg), 512, resolve_device("cpu")),
