@@ -21,6 +21,7 @@ from torch import nn
 from tasks.files import write_atomic
 from tasks.seeding import derive_seed
 from tasks.splits import Split
+from tasks.training import logits_of
 
 from .ledger import RoundRecord
 
@@ -39,13 +40,10 @@ def auroc(y: np.ndarray, probs: np.ndarray) -> float | None:
     return float(roc_auc_score(y, cols, multi_class="ovr", average="macro", labels=present))
 
 
-@torch.no_grad()
 def score(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
           device: torch.device) -> dict[str, float | None]:
     """Mean cross-entropy, accuracy and AUROC of ``model`` on (x, y)."""
-    model.to(device).eval()
-    logits = torch.cat([model(x[i:i + batch_size].to(device)).float().cpu()
-                        for i in range(0, len(y), batch_size)])
+    logits = logits_of(model, x, batch_size, device)
     loss = float(nn.functional.cross_entropy(logits, y, reduction="mean"))
     probs = torch.softmax(logits, 1).numpy()
     return {"loss": loss, "accuracy": float((logits.argmax(1) == y).float().mean()),

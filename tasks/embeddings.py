@@ -186,14 +186,17 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
                               f"{raw.name} has {raw.input_shape}; pick a dataset of the same "
                               "shape or 'public-split'.")
         where = f"{pub.name}'s training set ({len(pub.y_train):,} images), another dataset"
-    torch.manual_seed(0)
-    net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
-    x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
-    opt = sgd(net, 0.05, 0.9)
-    for epoch in range(spec.epochs):
-        res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
-        _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
-                  f"train accuracy {res.accuracy:.3f}")
+    # its own random stream: whether the backbone was cached must not change what the
+    # caller draws next (e.g. the global model's initial weights)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
+        x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
+        opt = sgd(net, 0.05, 0.9)
+        for epoch in range(spec.epochs):
+            res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
+            _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
+                      f"train accuracy {res.accuracy:.3f}")
     net.eval()
     info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
             "public-train-accuracy": res.accuracy if spec.epochs else None}

@@ -98,17 +98,22 @@ def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
 
 
 @torch.no_grad()
+def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int,
+              device: torch.device) -> torch.Tensor:
+    """``model``'s logits on ``x``, batch by batch, as float32 on the CPU: the one evaluation
+    loop (clients' own evaluation, the server's test and validation scores)."""
+    model.to(device).eval()
+    return torch.cat([model(x[i:i + batch_size].to(device, non_blocking=True)).float().cpu()
+                      for i in range(0, len(x), batch_size)])
+
+
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
              device: torch.device) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
-    model.to(device).eval()
-    criterion = nn.CrossEntropyLoss(reduction="sum")
-    total_loss, correct = 0.0, 0
-    for start in range(0, len(y), batch_size):
-        xb = x[start:start + batch_size].to(device, non_blocking=True)
-        yb = y[start:start + batch_size].to(device, non_blocking=True)
-        logits = model(xb)
-        total_loss += criterion(logits, yb).item()
-        correct += (logits.argmax(1) == yb).sum().item()
-    n = max(len(y), 1)
-    return total_loss / n, correct / n
+    """Mean cross-entropy and accuracy of ``model`` on (x, y); (0, 0) on no data."""
+    if len(y) == 0:
+        return 0.0, 0.0
+    logits = logits_of(model, x, batch_size, device)
+    total = sum(float(nn.functional.cross_entropy(logits[i:i + batch_size], y[i:i + batch_size],
+                                                  reduction="sum"))
+                for i in range(0, len(y), batch_size))  # summed as the batches come
+    return total / len(y), int((logits.argmax(1) == y).sum()) / len(y)

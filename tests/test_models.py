@@ -56,3 +56,18 @@ def test_image_model_on_tabular_data_is_explained():
         build_model("small-cnn", (1, 8, 8), 2)
     with pytest.raises(ConfigError, match="unknown model 'vgg'.*linear"):
         MODELS.load("vgg")
+
+
+def test_training_a_backbone_leaves_the_callers_random_stream_alone():
+    # The server seeds torch, builds the test split's embeddings (training the backbone
+    # when it is not cached yet), then draws the global model's initial weights: those must
+    # not depend on whether the backbone was cached (they once did).
+    from tasks.config import validate
+    from tasks.embeddings import backbone_spec, load_backbone
+
+    cfg = validate({"features": "embeddings", "backbone-epochs": 1, "seed": 3})
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    load_backbone(backbone_spec(cfg.embeddings, cfg.data))  # trained here: the cache is new
+    assert torch.equal(torch.rand(4), expected)
