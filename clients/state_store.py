@@ -24,7 +24,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from tasks.files import write_atomic
+from tasks.files import safe_name, write_atomic
 from tasks.messages import HE_STATE, STATE_DIR
 
 # per-round protocol state and the HE keys: redone after a crash, never on disk
@@ -42,8 +42,8 @@ def state_file(node_config: dict, run_config: dict) -> Path | None:
         return None
     run = str(run_config.get("run-id") or "") or \
         Path(str(run_config.get("run-dir") or "run")).name
-    run = "".join(c if c.isalnum() or c in "-_." else "-" for c in run).strip(".") or "run"
-    return Path(str(folder)) / run / f"partition-{int(node_config['partition-id'])}.state"
+    partition = int(node_config["partition-id"])
+    return Path(str(folder)) / safe_name(run) / f"partition-{partition}.state"
 
 
 OWNER = "fedpriv.state-owner"  # which run a state file belongs to (its run id)

@@ -15,12 +15,11 @@ import numpy as np
 import torch
 from flwr.app import Context
 
-from privacy.anonymize import public_transform
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
-from tasks.splits import Split, client_split, model_for, own_split
+from tasks.splits import Split, client_split, model_for, model_inputs, own_split
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
@@ -62,10 +61,7 @@ class Client:
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as the model reads it (e.g. hashed embeddings, with the hashing anonymizer)."""
-        a = self.cfg.anonymization
-        transform = public_transform(a.anonymizer, a.params(), int(x.shape[1])) \
-            if self.cfg.embeddings.enabled else None
-        return x if transform is None else torch.from_numpy(transform(x.numpy()))
+        return model_inputs(self.cfg, x)
 
 
 def training_data(client: Client, context: Context

@@ -36,7 +36,6 @@ from .results import OUTCOMES, RUN_INFO, json_default, read_run_info, read_saved
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
 CLIENTS = "clients"  # each simulated client's own state (clients.state_store)
-RESUMABLE = ("crashed", "interrupted", "failed")  # a finished run has nothing left to do
 
 
 class ResumeError(RuntimeError):

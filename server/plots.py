@@ -11,13 +11,14 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from tasks.files import replacing
+
 from .ledger import RoundRecord, read_ledger
 
 
 def _save(fig: Figure, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
 def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]],

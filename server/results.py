@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
-from tasks.files import append_line, damaged, read_text, write_atomic
+from tasks.files import append_line, damaged, read_text, safe_name, write_atomic
 from tasks.results.info import RunInfo
 
 from .ledger import METRICS, RoundRecord
@@ -35,7 +35,7 @@ def new_run_dir(results_dir: str | Path, name: str) -> Path:
     root = Path(results_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-") or "run"
+    safe = safe_name(name)
     for k in range(1, 1000):
         path = root / (f"{stamp}-{safe}" if k == 1 else f"{stamp}-{safe}-{k}")
         try:

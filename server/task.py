@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 from flwr.serverapp import Grid
 
-from privacy.anonymize import public_transform
 from tasks.config import RunConfig
 from tasks.datasets import DatasetBundle
 from tasks.embeddings import backbone_info, backbone_spec
@@ -19,6 +18,7 @@ from tasks.splits import (
     feature_shape,
     heldout_split,
     model_for,
+    model_inputs,
     validation_split,
 )
 from tasks.training import resolve_device
@@ -44,11 +44,7 @@ class ServerTask:
     @classmethod
     def load(cls, cfg: RunConfig) -> ServerTask:
         test = heldout_split(cfg)
-        a = cfg.anonymization
-        transform = public_transform(a.anonymizer, a.params(), int(test.x.shape[1])) \
-            if cfg.embeddings.enabled else None
-        if transform is not None:  # e.g. hashing: the head reads hashed embeddings
-            test = Split(torch.from_numpy(transform(test.x.numpy())), test.y, test.num_classes)
+        test = Split(model_inputs(cfg, test.x), test.y, test.num_classes)
         model, name = model_for(cfg)
         test, validation = validation_split(cfg, test)
         return cls(dataset_for(cfg), test, model, name, validation)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .files import replacing
+
 
 def cache_dir() -> Path:
     """The cache folder (see the module docstring)."""
@@ -80,11 +82,7 @@ def cache_path(kind: str, suffix: str, parts: Any, code: Sequence[str]) -> Path:
 
 def save_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` then rename ``tmp`` to ``path``; an unwritable cache is ignored."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        with replacing(path) as tmp:
+            write(tmp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,20 +48,42 @@ def explain(path: Path, exc: OSError) -> WriteFailed:
     return failed
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """``write`` into a temporary file beside ``path``, force it to disk, rename it over
-    ``path``; on failure the temporary file is removed and :class:`WriteFailed` raised."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def temporary(path: Path) -> Path:
+    """This process's temporary file for ``path``: beside it, hidden, same suffix."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix, for writers that go by it) to write;
+    renamed over ``path`` when the block ends, removed if it raises: the one way fedpriv
+    replaces a file, so a reader never sees half of one."""
+    tmp = temporary(path)
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
-    except OSError as exc:
+    finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` a result file through :func:`replacing`, forced to disk; on failure
+    :class:`WriteFailed` says why."""
+    try:
+        with replacing(path) as tmp:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
         raise explain(path, exc) from None
+
+
+def safe_name(text: str) -> str:
+    """``text`` as one file or folder name: anything but letters, digits, '-', '_' and '.'
+    becomes '-'; never empty, hidden or a path."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip("-.") or "run"
 
 
 def append_line(path: Path, line: str) -> None:

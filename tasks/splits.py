@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from privacy.anonymize import public_transform
+
 from .config import RunConfig
 from .datasets import DatasetBundle, client_dataset, dataset_meta
 from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
@@ -67,6 +69,16 @@ def feature_shape(cfg: RunConfig) -> tuple[int, ...]:
 def model_name(cfg: RunConfig) -> str:
     """The concrete model a run trains ('auto' resolved for what the clients read)."""
     return resolve_model_name(cfg.training.model, feature_shape(cfg))
+
+
+def model_inputs(cfg: RunConfig, x: torch.Tensor) -> torch.Tensor:
+    """``x`` (a split's rows) as the model reads them: unchanged, or, with an anonymizer that
+    publishes a transform of every row (e.g. hashing), transformed the same way on the
+    server's test split as on a client's data."""
+    a = cfg.anonymization
+    transform = public_transform(a.anonymizer, a.params(), int(x.shape[1])) \
+        if cfg.embeddings.enabled else None
+    return x if transform is None else torch.from_numpy(transform(x.numpy()))
 
 
 def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:

@@ -67,7 +67,7 @@ def test_deploy_certs_and_keys_over_0644_files_leave_private_keys_0600(tmp_path)
         assert _mode(keys / f"supernode-{i}") == 0o600
         assert (keys / f"supernode-{i}").read_text().startswith("-----BEGIN OPENSSH")
         assert _mode(keys / f"supernode-{i}.pub") == 0o644
-    assert not [p for p in tmp_path.rglob(".*.tmp")]  # no temporary file left behind
+    assert not [p for p in tmp_path.rglob(".*.tmp*")]  # no temporary file left behind
 
 
 def test_keys_over_0644_files_are_0600_even_under_a_permissive_umask(tmp_path):

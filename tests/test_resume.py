@@ -25,6 +25,7 @@ from server.ledger import RoundRecord, read_ledger
 from server.results import RunFolder, read_run_info
 from server.summary import failure_lines
 from tasks.config import ConfigError, validate
+from tasks.files import temporary
 from tasks.results.info import RunInfo
 
 from .inprocess import InProcessGrid
@@ -195,13 +196,13 @@ def test_a_full_disk_stops_the_run_with_its_cause_and_no_half_written_files(
                               "run-dir": str(tmp_path / "one")})
     run_one(InProcessGrid(run_one_round, simulated=True), _context(run_one_round), run_one_round)
     (run.path / FOLDER).mkdir()
-    os.symlink(FULL, run.path / FOLDER / f".{SERVER_FILE}.{os.getpid()}.tmp")
+    os.symlink(FULL, temporary(run.path / FOLDER / SERVER_FILE))
     with pytest.raises(OSError, match="No space left on device.*the disk is full"):
         run_one(InProcessGrid(cfg, simulated=True), _context(cfg), cfg)
     info = read_run_info(run.path)
     assert info["status"] == "failed" and "the disk is full" in info["error"]
     assert [r.round for r in read_ledger(run.path)] == [1]  # the round itself is kept
-    assert not (run.path / FOLDER / f".{SERVER_FILE}.{os.getpid()}.tmp").exists()
+    assert not temporary(run.path / FOLDER / SERVER_FILE).exists()
     assert "error: WriteFailed: cannot write" in capsys.readouterr().out
     # the ledger's own disk full: no half line is left for a reader to choke on
     (tmp_path / "ledger").mkdir()
