@@ -1,5 +1,5 @@
-"""The server's round loop: one interface for every round runner, explicit stop conditions,
-and a place for per-round hooks (plots today; leakage observation and checkpoints next)."""
+"""The server's round loop: any round runner, explicit stop conditions, and per-round hooks
+(plots, leakage observation, model selection, checkpoints)."""
 
 from __future__ import annotations
 

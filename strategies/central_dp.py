@@ -1,9 +1,10 @@
 """Central (client-level) DP in Flower's Message API: DP-FedAvg with a fixed denominator.
 
 The mechanism and its accounting live in :mod:`privacy.dp.dpfedavg` (McMahan et al. 2018;
-adaptive clipping of Andrew et al. 2021); this module turns them into a Flower
-``Strategy``. Flower's own DP wrappers are not used: they divide the noisy sum by the
-number of replies, so one client can move the release by 2C/m whatever the sampling,
+adaptive clipping of Andrew et al. 2021); this module makes them the server's aggregation
+(:class:`CentralDPAggregation`), the same over every protocol. Flower's own DP wrappers
+are not used: they divide the noisy sum by the number of replies, so one client can move
+the release by 2C/m whatever the sampling,
 and their adaptive clipping moves C the wrong way (they count *clipped* updates where
 Andrew et al. count unclipped ones, so C shrinks when too many updates are clipped).
 
