@@ -109,6 +109,45 @@ def reported_lines(info: RunInfo) -> list[str]:
     return out
 
 
+def anonymization_line(anon: Mapping[str, Any]) -> str:
+    """The release's scores, averaged over the clients, as one line."""
+    m = anon["mean"]
+
+    def f(key: str) -> str:
+        v = m.get(key)
+        return "n/a" if v is None else f"{v:.3f}"
+
+    return (f"- anonymization: `{anon['anonymizer']}`; mean over clients: re-identification "
+            f"top-1 **{f('reid-top1')}** (chance {f('reid-chance')}), top-5 {f('reid-top5')}; "
+            f"membership-inference AUC **{f('mia-auc')}** (TPR at 1% FPR "
+            f"{f('mia-tpr-at-1%fpr')}); DCR share {f('dcr-share')} (baseline "
+            f"{f('dcr-baseline')}); k-level {f('k-level')}; overlap {f('overlap')}")
+
+
+def outcome_lines(info: RunInfo, res: Mapping[str, Any],
+                  records: Sequence[RoundRecord]) -> list[str]:
+    """Accuracy from start to end, time, the reported model, and the table of rounds."""
+    initial = info.initial or {}
+    lines = [
+        f"- test accuracy: initial {initial.get('accuracy', float('nan')):.4f} → final "
+        f"**{res['final']['accuracy']:.4f}** (best {res['best']['accuracy']:.4f} at round "
+        f"{res['best']['round']})",
+        f"- time: {info.setup_s or 0:.1f} s server setup, {res['mean-round-s']:.2f} s a "
+        f"round on average ({res['steady-round-s']:.2f} s after round 1)",
+        *reported_lines(info),
+        "",
+        "| round | test acc | test loss | train loss | clients | round s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        train_loss = r.train.get("loss")
+        lines.append(
+            f"| {r.round} | {r.test['accuracy']:.4f} | {r.test['loss']:.4f} | "
+            f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
+            f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
+    return lines
+
+
 def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
                   records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
@@ -125,20 +164,8 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         f"- model: `{info.model}` ({info.parameters or 0:,} parameters)",
     ]
     lines += privacy_lines(info.privacy or {}, info.aggregation or {}, cfg)
-    anon = info.anonymization
-    if anon:
-        m = anon["mean"]
-
-        def f(key: str) -> str:
-            v = m.get(key)
-            return "n/a" if v is None else f"{v:.3f}"
-
-        lines.append(
-            f"- anonymization: `{anon['anonymizer']}`; mean over clients: re-identification "
-            f"top-1 **{f('reid-top1')}** (chance {f('reid-chance')}), top-5 {f('reid-top5')}; "
-            f"membership-inference AUC **{f('mia-auc')}** (TPR at 1% FPR "
-            f"{f('mia-tpr-at-1%fpr')}); DCR share {f('dcr-share')} (baseline "
-            f"{f('dcr-baseline')}); k-level {f('k-level')}; overlap {f('overlap')}")
+    if info.anonymization:
+        lines.append(anonymization_line(info.anonymization))
     if info.backbone:
         b = info.backbone
         lines.append(f"- features: {b.get('embedding-dim')}-d embeddings of a frozen "
@@ -147,24 +174,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         lines.append(f"- stopped early: {info.stopped_early}")
     lines += failure_lines(records, info)
     if res:
-        initial = info.initial or {}
-        lines += [
-            f"- test accuracy: initial {initial.get('accuracy', float('nan')):.4f} → final "
-            f"**{res['final']['accuracy']:.4f}** (best {res['best']['accuracy']:.4f} at round "
-            f"{res['best']['round']})",
-            f"- time: {info.setup_s or 0:.1f} s server setup, {res['mean-round-s']:.2f} s a "
-            f"round on average ({res['steady-round-s']:.2f} s after round 1)",
-            *reported_lines(info),
-            "",
-            "| round | test acc | test loss | train loss | clients | round s |",
-            "|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in records:
-            train_loss = r.train.get("loss")
-            lines.append(
-                f"| {r.round} | {r.test['accuracy']:.4f} | {r.test['loss']:.4f} | "
-                f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
-                f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
+        lines += outcome_lines(info, res, records)
     lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
     if (info.privacy or {}).get("mode") in ("local", "central"):
         lines += ["![epsilon](plots/epsilon.png)", ""]

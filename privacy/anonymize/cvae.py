@@ -119,34 +119,12 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
                             "dp": p.cvae_epsilon > 0}
     private = None
     if p.cvae_epsilon > 0:
-        import_opacus()
-        from opacus import PrivacyEngine  # after import_opacus(): see its docstring
-
-        delta = auto_delta(len(tr))
-        steps = max_epochs * len(loader)
-        sigma = calibrate_noise(p.cvae_epsilon, delta, 1 / len(loader), steps)
-        private = PrivacyEngine(accountant="rdp")
-        model, opt, loader = private.make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma,
-            max_grad_norm=p.cvae_clip, poisson_sampling=True)
-        info.update({"noise-multiplier": sigma, "delta": delta, "clip": p.cvae_clip})
+        model, opt, loader, private = _make_private(model, opt, loader, p, len(tr),
+                                                    max_epochs, info)
     best, best_state, bad = math.inf, None, 0
     epoch, total, seen = 0, 0.0, 0
     for epoch in range(1, max_epochs + 1):
-        model.train()
-        total, seen = 0.0, 0
-        for xb, yb in loader:
-            opt.zero_grad(set_to_none=True)
-            recon, mu, logvar = model(xb, yb)
-            loss = cvae_loss(recon, xb, mu, logvar, p.cvae_beta)
-            if not torch.isfinite(loss):
-                raise AnonymizationError(
-                    f"the CVAE diverged (loss {loss.item()}) in epoch {epoch}; lower cvae-lr "
-                    "or cvae-beta, or use more data per client.")
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(yb)
-            seen += len(yb)
+        total, seen = _epoch(model, loader, opt, p.cvae_beta, epoch)
         if early:
             model.eval()
             with torch.no_grad():
@@ -167,6 +145,43 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
     if private is not None:
         info["epsilon"] = epsilon(private.accountant.history, info["delta"])
     return TrainedCVAE(plain.eval(), scaler, info)
+
+
+def _make_private(model: nn.Module, opt: torch.optim.Optimizer, loader: Any, p: CVAEParams,
+                  n_train: int, max_epochs: int, info: dict[str, Any]) -> tuple[Any, ...]:
+    """DP-SGD for the CVAE (Opacus), its noise calibrated to ``cvae-epsilon`` over the whole
+    training (Poisson batches)."""
+    import_opacus()
+    from opacus import PrivacyEngine  # after import_opacus(): see its docstring
+
+    delta = auto_delta(n_train)
+    sigma = calibrate_noise(p.cvae_epsilon, delta, 1 / len(loader), max_epochs * len(loader))
+    private = PrivacyEngine(accountant="rdp")
+    model, opt, loader = private.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma,
+        max_grad_norm=p.cvae_clip, poisson_sampling=True)
+    info.update({"noise-multiplier": sigma, "delta": delta, "clip": p.cvae_clip})
+    return model, opt, loader, private
+
+
+def _epoch(model: nn.Module, loader: Any, opt: torch.optim.Optimizer, beta: float,
+           epoch: int) -> tuple[float, int]:
+    """One pass over ``loader``: (summed loss, examples seen)."""
+    model.train()
+    total, seen = 0.0, 0
+    for xb, yb in loader:
+        opt.zero_grad(set_to_none=True)
+        recon, mu, logvar = model(xb, yb)
+        loss = cvae_loss(recon, xb, mu, logvar, beta)
+        if not torch.isfinite(loss):
+            raise AnonymizationError(
+                f"the CVAE diverged (loss {loss.item()}) in epoch {epoch}; lower cvae-lr "
+                "or cvae-beta, or use more data per client.")
+        loss.backward()
+        opt.step()
+        total += float(loss.detach()) * len(yb)
+        seen += len(yb)
+    return total, seen
 
 
 def sample_release(trained: TrainedCVAE, y: np.ndarray, seed: int) -> Release:
