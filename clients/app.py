@@ -196,7 +196,7 @@ def secure_fit(msg: Message, context: Context) -> Message:
 
     The update (not the new weights) goes into the secure sum: its values are small, so
     SecAgg+'s [-r, r] range quantizes them finely, and clipping to [-r, r] never moves a
-    zero, which keeps central DP's sensitivity bound (strategies.secure).
+    zero, which keeps central DP's sensitivity bound (strategies.protocols.secagg).
     """
     client = Client.of(context)
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)

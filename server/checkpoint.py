@@ -3,7 +3,7 @@
 After every recorded round the server writes ``<run>/checkpoint/server.npz``
 atomically (a temporary file, fsync, rename): the round number, the global model, the
 round runner's state (FedAdam's moments, FedAvgM's momentum, DP-FedAvg's accountant
-and clipping norm: :mod:`strategies.state`), the privacy and anonymization logs and
+and clipping norm: the aggregation's ``state()``), the privacy and anonymization logs and
 run.json's running fields. Each client keeps its own state (its DP-SGD ledger, its
 CVAE) on its own side (:mod:`clients.state_store`; in simulation under
 ``<run>/checkpoint/clients``). Sampling, DP noise and every client's training are
