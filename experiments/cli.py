@@ -190,7 +190,7 @@ def list_results(run_dir: Path) -> str:
 def _cmd_presets() -> int:
     """List the bundled presets and sweeps, checking each (exit 2 if one is invalid)."""
     from . import configs
-    from .sweep import load_sweep
+    from .sweep.run import load_sweep
 
     bad = 0
     for folder, kind in ((configs.PRESETS, "presets"), (configs.SWEEPS, "sweeps")):
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "sweep":
-            from .sweep import replot, run_sweep
+            from .sweep.run import replot, run_sweep
 
             if args.replot:
                 replot(Path(args.file))
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                              verbose=args.verbose, separate=args.separate,
                              repeat=args.repeat).exit_code
         if args.command == "attack":
-            from .leakage import run_attacks
+            from .leakage.attack import run_attacks
 
             names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
             if args.attack and not names:

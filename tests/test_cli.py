@@ -6,9 +6,9 @@ import uuid
 import psutil
 import pytest
 
-from experiments.checks import preflight
 from experiments.configs import PRESETS, SWEEPS, read_preset, resolve
-from experiments.sweep import load_sweep
+from experiments.preflight.checks import preflight
+from experiments.sweep.run import load_sweep
 from tasks.config import SCHEMA, ConfigError, defaults, validate
 
 from .conftest import REPO, run_cli
@@ -214,7 +214,7 @@ def test_unusable_files_and_folders_are_refused_before_work(tmp_path):
 def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
     """sweep.md's seeds table: per cell, Student's t 95% interval over its finished runs
     (a failed seed left out, n says how many), beside the row of every run."""
-    from experiments.sweep import Cell, SweepSpec, _write_table
+    from experiments.sweep.run import Cell, SweepSpec, _write_table
 
     spec = SweepSpec("seeds", tmp_path / "seeds.toml", {}, {"lr": [0.1]}, seeds=[1, 2, 3])
     accs = {1: 0.80, 2: 0.84, 3: None}

@@ -27,7 +27,7 @@ import pytest
 
 import experiments.api
 import experiments.deploy
-import experiments.leakage
+import experiments.leakage.attack
 from experiments import cli
 from tasks.config import ConfigError
 
@@ -222,7 +222,7 @@ def before_work(monkeypatch, guarded):  # noqa: F811
     """The guard: every command stops where it would start a process or train."""
     monkeypatch.setattr(experiments.api, "resume", _resume)
     monkeypatch.setattr(experiments.api, "_checked", _reached)
-    monkeypatch.setattr(experiments.leakage.ServerTask, "load", _reached)
+    monkeypatch.setattr(experiments.leakage.attack.ServerTask, "load", _reached)
     monkeypatch.setattr(experiments.deploy, "serve_superlink", _reached)
     monkeypatch.setattr(experiments.deploy, "serve_supernode", _reached)
     monkeypatch.setattr(experiments.deploy, "flower_executable", _reached)
@@ -308,7 +308,7 @@ def test_damaged_certificates_keys_and_data_are_refused_by_deploy(capsys, tmp_pa
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, attacked_run) -> Path:
     """A finished sweep's folder of one cell, its files written by the sweep's own writer."""
-    from experiments.sweep import Cell, SweepSpec, _write_table
+    from experiments.sweep.run import Cell, SweepSpec, _write_table
     from server.ledger import outcome, read_ledger
 
     out = tmp_path_factory.mktemp("fuzz") / "sweep"

@@ -14,7 +14,7 @@ from server.ledger import read_ledger
 from server.plots import line_plot
 from server.privacy_log import headline_epsilon
 
-from .leakage_sweep import leakage_plots, sweep_rows
+from ..leakage.sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front
 from .stats import mean_ci
 
