@@ -130,7 +130,7 @@ def test_every_bundled_preset_and_sweep_is_valid():
 
 def test_presets_command_flags_an_invalid_preset(tmp_path, monkeypatch):
     import experiments.configs as configs
-    from experiments.cli import main
+    from experiments.cli.main import main
 
     (tmp_path / "good.toml").write_text("num-clients = 4\n")
     (tmp_path / "bad.toml").write_text("num-clients = 0\n")
@@ -177,14 +177,14 @@ def test_replot_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path):
 
 
 def test_docs_config_reference_is_current():
-    from experiments.cli import config_markdown
+    from experiments.cli.main import config_markdown
 
     assert (REPO / "docs" / "CONFIG.md").read_text() == config_markdown(), \
         "regenerate with: fedpriv keys --markdown > docs/CONFIG.md"
 
 
 def test_the_final_line_lists_what_the_run_wrote(tmp_path):
-    from experiments.cli import list_results
+    from experiments.cli.main import list_results
 
     for name in ("summary.md", "run.json", "flwr.log", "plots/accuracy.png", "plots/loss.png"):
         (tmp_path / name).parent.mkdir(exist_ok=True)

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 import experiments.api
-import experiments.deploy
+import experiments.deploy.superlink
 import experiments.leakage.attack
-from experiments import cli
+from experiments.cli import main as cli
 from tasks.config import ConfigError
 
 from .test_fuzz import guarded  # noqa: F401  (fixture)
@@ -223,10 +223,10 @@ def before_work(monkeypatch, guarded):  # noqa: F811
     monkeypatch.setattr(experiments.api, "resume", _resume)
     monkeypatch.setattr(experiments.api, "_checked", _reached)
     monkeypatch.setattr(experiments.leakage.attack.ServerTask, "load", _reached)
-    monkeypatch.setattr(experiments.deploy, "serve_superlink", _reached)
-    monkeypatch.setattr(experiments.deploy, "serve_supernode", _reached)
-    monkeypatch.setattr(experiments.deploy, "flower_executable", _reached)
-    monkeypatch.setattr(experiments.deploy, "refuse_public_port", lambda link: None)
+    monkeypatch.setattr(experiments.deploy.superlink, "serve_superlink", _reached)
+    monkeypatch.setattr(experiments.deploy.superlink, "serve_supernode", _reached)
+    monkeypatch.setattr(experiments.deploy.superlink, "flower_executable", _reached)
+    monkeypatch.setattr(experiments.deploy.superlink, "refuse_public_port", lambda link: None)
 
 
 def test_damaged_run_folders_are_refused_by_resume_deploy_resume_and_the_api(

@@ -250,7 +250,7 @@ def test_damaged_attack_inputs_are_named_not_tracebacks(tmp_path, damage, why):
 
 
 def test_an_empty_attack_list_is_refused_by_the_cli(tmp_path):
-    from experiments.cli import main
+    from experiments.cli.main import main
 
     observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
     assert main(["attack", str(tmp_path), "--attack", " , "]) == 2

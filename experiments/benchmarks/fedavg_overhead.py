@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 
 from experiments.configs import resolve
-from experiments.procs import tree
-from experiments.superlink import LocalSuperLink
+from experiments.runtime.procs import tree
+from experiments.runtime.superlink import LocalSuperLink
 from server.ledger import read_ledger
 from server.results import read_run_info
 

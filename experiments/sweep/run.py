@@ -25,12 +25,12 @@ from server.results import new_run_dir, read_run_info, run_identity
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
 from tasks.files import damaged, read_text
 
-from ..app_bundle import app_dir
 from ..configs import SWEEPS, absolutize, find_file, read_preset, read_toml
 from ..leakage.sweep import sweep_rows, write_leakage_table
 from ..preflight.isolated import Preflight, preflight_isolated, preflight_many
-from ..procs import interruption
-from ..runner import (
+from ..runtime.app_bundle import app_dir
+from ..runtime.procs import interruption
+from ..runtime.runner import (
     LogFilter,
     RunOutcome,
     after_run,
@@ -39,7 +39,7 @@ from ..runner import (
     mark_unfinished,
     recorded_outcome,
 )
-from ..superlink import LocalSuperLink
+from ..runtime.superlink import LocalSuperLink
 from .plots import sweep_plots
 from .stats import fmt_ci
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tasks.config import ConfigError
 
-from .configs import PRESETS
+from ..configs import PRESETS
 
 EXAMPLE = """\
 three hosts (server.lab, and hospitals a and b), the server holding the CA:
@@ -136,7 +136,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _connection(args: argparse.Namespace):
-    from .deploy import Connection
+    from ..deploy.superlink import Connection
 
     return Connection(args.superlink, None if args.insecure else args.ca)
 
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from . import deploy
-    from .credentials import (
+    from ..deploy import superlink as deploy
+    from ..deploy.credentials import (
         Certificates,
         certificates_message,
         read_node_key,
@@ -229,8 +229,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "run":
         from server.checkpoint import resumable
 
-        from .api import resume_deployed, run_deployed
-        from .configs import resolve
+        from ..api import resume_deployed, run_deployed
+        from ..configs import resolve
 
         t0 = time.perf_counter()
         link = _connection(args)

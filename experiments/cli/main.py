@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tasks.config import SCHEMA, ConfigError, defaults, to_toml, validate
 
-from . import configs, deploy_cli
+from .. import configs
+from . import deploy
 
 EXIT_BAD_INPUT = 2
 
@@ -138,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     attack.add_argument("--client", type=int, action="append", metavar="C",
                         help="only this observed client's partition id (repeatable)")
 
-    deploy_cli.add_parser(sub)
+    deploy.add_parser(sub)
 
     keys = sub.add_parser("keys", help="print every run-config key with default and allowed "
                                        "values")
@@ -151,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     # Each command imports what it needs, so --help and bad input stay fast.
-    from .api import resume, run_config
-    from .configs import resolve
+    from ..api import resume, run_config
+    from ..configs import resolve
 
     t0 = time.perf_counter()
     if args.resume is not None:
@@ -189,8 +190,8 @@ def list_results(run_dir: Path) -> str:
 
 def _cmd_presets() -> int:
     """List the bundled presets and sweeps, checking each (exit 2 if one is invalid)."""
-    from . import configs
-    from .sweep.run import load_sweep
+    from .. import configs
+    from ..sweep.run import load_sweep
 
     bad = 0
     for folder, kind in ((configs.PRESETS, "presets"), (configs.SWEEPS, "sweeps")):
@@ -211,7 +212,7 @@ def _cmd_presets() -> int:
 
 
 def _terminate(signum: int, frame: object) -> None:
-    from .procs import Terminated
+    from ..runtime.procs import Terminated
 
     raise Terminated
 
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "sweep":
-            from .sweep.run import replot, run_sweep
+            from ..sweep.run import replot, run_sweep
 
             if args.replot:
                 replot(Path(args.file))
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                              verbose=args.verbose, separate=args.separate,
                              repeat=args.repeat).exit_code
         if args.command == "attack":
-            from .leakage.attack import run_attacks
+            from ..leakage.attack import run_attacks
 
             names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
             if args.attack and not names:
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                         echo=print)
             return 0
         if args.command == "deploy":
-            return deploy_cli.run(args)
+            return deploy.run(args)
         if args.command == "keys":
             if args.toml:
                 print(to_toml(defaults()), end="")
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
-        from .procs import Terminated
+        from ..runtime.procs import Terminated
 
         term = isinstance(exc, Terminated)
         print(f"\nfedpriv: {'stopped by SIGTERM' if term else 'interrupted'}; every process "

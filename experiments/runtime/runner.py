@@ -17,7 +17,7 @@ from server.results import RunFolder, read_run_info, run_identity
 from tasks.config import RunConfig
 from tasks.files import explain
 
-from .leakage.release_plot import plot_in_child
+from ..leakage.release_plot import plot_in_child
 from .procs import interruption, stream_child
 from .superlink import LocalSuperLink
 

@@ -1,11 +1,11 @@
 """``fedpriv deploy``: the same apps on a real SuperLink and SuperNodes across hosts.
 
 Flower 1.41's deployment runtime, secured by default: the SuperLink serves TLS with a
-certificate from :mod:`experiments.credentials` and admits only SuperNodes whose public
+certificate from :mod:`experiments.deploy.credentials` and admits only SuperNodes whose public
 key was registered (``--enable-supernode-auth``); it keeps registrations and finished
 runs in SQLite (``--database``). It listens on loopback only, because its Control API
 (register nodes, run any app on every SuperNode, read logs) needs no login in
-open-source Flower; the public port is :mod:`experiments.fleet_gateway`, which forwards
+open-source Flower; the public port is :mod:`experiments.deploy.fleet_gateway`, which forwards
 Flower's Fleet API alone. Each command here starts Flower's own executables by
 PID, in the foreground, and stops them when it ends (Ctrl-C, SIGTERM, or — through
 Linux's parent-death signal — even ``kill -9``).
@@ -32,10 +32,10 @@ from pathlib import Path
 
 from tasks.config import ConfigError
 
+from ..runtime.procs import Foreground, stream_child
+from ..runtime.superlink import LocalSuperLink, flower_env, flower_executable
 from .credentials import LOOPBACK, Certificates, certificate_hosts, read_certificate
 from .fleet_gateway import OPERATOR_ONLY, READY, bind
-from .procs import Foreground, stream_child
-from .superlink import LocalSuperLink, flower_env, flower_executable
 
 DEFAULT_PORT = 9092
 SERVING = "deployment ready"  # printed once the SuperLink, SuperExec and gateway are up
@@ -103,12 +103,12 @@ def superexec_command(certs: Certificates | None, port: int, secret: Path,
 
 def gateway_command(certs: Certificates | None, host: str, port: int, internal: int
                     ) -> list[str]:
-    """The fleet-only gateway (:mod:`experiments.fleet_gateway`) on the public
+    """The fleet-only gateway (:mod:`experiments.deploy.fleet_gateway`) on the public
     ``host:port``, in front of the SuperLink on ``127.0.0.1:internal``."""
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     tls = (["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
            if certs else ["--insecure"])
-    return [sys.executable, "-m", "experiments.fleet_gateway", "--listen", listen,
+    return [sys.executable, "-m", "experiments.deploy.fleet_gateway", "--listen", listen,
             "--upstream", f"127.0.0.1:{internal}", *tls]
 
 
@@ -394,7 +394,7 @@ def register(link: Connection, keys: Sequence[Path], action: str = "register",
 
 
 class DeployedSuperLink(LocalSuperLink):
-    """A SuperLink that is already running somewhere: :func:`experiments.runner.execute`
+    """A SuperLink that is already running somewhere: :func:`experiments.runtime.runner.execute`
     submits to it exactly as to a private one (only ``flwr run`` is started here)."""
 
     CONNECTION = "deploy"

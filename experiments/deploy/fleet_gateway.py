@@ -11,7 +11,7 @@ Anything else is refused with a short explanation and one log line on the operat
 side. Built on uvicorn (HTTP/1.1 + TLS), Starlette (routing) and httpx (upstream), the
 libraries Flower's own HTTP APIs use; bodies stream through with a size bound.
 
-``python -m experiments.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
+``python -m experiments.deploy.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
 (--cert server.pem --key server.key --ca ca.crt | --insecure)``
 """
 
@@ -160,7 +160,7 @@ def _split(address: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.fleet_gateway",
+    parser = argparse.ArgumentParser(prog="python -m experiments.deploy.fleet_gateway",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", required=True, metavar="HOST:PORT")
     parser.add_argument("--upstream", required=True, metavar="127.0.0.1:PORT")
