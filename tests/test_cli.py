@@ -8,7 +8,7 @@ import pytest
 
 from experiments.configs import PRESETS, SWEEPS, read_preset, resolve
 from experiments.preflight.checks import preflight
-from experiments.sweep.run import load_sweep
+from experiments.sweep.spec import load_sweep
 from tasks.config import SCHEMA, ConfigError, defaults, validate
 
 from .conftest import REPO, run_cli
@@ -214,7 +214,8 @@ def test_unusable_files_and_folders_are_refused_before_work(tmp_path):
 def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
     """sweep.md's seeds table: per cell, Student's t 95% interval over its finished runs
     (a failed seed left out, n says how many), beside the row of every run."""
-    from experiments.sweep.run import Cell, SweepSpec, _write_table
+    from experiments.sweep.spec import Cell, SweepSpec
+    from experiments.sweep.table import write_table
 
     spec = SweepSpec("seeds", tmp_path / "seeds.toml", {}, {"lr": [0.1]}, seeds=[1, 2, 3])
     accs = {1: 0.80, 2: 0.84, 3: None}
@@ -222,7 +223,7 @@ def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
                   None if accs[s] else "boom", None, seed=s,
                   result={"final": {"accuracy": accs[s]}} if accs[s] else {})
              for i, s in enumerate((1, 2, 3), 1)]
-    _write_table(tmp_path, spec, cells)
+    write_table(tmp_path, spec, cells)
     md = (tmp_path / "sweep.md").read_text()
     assert "Mean ± 95% interval (Student's t) over seeds [1, 2, 3], finished runs only" in md
     # mean 0.82, half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.02828 / 1.414 = 0.2541

@@ -308,7 +308,8 @@ def test_damaged_certificates_keys_and_data_are_refused_by_deploy(capsys, tmp_pa
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, attacked_run) -> Path:
     """A finished sweep's folder of one cell, its files written by the sweep's own writer."""
-    from experiments.sweep.run import Cell, SweepSpec, _write_table
+    from experiments.sweep.spec import Cell, SweepSpec
+    from experiments.sweep.table import write_table
     from server.ledger import outcome, read_ledger
 
     out = tmp_path_factory.mktemp("fuzz") / "sweep"
@@ -319,7 +320,7 @@ def finished_sweep(tmp_path_factory, attacked_run) -> Path:
          "cells": [], "seeds": []}))
     cell = Cell(1, {"seed": 1}, None, "finished", None, out / "01",
                 result=outcome(read_ledger(out / "01")))
-    _write_table(out, spec, [cell])
+    write_table(out, spec, [cell])
     return out
 
 

@@ -191,7 +191,7 @@ def list_results(run_dir: Path) -> str:
 def _cmd_presets() -> int:
     """List the bundled presets and sweeps, checking each (exit 2 if one is invalid)."""
     from .. import configs
-    from ..sweep.run import load_sweep
+    from ..sweep.spec import load_sweep
 
     bad = 0
     for folder, kind in ((configs.PRESETS, "presets"), (configs.SWEEPS, "sweeps")):
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "sweep":
-            from ..sweep.run import replot, run_sweep
+            from ..sweep.replot import replot
+            from ..sweep.run import run_sweep
 
             if args.replot:
                 replot(Path(args.file))
