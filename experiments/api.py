@@ -31,7 +31,7 @@ from server.results import (
 from tasks.config import ConfigError, RunConfig, validate
 
 from .configs import resolve
-from .deploy.superlink import Connection, DeployedSuperLink
+from .deploy.connection import Connection, DeployedSuperLink
 from .preflight.isolated import Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
 from .runtime.runner import RunOutcome, execute

@@ -177,7 +177,7 @@ def test_replot_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path):
 
 
 def test_docs_config_reference_is_current():
-    from experiments.cli.main import config_markdown
+    from experiments.cli.keys import config_markdown
 
     assert (REPO / "docs" / "CONFIG.md").read_text() == config_markdown(), \
         "regenerate with: fedpriv keys --markdown > docs/CONFIG.md"

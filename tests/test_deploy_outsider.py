@@ -22,13 +22,12 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from experiments.deploy.connection import Connection, refuse_public_port
 from experiments.deploy.credentials import write_certificates, write_node_keys
 from experiments.deploy.fleet_gateway import REFUSED, create_app
 from experiments.deploy.superlink import (
     SERVING,
-    Connection,
     gateway_command,
-    refuse_public_port,
     superexec_command,
     superlink_command,
     write_secret,

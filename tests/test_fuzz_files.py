@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 
 import experiments.api
+import experiments.deploy.connection
 import experiments.deploy.superlink
+import experiments.deploy.supernode
 import experiments.leakage.attack
 from experiments.cli import main as cli
 from tasks.config import ConfigError
@@ -224,9 +226,11 @@ def before_work(monkeypatch, guarded):  # noqa: F811
     monkeypatch.setattr(experiments.api, "_checked", _reached)
     monkeypatch.setattr(experiments.leakage.attack.ServerTask, "load", _reached)
     monkeypatch.setattr(experiments.deploy.superlink, "serve_superlink", _reached)
-    monkeypatch.setattr(experiments.deploy.superlink, "serve_supernode", _reached)
-    monkeypatch.setattr(experiments.deploy.superlink, "flower_executable", _reached)
-    monkeypatch.setattr(experiments.deploy.superlink, "refuse_public_port", lambda link: None)
+    monkeypatch.setattr(experiments.deploy.supernode, "serve_supernode", _reached)
+    for module in (experiments.deploy.connection, experiments.deploy.superlink,
+                   experiments.deploy.supernode):
+        monkeypatch.setattr(module, "flower_executable", _reached)
+    monkeypatch.setattr(experiments.deploy.connection, "refuse_public_port", lambda link: None)
 
 
 def test_damaged_run_folders_are_refused_by_resume_deploy_resume_and_the_api(
