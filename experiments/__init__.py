@@ -1,1 +1,1 @@
-"""The command line, presets, sweeps, results tables and plots, and benchmarks."""
+"""Everything around the Flower apps: the CLI, the Python API, runs, sweeps, attacks, deployment."""

@@ -30,13 +30,13 @@ from server.results import (
 )
 from tasks.config import ConfigError, RunConfig, validate
 
-from .app_bundle import app_dir
 from .configs import resolve
-from .deploy import Connection, DeployedSuperLink
-from .preflight import Preflight, preflight_isolated
-from .runner import RunOutcome, execute
-from .superlink import LocalSuperLink
-from .sweep import run_sweep
+from .deploy.connection import Connection, DeployedSuperLink
+from .preflight.isolated import Preflight, preflight_isolated
+from .runtime.app_bundle import app_dir
+from .runtime.runner import RunOutcome, execute
+from .runtime.superlink import LocalSuperLink
+from .sweep.run import run_sweep
 
 if TYPE_CHECKING:
     import pandas

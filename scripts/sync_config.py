@@ -5,7 +5,7 @@
 
 from pathlib import Path
 
-from experiments.cli import config_markdown
+from experiments.cli.keys import config_markdown
 from tasks.config import defaults, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]

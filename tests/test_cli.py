@@ -6,9 +6,9 @@ import uuid
 import psutil
 import pytest
 
-from experiments.checks import preflight
 from experiments.configs import PRESETS, SWEEPS, read_preset, resolve
-from experiments.sweep import load_sweep
+from experiments.preflight.checks import preflight
+from experiments.sweep.spec import load_sweep
 from tasks.config import SCHEMA, ConfigError, defaults, validate
 
 from .conftest import REPO, run_cli
@@ -130,7 +130,7 @@ def test_every_bundled_preset_and_sweep_is_valid():
 
 def test_presets_command_flags_an_invalid_preset(tmp_path, monkeypatch):
     import experiments.configs as configs
-    from experiments.cli import main
+    from experiments.cli.main import main
 
     (tmp_path / "good.toml").write_text("num-clients = 4\n")
     (tmp_path / "bad.toml").write_text("num-clients = 0\n")
@@ -177,14 +177,14 @@ def test_replot_of_a_folder_that_is_not_a_sweep_is_refused(tmp_path):
 
 
 def test_docs_config_reference_is_current():
-    from experiments.cli import config_markdown
+    from experiments.cli.keys import config_markdown
 
     assert (REPO / "docs" / "CONFIG.md").read_text() == config_markdown(), \
         "regenerate with: fedpriv keys --markdown > docs/CONFIG.md"
 
 
 def test_the_final_line_lists_what_the_run_wrote(tmp_path):
-    from experiments.cli import list_results
+    from experiments.cli.main import list_results
 
     for name in ("summary.md", "run.json", "flwr.log", "plots/accuracy.png", "plots/loss.png"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -214,7 +214,8 @@ def test_unusable_files_and_folders_are_refused_before_work(tmp_path):
 def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
     """sweep.md's seeds table: per cell, Student's t 95% interval over its finished runs
     (a failed seed left out, n says how many), beside the row of every run."""
-    from experiments.sweep import Cell, SweepSpec, _write_table
+    from experiments.sweep.spec import Cell, SweepSpec
+    from experiments.sweep.table import write_table
 
     spec = SweepSpec("seeds", tmp_path / "seeds.toml", {}, {"lr": [0.1]}, seeds=[1, 2, 3])
     accs = {1: 0.80, 2: 0.84, 3: None}
@@ -222,7 +223,7 @@ def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
                   None if accs[s] else "boom", None, seed=s,
                   result={"final": {"accuracy": accs[s]}} if accs[s] else {})
              for i, s in enumerate((1, 2, 3), 1)]
-    _write_table(tmp_path, spec, cells)
+    write_table(tmp_path, spec, cells)
     md = (tmp_path / "sweep.md").read_text()
     assert "Mean ± 95% interval (Student's t) over seeds [1, 2, 3], finished runs only" in md
     # mean 0.82, half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.02828 / 1.414 = 0.2541

@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from experiments.credentials import (
+from experiments.deploy.credentials import (
     CA_PRIVATE,
     Certificates,
     ca_key_path,

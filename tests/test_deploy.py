@@ -27,8 +27,10 @@ from cryptography.hazmat.primitives.serialization import (
     load_ssh_public_key,
 )
 
-from experiments.credentials import certificate_hosts, write_certificates, write_node_keys
-from experiments.deploy import SERVING, Connection, superlink_command, supernode_command
+from experiments.deploy.connection import Connection
+from experiments.deploy.credentials import certificate_hosts, write_certificates, write_node_keys
+from experiments.deploy.superlink import SERVING, superlink_command
+from experiments.deploy.supernode import supernode_command
 from server.results import read_run_info
 from tasks.config import ConfigError
 

@@ -1,5 +1,5 @@
 """Only the operator drives a deployment. The public port is a fleet-only gateway
-(experiments/fleet_gateway.py) in front of a SuperLink bound to loopback; an outsider with
+(experiments/deploy/fleet_gateway.py) in front of a SuperLink bound to loopback; an outsider with
 the deployment's ca.crt and keys of its own, from a fresh FLWR_HOME, can neither register
 a node, run an app, list runs, read a log nor unregister a node through it, and each
 refusal is logged on the operator's side. The same calls succeed on the loopback port,
@@ -22,19 +22,18 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from experiments.credentials import write_certificates, write_node_keys
-from experiments.deploy import (
+from experiments.deploy.connection import Connection, refuse_public_port
+from experiments.deploy.credentials import write_certificates, write_node_keys
+from experiments.deploy.fleet_gateway import REFUSED, create_app
+from experiments.deploy.superlink import (
     SERVING,
-    Connection,
     gateway_command,
-    refuse_public_port,
     superexec_command,
     superlink_command,
     write_secret,
 )
-from experiments.fleet_gateway import REFUSED, create_app
-from experiments.procs import Foreground
-from experiments.superlink import flower_env, flower_executable
+from experiments.runtime.procs import Foreground
+from experiments.runtime.superlink import flower_env, flower_executable
 from tasks.config import ConfigError
 
 from .conftest import REPO

@@ -20,8 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from experiments import deploy
-from experiments.deploy import SERVING, Connection, serve_supernode
+from experiments.deploy import supernode as deploy
+from experiments.deploy.connection import Connection
+from experiments.deploy.superlink import SERVING
+from experiments.deploy.supernode import serve_supernode
 from server.results import read_run_info
 
 from .conftest import REPO, ledger_json, only_run

@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from experiments.superlink import LocalSuperLink, flower_executable
+from experiments.runtime.superlink import LocalSuperLink, flower_executable
 from server.results import read_run_info
 
 from .conftest import REPO, ledger_json, only_run, run_cli

@@ -16,7 +16,8 @@ import signal
 import pytest
 
 import experiments.api
-from experiments import cli
+from experiments.cli import main as cli
+from experiments.cli.keys import keys_reference
 from tasks.config import KEYS as SCHEMA
 from tasks.config.keys import INT_MAX, _interval
 
@@ -179,17 +180,17 @@ def test_open_ended_ranges_read_as_excluding_infinity():
     assert _interval(0, None, True, False) == "(0, inf)"
     assert _interval(1, None, False, False) == "[1, inf)"
     assert _interval(0, 1, False, True) == "[0, 1)"
-    assert "inf]" not in cli.keys_reference()
+    assert "inf]" not in keys_reference()
 
 
 def test_bad_deploy_inputs_are_refused_before_any_process_starts(capsys, guarded, tmp_path,
                                                                  monkeypatch):
-    import experiments.deploy
+    import experiments.deploy.supernode
 
     def started(*a, **k):
         raise AssertionError("a bad input reached a Flower process")
 
-    monkeypatch.setattr(experiments.deploy, "serve_supernode", started)
+    monkeypatch.setattr(experiments.deploy.supernode, "serve_supernode", started)
     monkeypatch.setattr(experiments.api, "_submit", started)
     node = ["deploy", "supernode", "--superlink", "127.0.0.1:9092", "--insecure",
             "--partition-id", "0", "--num-partitions", "2"]
@@ -207,13 +208,14 @@ def test_damaged_deploy_files_and_flags_are_refused_in_one_paragraph(capsys, gua
     """The cases a seeded fuzz from outside found as tracebacks or silent acceptances."""
     import numpy as np
 
-    import experiments.deploy
+    import experiments.deploy.superlink
+    import experiments.deploy.supernode
 
     def started(*a, **k):
         raise AssertionError("a bad input reached a Flower process")
 
-    monkeypatch.setattr(experiments.deploy, "serve_supernode", started)
-    monkeypatch.setattr(experiments.deploy, "serve_superlink", started)
+    monkeypatch.setattr(experiments.deploy.supernode, "serve_supernode", started)
+    monkeypatch.setattr(experiments.deploy.superlink, "serve_superlink", started)
     afile = tmp_path / "afile"
     afile.write_text("x")
     garbage = tmp_path / "garbage.pem"

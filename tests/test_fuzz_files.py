@@ -26,9 +26,11 @@ import numpy as np
 import pytest
 
 import experiments.api
-import experiments.deploy
-import experiments.leakage
-from experiments import cli
+import experiments.deploy.connection
+import experiments.deploy.superlink
+import experiments.deploy.supernode
+import experiments.leakage.attack
+from experiments.cli import main as cli
 from tasks.config import ConfigError
 
 from .test_fuzz import guarded  # noqa: F401  (fixture)
@@ -222,11 +224,13 @@ def before_work(monkeypatch, guarded):  # noqa: F811
     """The guard: every command stops where it would start a process or train."""
     monkeypatch.setattr(experiments.api, "resume", _resume)
     monkeypatch.setattr(experiments.api, "_checked", _reached)
-    monkeypatch.setattr(experiments.leakage.ServerTask, "load", _reached)
-    monkeypatch.setattr(experiments.deploy, "serve_superlink", _reached)
-    monkeypatch.setattr(experiments.deploy, "serve_supernode", _reached)
-    monkeypatch.setattr(experiments.deploy, "flower_executable", _reached)
-    monkeypatch.setattr(experiments.deploy, "refuse_public_port", lambda link: None)
+    monkeypatch.setattr(experiments.leakage.attack.ServerTask, "load", _reached)
+    monkeypatch.setattr(experiments.deploy.superlink, "serve_superlink", _reached)
+    monkeypatch.setattr(experiments.deploy.supernode, "serve_supernode", _reached)
+    for module in (experiments.deploy.connection, experiments.deploy.superlink,
+                   experiments.deploy.supernode):
+        monkeypatch.setattr(module, "flower_executable", _reached)
+    monkeypatch.setattr(experiments.deploy.connection, "refuse_public_port", lambda link: None)
 
 
 def test_damaged_run_folders_are_refused_by_resume_deploy_resume_and_the_api(
@@ -308,7 +312,8 @@ def test_damaged_certificates_keys_and_data_are_refused_by_deploy(capsys, tmp_pa
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, attacked_run) -> Path:
     """A finished sweep's folder of one cell, its files written by the sweep's own writer."""
-    from experiments.sweep import Cell, SweepSpec, _write_table
+    from experiments.sweep.spec import Cell, SweepSpec
+    from experiments.sweep.table import write_table
     from server.ledger import outcome, read_ledger
 
     out = tmp_path_factory.mktemp("fuzz") / "sweep"
@@ -319,7 +324,7 @@ def finished_sweep(tmp_path_factory, attacked_run) -> Path:
          "cells": [], "seeds": []}))
     cell = Cell(1, {"seed": 1}, None, "finished", None, out / "01",
                 result=outcome(read_ledger(out / "01")))
-    _write_table(out, spec, [cell])
+    write_table(out, spec, [cell])
     return out
 
 

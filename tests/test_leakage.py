@@ -11,9 +11,9 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-from experiments.checks import preflight
-from experiments.leakage import run_attacks
-from experiments.leakage_inputs import load
+from experiments.leakage.attack import run_attacks
+from experiments.leakage.inputs import load
+from experiments.preflight.checks import preflight
 from server.evaluation import CentralEvaluator
 from server.federation import ServerTask
 from server.loop import run_rounds
@@ -206,7 +206,7 @@ def test_unobserved_rounds_save_nothing(tmp_path):
 
 
 def test_a_sweep_reads_an_attacked_cell_into_its_table_and_plots(tmp_path):
-    from experiments.leakage_sweep import leakage_plots, rows_for, write_leakage_table
+    from experiments.leakage.sweep import leakage_plots, rows_for, write_leakage_table
 
     cell = tmp_path / "cell"
     cell.mkdir()
@@ -247,7 +247,7 @@ def test_damaged_attack_inputs_are_named_not_tracebacks(tmp_path, damage, why):
 
 
 def test_an_empty_attack_list_is_refused_by_the_cli(tmp_path):
-    from experiments.cli import main
+    from experiments.cli.main import main
 
     observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 2, "attacks": "labels"})
     assert main(["attack", str(tmp_path), "--attack", " , "]) == 2

@@ -315,7 +315,7 @@ def test_secure_rng_draws_unpredictable_noise_of_the_right_scale():
 def test_the_pre_flight_check_states_the_local_dp_settings_a_run_will_use():
     """What `fedpriv run` prints as "privacy: ..." before any process starts: the noise
     each client calibrated from its own record count and the budget."""
-    from experiments.checks import preflight
+    from experiments.preflight.checks import preflight
     from tasks.config import validate
 
     cfg = validate({"num-clients": 3, "num-server-rounds": 5, "fraction-train": 0.34,

@@ -11,7 +11,7 @@ from flwr.app import Context, RecordDict
 from torchmetrics.functional.classification import multiclass_auroc
 
 from clients.anonymized import online_sample, released_data
-from experiments.sweep import load_sweep
+from experiments.sweep.spec import load_sweep
 from server.app import run_one
 from server.evaluation import auroc
 from server.ledger import read_ledger

@@ -68,7 +68,7 @@ def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
 
     import psutil
 
-    from experiments.superlink import OWNER_FILE, remove_stale_homes
+    from experiments.runtime.superlink import OWNER_FILE, remove_stale_homes
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(gone.pid).create_time()

@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from clients.state_store import StateFileError
-from experiments.runner import LogFilter, recorded_outcome
+from experiments.runtime.runner import LogFilter, recorded_outcome
 from server.app import run_one
 from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, ResumeError, resumable
 from server.console import PREFIX

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from experiments.procs import Terminated, signals_deferred
+from experiments.runtime.procs import Terminated, signals_deferred
 
 
 def test_a_signal_during_cleanup_is_raised_once_cleanup_is_done():

@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 
 from experiments.configs import resolve
-from experiments.procs import tree
-from experiments.superlink import LocalSuperLink
+from experiments.runtime.procs import tree
+from experiments.runtime.superlink import LocalSuperLink
 from server.ledger import read_ledger
 from server.results import read_run_info
 
@@ -207,14 +207,23 @@ def main() -> None:
         if not args.skip_plain:
             print(f"[{i + 1}/{args.repeat}] plain PyTorch loop ...", flush=True)
             pls.append(bench_plain(common))
-    report["fedpriv"] = fp = _merge(fps)
-    pl = report["plain"] = _merge(pls) if pls else None
+    report["fedpriv"] = _merge(fps)
+    report["plain"] = _merge(pls) if pls else None
     if args.bare_flower:
         cfg = resolve(args.config, sets)
         print("bare Flower app ...", flush=True)
         report["bare-flower"] = bench_bare_flower(cfg.federation.num_clients,
                                                   cfg.federation.num_server_rounds,
                                                   cfg.federation.fraction_train)
+    print_table(_rows(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+def _rows(report: dict) -> list[tuple[str, ...]]:
+    """The comparison table: fedpriv against the plain loop and the bare Flower app (the
+    ratios also go into ``report``)."""
+    fp, pl = report["fedpriv"], report["plain"]
 
     def col(key: str, fmt: str) -> list[str]:
         return [fmt.format(fp[key]), fmt.format(pl[key]) if pl else ""]
@@ -245,9 +254,7 @@ def main() -> None:
         bf = report["bare-flower"]
         rows.append(("bare Flower app, total (s)", f"{bf['total-s']:.1f}", "",
                      f"fedpriv fixed cost {fp['fixed-s'] - bf['total-s']:+.1f} s over it"))
-    print_table(rows)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Anything else is refused with a short explanation and one log line on the operat
 side. Built on uvicorn (HTTP/1.1 + TLS), Starlette (routing) and httpx (upstream), the
 libraries Flower's own HTTP APIs use; bodies stream through with a size bound.
 
-``python -m experiments.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
+``python -m experiments.deploy.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
 (--cert server.pem --key server.key --ca ca.crt | --insecure)``
 """
 
@@ -84,47 +84,20 @@ def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = 
             client = c
             yield
 
-    def refuse(request: Request, status: int, body: str) -> Response:
-        peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
-        raw = request.scope.get("raw_path") or request.url.path.encode()
-        log(f"{_stamp()} {REFUSED} {status} {peer} {_printable(request.method.encode(), 16)} "
-            f"{_printable(raw)}")
-        return PlainTextResponse(f"{status}: {body}", status_code=status)
-
     async def forward(request: Request) -> Response:
-        raw: bytes = request.scope.get("raw_path") or b""
-        query = request.scope.get("query_string") or b""
-        is_fleet = raw.startswith(FLEET_PREFIX.encode())
-        if raw == b"/health" and request.method in ("GET", "HEAD") and not query:
-            path = "/health"
-        elif is_fleet and FLEET_PATH.fullmatch(raw) and not query:
-            if request.method != "POST":
-                return refuse(request, 405, "the Fleet API takes POST only.\n")
-            path = raw.decode("ascii")
-        elif raw.startswith((b"/v1/control", b"/v1/runtime")):
-            return refuse(request, 403, OPERATOR_ONLY)
-        else:
-            return refuse(request, 404, "not a Fleet API path; " + OPERATOR_ONLY)
-        declared = request.headers.get("content-length", "")
-        if declared and (not declared.isdigit() or int(declared) > max_body):
-            return refuse(request, 413, f"request body over {max_body} bytes.\n")
+        route = _route(request, max_body)
+        if not isinstance(route, str):
+            return _refuse(request, *route, log)
+        path = route
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
-
-        async def body() -> AsyncIterator[bytes]:
-            seen = 0
-            async for chunk in request.stream():
-                seen += len(chunk)
-                if seen > max_body:
-                    raise _TooLarge
-                yield chunk
-
         assert client is not None
         sent = client.build_request(request.method, path, headers=headers,
-                                    content=body() if request.method == "POST" else None)
+                                    content=_bounded(request, max_body)
+                                    if request.method == "POST" else None)
         try:
             answer = await client.send(sent, stream=True)
         except _TooLarge:
-            return refuse(request, 413, f"request body over {max_body} bytes.\n")
+            return _refuse(request, 413, f"request body over {max_body} bytes.\n", log)
         except httpx.HTTPError as exc:
             log(f"{_stamp()} gateway: the SuperLink did not answer {path}: "
                 f"{type(exc).__name__}: {exc}")
@@ -137,6 +110,47 @@ def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = 
     methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", forward, methods=methods)],
                      lifespan=lifespan)
+
+
+def _route(request: Request, max_body: int) -> str | tuple[int, str]:
+    """The upstream path a request goes to (``/health`` or one Fleet route), or the
+    (status, reason) it is refused with."""
+    raw: bytes = request.scope.get("raw_path") or b""
+    query = request.scope.get("query_string") or b""
+    is_fleet = raw.startswith(FLEET_PREFIX.encode())
+    if raw == b"/health" and request.method in ("GET", "HEAD") and not query:
+        path = "/health"
+    elif is_fleet and FLEET_PATH.fullmatch(raw) and not query:
+        if request.method != "POST":
+            return 405, "the Fleet API takes POST only.\n"
+        path = raw.decode("ascii")
+    elif raw.startswith((b"/v1/control", b"/v1/runtime")):
+        return 403, OPERATOR_ONLY
+    else:
+        return 404, "not a Fleet API path; " + OPERATOR_ONLY
+    declared = request.headers.get("content-length", "")
+    if declared and (not declared.isdigit() or int(declared) > max_body):
+        return 413, f"request body over {max_body} bytes.\n"
+    return path
+
+
+def _refuse(request: Request, status: int, body: str, log: Log) -> Response:
+    """The refusal, with one log line on the operator's side."""
+    peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    log(f"{_stamp()} {REFUSED} {status} {peer} {_printable(request.method.encode(), 16)} "
+        f"{_printable(raw)}")
+    return PlainTextResponse(f"{status}: {body}", status_code=status)
+
+
+async def _bounded(request: Request, max_body: int) -> AsyncIterator[bytes]:
+    """The request body as it streams in; :class:`_TooLarge` past ``max_body`` bytes."""
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > max_body:
+            raise _TooLarge
+        yield chunk
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -160,7 +174,7 @@ def _split(address: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.fleet_gateway",
+    parser = argparse.ArgumentParser(prog="python -m experiments.deploy.fleet_gateway",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", required=True, metavar="HOST:PORT")
     parser.add_argument("--upstream", required=True, metavar="127.0.0.1:PORT")

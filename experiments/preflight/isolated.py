@@ -1,7 +1,7 @@
 """Checks that need the data, run by the CLI before any SuperLink or Ray process starts.
 
 They run in a short-lived child process (:func:`preflight_isolated`, running
-:mod:`experiments.checks`): importing torch costs about 0.5 GB, which the CLI would
+:mod:`experiments.preflight.checks`): importing torch costs about 0.5 GB, which the CLI would
 otherwise hold for the whole run.
 """
 
@@ -29,7 +29,7 @@ class Preflight:
 
 def _child(given: object) -> tuple[dict, int]:
     # stderr goes straight to the terminal: progress such as backbone training shows live
-    proc = subprocess.run([sys.executable, "-m", "experiments.checks"], text=True,
+    proc = subprocess.run([sys.executable, "-m", "experiments.preflight.checks"], text=True,
                           input=json.dumps(given), stdout=subprocess.PIPE)
     lines = proc.stdout.strip().splitlines()
     try:
@@ -51,7 +51,8 @@ def _preflight(answer: dict, code: int) -> Preflight:
 
 
 def preflight_isolated(cfg: RunConfig) -> Preflight:
-    """:func:`experiments.checks.preflight` in a child process; its ConfigError is raised here."""
+    """:func:`experiments.preflight.checks.preflight` in a child process; its ConfigError is
+    raised here."""
     return _preflight(*_child(cfg.flat()))
 
 

@@ -1,8 +1,8 @@
 """The pre-flight checks themselves: they load the data, the model and the privacy stack.
 
-Run as ``python -m experiments.checks`` by :func:`experiments.preflight.preflight_isolated`
-(a config as JSON on stdin, the answer as JSON on the last line of stdout), so the CLI
-process never imports torch.
+Run as ``python -m experiments.preflight.checks`` by
+:func:`experiments.preflight.isolated.preflight_isolated` (a config as JSON on stdin, the
+answer as JSON on the last line of stdout), so the CLI process never imports torch.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tasks.splits import (
 )
 from tasks.training import resolve_device
 
-from .preflight import Preflight
+from .isolated import Preflight
 
 
 def writable(folder: Path, key: str) -> None:

@@ -24,7 +24,7 @@ from server.ledger import read_ledger
 from server.privacy_log import headline_epsilon
 from tasks.config import RunConfig
 
-from .pareto import pareto_front
+from ..sweep.pareto import pareto_front
 from .roc import draw_roc
 
 COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",

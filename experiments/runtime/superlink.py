@@ -195,8 +195,8 @@ class LocalSuperLink:
         if self.keeper is None:
             # Its own session: a Ctrl-C on the terminal is for fedpriv, not for it.
             self.keeper = subprocess.Popen(
-                [sys.executable, "-m", "experiments.keeper", str(self.record_path),
-                 str(os.getpid())], cwd=Path(__file__).resolve().parents[1],
+                [sys.executable, "-m", "experiments.runtime.keeper", str(self.record_path),
+                 str(os.getpid())], cwd=Path(__file__).resolve().parents[2],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
 

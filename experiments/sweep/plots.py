@@ -14,7 +14,7 @@ from server.ledger import read_ledger
 from server.plots import line_plot
 from server.privacy_log import headline_epsilon
 
-from .leakage_sweep import leakage_plots, sweep_rows
+from ..leakage.sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front
 from .stats import mean_ci
 
@@ -31,28 +31,39 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
     if any(c.seed is not None for c in cells):
         _seed_plots(out, name, groups, ledgers)
     else:
-        line_plot(out / "accuracy_vs_round.png",
-                  {k: ([r.round for r in v], [r.accuracy for r in v])
-                   for k, v in ledgers.items()},
-                  "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
-        fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
-        ax = fig.subplots()
-        values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
-        colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
-        ax.barh(range(len(cells)), values, color=colors)
-        ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 1)
-        ax.set_xlabel("final test accuracy (red: cell did not finish)")
-        ax.set_title(f"sweep {name}", fontsize=10)
-        for i, v in enumerate(values):
-            ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
-        fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
-
+        _accuracy_plots(out, name, cells, ledgers)
     _anonymization_plots(out, name, cells)
     leaked = sweep_rows(cells)
     if leaked:
         leakage_plots(out, name, leaked)
+    _privacy_plots(out, name, cells, ledgers)
+
+
+def _accuracy_plots(out: Path, name: str, cells: Sequence[Any],
+                    ledgers: dict[str, list[Any]]) -> None:
+    """One run per cell: accuracy per round, and each cell's final accuracy as a bar."""
+    line_plot(out / "accuracy_vs_round.png",
+              {k: ([r.round for r in v], [r.accuracy for r in v])
+               for k, v in ledgers.items()},
+              "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
+    fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
+    ax = fig.subplots()
+    values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
+    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
+    ax.barh(range(len(cells)), values, color=colors)
+    ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("final test accuracy (red: cell did not finish)")
+    ax.set_title(f"sweep {name}", fontsize=10)
+    for i, v in enumerate(values):
+        ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
+    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
+
+
+def _privacy_plots(out: Path, name: str, cells: Sequence[Any],
+                   ledgers: dict[str, list[Any]]) -> None:
+    """When cells used DP: final accuracy against epsilon spent, and epsilon per round."""
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
     points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in private
                     if eps is not None and c.result.get("final"))

@@ -17,8 +17,8 @@ from server.results import RunFolder, read_run_info, run_identity
 from tasks.config import RunConfig
 from tasks.files import explain
 
+from ..leakage.release_plot import plot_in_child
 from .procs import interruption, stream_child
-from .release_plot import plot_in_child
 from .superlink import LocalSuperLink
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -101,7 +101,7 @@ def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
     (torch stays out of the CLI); True when they completed."""
     echo("attacking what the server observed (privacy.attacks; `fedpriv attack` re-runs "
          "them)...")
-    code = stream_child([sys.executable, "-m", "experiments.leakage", str(run_dir)],
+    code = stream_child([sys.executable, "-m", "experiments.leakage.attack", str(run_dir)],
                         lambda line: echo(f"  {line}"))
     if code != 0:
         echo(f"  the attacks did not complete (exit code {code}); the run's results are "

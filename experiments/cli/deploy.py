@@ -1,4 +1,6 @@
-"""The ``fedpriv deploy`` subcommands: certs, keys, register, superlink, supernode, run."""
+"""``fedpriv deploy``: its subcommands' arguments (certs, keys, register, superlink,
+supernode, run) and what each does. The deployment itself is :mod:`experiments.deploy`,
+imported only when a subcommand runs."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 from tasks.config import ConfigError
 
-from .configs import PRESETS
+from ..configs import PRESETS
 
 EXAMPLE = """\
 three hosts (server.lab, and hospitals a and b), the server holding the CA:
@@ -39,7 +41,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Deploy the federation on real hosts with Flower's deployment runtime: "
                     "TLS and SuperNode authentication on by default.", epilog=EXAMPLE)
     cmds = deploy.add_subparsers(dest="deploy_command", required=True)
+    _add_files(cmds)
+    _add_register(cmds)
+    _add_superlink(cmds)
+    _add_supernode(cmds)
+    _add_run(cmds)
 
+
+def _add_connection(p: argparse.ArgumentParser, operator: bool = True) -> None:
+    """--superlink and how to trust it (--ca or --insecure)."""
+    p.add_argument("--superlink", required=True, metavar="HOST:PORT",
+                   help=("the SuperLink's internal address, on the SuperLink's host: "
+                         "127.0.0.1:INTERNAL_PORT (9093 by default); the public port "
+                         "refuses operator commands" if operator else
+                         "the SuperLink's public address (its fleet gateway), e.g. "
+                         "server.lab:9092"))
+    trust = p.add_mutually_exclusive_group(required=True)
+    trust.add_argument("--ca", type=Path, help="the deployment's ca.crt")
+    trust.add_argument("--insecure", action="store_true",
+                       help="no TLS (loopback demos only)")
+
+
+def _add_files(cmds: argparse._SubParsersAction) -> None:
+    """certs and keys: the files a deployment needs."""
     certs = cmds.add_parser("certs", help="make a CA and the SuperLink's TLS certificate")
     certs.add_argument("folder", type=Path, help="where to write ca.crt, server.pem, server.key")
     certs.add_argument("--host", action="append", required=True, metavar="NAME_OR_IP",
@@ -51,18 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     keys.add_argument("folder", type=Path)
     keys.add_argument("--nodes", type=int, required=True, metavar="N")
 
-    def connection(p: argparse.ArgumentParser, operator: bool = True) -> None:
-        p.add_argument("--superlink", required=True, metavar="HOST:PORT",
-                       help=("the SuperLink's internal address, on the SuperLink's host: "
-                             "127.0.0.1:INTERNAL_PORT (9093 by default); the public port "
-                             "refuses operator commands" if operator else
-                             "the SuperLink's public address (its fleet gateway), e.g. "
-                             "server.lab:9092"))
-        trust = p.add_mutually_exclusive_group(required=True)
-        trust.add_argument("--ca", type=Path, help="the deployment's ca.crt")
-        trust.add_argument("--insecure", action="store_true",
-                           help="no TLS (loopback demos only)")
 
+def _add_register(cmds: argparse._SubParsersAction) -> None:
     reg = cmds.add_parser("register", help="register SuperNode public keys with the "
                                            "SuperLink (flwr supernode register; on the "
                                            "SuperLink's host)")
@@ -70,8 +84,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     reg.add_argument("--ls", action="store_true", help="list the registered SuperNodes")
     reg.add_argument("--unregister", action="store_true",
                      help="unregister instead (give node ids, as `--ls` prints them)")
-    connection(reg)
+    _add_connection(reg)
 
+
+def _add_superlink(cmds: argparse._SubParsersAction) -> None:
     link = cmds.add_parser("superlink", help="start a SuperLink (foreground; Ctrl-C stops it)")
     link.add_argument("--certs", type=Path, help="folder made by `fedpriv deploy certs`")
     link.add_argument("--state", type=Path, required=True,
@@ -89,8 +105,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     link.add_argument("--insecure", action="store_true",
                       help="no TLS and no authentication: loopback demos only")
 
+
+def _add_supernode(cmds: argparse._SubParsersAction) -> None:
     node = cmds.add_parser("supernode", help="start a SuperNode for this host (foreground)")
-    connection(node, operator=False)
+    _add_connection(node, operator=False)
     node.add_argument("--key", type=Path, help="this host's private key (with authentication)")
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
@@ -120,10 +138,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "or its key is not registered), keep retrying this long "
                            "(default 90; 0: give up at once)")
 
+
+def _add_run(cmds: argparse._SubParsersAction) -> None:
     run = cmds.add_parser("run", help="submit a run to the deployment and wait for it "
                                       "(run it on the SuperLink's host: the results folder "
                                       "is written there)")
-    connection(run)
+    _add_connection(run)
     run.add_argument("--config", metavar="PRESET",
                      help=f"a preset TOML file, or the name of one in {PRESETS}")
     run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
@@ -136,7 +156,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _connection(args: argparse.Namespace):
-    from .deploy import Connection
+    from ..deploy.connection import Connection
 
     return Connection(args.superlink, None if args.insecure else args.ca)
 
@@ -145,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch ``fedpriv deploy <command>``; ConfigError for bad input, including a file
     or folder that cannot be read or written (named, with what to do)."""
     try:
-        return _dispatch(args)
+        return COMMANDS[args.deploy_command](args)
     except OSError as exc:
         what = f" {exc.filename}" if exc.filename else ""
         raise ConfigError(f"fedpriv deploy {args.deploy_command}: cannot use{what} "
@@ -154,106 +174,129 @@ def run(args: argparse.Namespace) -> int:
                           "(or the reverse), and run the command again.") from None
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    from . import deploy
-    from .credentials import (
-        Certificates,
-        certificates_message,
-        read_node_key,
-        write_certificates,
-        write_node_keys,
-    )
+def _certs(args: argparse.Namespace) -> int:
+    from ..deploy.credentials import certificates_message, write_certificates
 
-    cmd = args.deploy_command
-    if cmd == "certs":
-        made = write_certificates(args.folder, args.host, args.days)
-        print(certificates_message(made, args.host))
+    made = write_certificates(args.folder, args.host, args.days)
+    print(certificates_message(made, args.host))
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from ..deploy.credentials import write_node_keys
+
+    paths = write_node_keys(args.folder, args.nodes)
+    print(f"wrote {len(paths)} key pairs in {args.folder}: give supernode-I (private) to "
+          "host I only; register the .pub files with `fedpriv deploy register`")
+    return 0
+
+
+def _register(args: argparse.Namespace) -> int:
+    from ..deploy import connection
+    from ..deploy.credentials import read_node_key
+
+    action = "ls" if args.ls else "unregister" if args.unregister else "register"
+    if action != "ls" and not args.keys:
+        raise ConfigError("fedpriv deploy register: give the .pub files to register (or "
+                          "node ids with --unregister), or --ls to list.")
+    if action == "register":
+        for key in args.keys:
+            read_node_key(key, "deploy register", private=False)
+    return connection.register(_connection(args), args.keys, action)
+
+
+def _superlink(args: argparse.Namespace) -> int:
+    from ..deploy import superlink
+    from ..deploy.credentials import Certificates
+
+    if args.insecure == bool(args.certs):
+        raise ConfigError("fedpriv deploy superlink: give --certs FOLDER (TLS and SuperNode "
+                          "authentication), or --insecure for a loopback demo.")
+    certs = Certificates.in_folder(args.certs).check() if args.certs else None
+    for exposed in certs.exposed_signing_keys() if certs else []:
+        print(f"note: the CA's signing key {exposed} is on the SuperLink's host; move it "
+              "offline (it is needed only to issue a new server certificate, and whoever "
+              "holds it can impersonate the SuperLink)")
+    return superlink.serve_superlink(certs, args.state, args.host, args.port,
+                                     auth=certs is not None, nodes=args.nodes,
+                                     internal_port=args.internal_port)
+
+
+def _supernode(args: argparse.Namespace) -> int:
+    from ..deploy import superlink, supernode
+    from ..deploy.credentials import read_node_key
+
+    if args.key is not None:
+        read_node_key(args.key, "--key", private=True)
+    if args.key is None and not args.insecure:
+        print("note: no --key: the SuperLink admits this node only if it runs without "
+              "SuperNode authentication")
+    if not (math.isfinite(args.rejoin_wait) and args.rejoin_wait >= 0):
+        raise ConfigError(f"--rejoin-wait {args.rejoin_wait}: give the seconds to keep "
+                          "retrying, 0 or more (0: give up at once).")
+    if args.state_dir is not None and args.state_dir.exists() and \
+            not args.state_dir.is_dir():
+        raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a file; give a folder "
+                          "(it is made if missing).")
+    superlink.port_free("127.0.0.1", args.port, "--port")
+    if not 0 <= args.partition_id < args.num_partitions:
+        raise ConfigError(f"--partition-id {args.partition_id} must be in 0.."
+                          f"{args.num_partitions - 1} (--num-partitions "
+                          f"{args.num_partitions}).")
+    config = _node_config(args)
+    return supernode.serve_supernode(_connection(args), config, args.key, args.port,
+                                     rejoin_wait=args.rejoin_wait)
+
+
+def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:
+    """The SuperNode's node config: its partition, its own data and state, the host's
+    datasets."""
+    config: dict[str, str | int | bool] = {"partition-id": args.partition_id,
+                                           "num-partitions": args.num_partitions}
+    if args.data_path is not None:
+        from tasks.local_data import describe
+
+        print(f"own data: {describe(args.data_path)}")
+        config["data-path"] = str(args.data_path.resolve())
+    if args.state_dir is not None:
+        args.state_dir.mkdir(parents=True, exist_ok=True)
+        config["state-dir"] = str(args.state_dir.resolve())
+    config.update(_host_data(args))
+    return config
+
+
+def _run(args: argparse.Namespace) -> int:
+    from server.checkpoint import resumable
+
+    from ..api import resume_deployed, run_deployed
+    from ..configs import resolve
+    from ..deploy import connection
+
+    t0 = time.perf_counter()
+    link = _connection(args)
+    if args.resume is not None:  # this host's inputs first, then the SuperLink
+        given = [f for f, v in (("--config", args.config), ("--set", args.set),
+                                ("--name", args.name)) if v]
+        if given:
+            raise ConfigError(f"fedpriv deploy run --resume continues a run with its own "
+                              f"config; drop {', '.join(given)}.")
+        resumable(args.resume)
+        connection.refuse_public_port(link)  # before the pre-flight check
+        result = resume_deployed(args.resume, link, verbose=args.verbose)
+    else:
+        cfg = resolve(args.config, args.set)
+        connection.refuse_public_port(link)
+        result = run_deployed(cfg, link, name=args.name, verbose=args.verbose)
+    if result.ok:
+        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
         return 0
-    if cmd == "keys":
-        paths = write_node_keys(args.folder, args.nodes)
-        print(f"wrote {len(paths)} key pairs in {args.folder}: give supernode-I (private) to "
-              "host I only; register the .pub files with `fedpriv deploy register`")
-        return 0
-    if cmd == "register":
-        action = "ls" if args.ls else "unregister" if args.unregister else "register"
-        if action != "ls" and not args.keys:
-            raise ConfigError("fedpriv deploy register: give the .pub files to register (or "
-                              "node ids with --unregister), or --ls to list.")
-        if action == "register":
-            for key in args.keys:
-                read_node_key(key, "deploy register", private=False)
-        return deploy.register(_connection(args), args.keys, action)
-    if cmd == "superlink":
-        if args.insecure == bool(args.certs):
-            raise ConfigError("fedpriv deploy superlink: give --certs FOLDER (TLS and SuperNode "
-                              "authentication), or --insecure for a loopback demo.")
-        certs = Certificates.in_folder(args.certs).check() if args.certs else None
-        for exposed in certs.exposed_signing_keys() if certs else []:
-            print(f"note: the CA's signing key {exposed} is on the SuperLink's host; move it "
-                  "offline (it is needed only to issue a new server certificate, and whoever "
-                  "holds it can impersonate the SuperLink)")
-        return deploy.serve_superlink(certs, args.state, args.host, args.port,
-                                      auth=certs is not None, nodes=args.nodes,
-                                      internal_port=args.internal_port)
-    if cmd == "supernode":
-        if args.key is not None:
-            read_node_key(args.key, "--key", private=True)
-        if args.key is None and not args.insecure:
-            print("note: no --key: the SuperLink admits this node only if it runs without "
-                  "SuperNode authentication")
-        if not (math.isfinite(args.rejoin_wait) and args.rejoin_wait >= 0):
-            raise ConfigError(f"--rejoin-wait {args.rejoin_wait}: give the seconds to keep "
-                              "retrying, 0 or more (0: give up at once).")
-        if args.state_dir is not None and args.state_dir.exists() and \
-                not args.state_dir.is_dir():
-            raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a file; give a folder "
-                              "(it is made if missing).")
-        deploy.port_free("127.0.0.1", args.port, "--port")
-        if not 0 <= args.partition_id < args.num_partitions:
-            raise ConfigError(f"--partition-id {args.partition_id} must be in 0.."
-                              f"{args.num_partitions - 1} (--num-partitions "
-                              f"{args.num_partitions}).")
-        config: dict[str, str | int | bool] = {"partition-id": args.partition_id,
-                                        "num-partitions": args.num_partitions}
-        if args.data_path is not None:
-            from tasks.local_data import describe
+    print(f"run {result.status}: {result.error}\n  partial results and the full log "
+          f"(flwr.log) are in {result.run_dir}")
+    return 1
 
-            print(f"own data: {describe(args.data_path)}")
-            config["data-path"] = str(args.data_path.resolve())
-        if args.state_dir is not None:
-            args.state_dir.mkdir(parents=True, exist_ok=True)
-            config["state-dir"] = str(args.state_dir.resolve())
-        config.update(_host_data(args))
-        return deploy.serve_supernode(_connection(args), config, args.key, args.port,
-                                      rejoin_wait=args.rejoin_wait)
-    if cmd == "run":
-        from server.checkpoint import resumable
 
-        from .api import resume_deployed, run_deployed
-        from .configs import resolve
-
-        t0 = time.perf_counter()
-        link = _connection(args)
-        if args.resume is not None:  # this host's inputs first, then the SuperLink
-            given = [f for f, v in (("--config", args.config), ("--set", args.set),
-                                    ("--name", args.name)) if v]
-            if given:
-                raise ConfigError(f"fedpriv deploy run --resume continues a run with its own "
-                                  f"config; drop {', '.join(given)}.")
-            resumable(args.resume)
-            deploy.refuse_public_port(link)  # before the pre-flight check
-            result = resume_deployed(args.resume, link, verbose=args.verbose)
-        else:
-            cfg = resolve(args.config, args.set)
-            deploy.refuse_public_port(link)
-            result = run_deployed(cfg, link, name=args.name, verbose=args.verbose)
-        if result.ok:
-            print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
-            return 0
-        print(f"run {result.status}: {result.error}\n  partial results and the full log "
-              f"(flwr.log) are in {result.run_dir}")
-        return 1
-    raise AssertionError(cmd)
+COMMANDS = {"certs": _certs, "keys": _keys, "register": _register, "superlink": _superlink,
+            "supernode": _supernode, "run": _run}
 
 
 def _host_data(args: argparse.Namespace) -> dict[str, str | int | bool]:
@@ -281,3 +324,5 @@ def _host_data(args: argparse.Namespace) -> dict[str, str | int | bool]:
                               "host's copy of the run's weights file.")
         out["backbone-weights"] = str(weights.resolve())
     return out
+
+

@@ -53,10 +53,10 @@ from tasks.seeding import derive_seed
 from tasks.splits import model_for
 from tasks.training import resolve_device
 
-from .leakage_inputs import check, load, select
-from .leakage_plots import reconstruction_grid, roc_plot
-from .leakage_report import headline, record, summarize
-from .leakage_truth import truth_for
+from .inputs import check, load, select
+from .plots import reconstruction_grid, roc_plot
+from .report import headline, record, summarize
+from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
 # The membership attack each observation reports (all are recorded): the loss drop
@@ -312,7 +312,7 @@ def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.leakage RUN_DIR`` (what `fedpriv run` starts after a run)."""
+    """``python -m experiments.leakage.attack RUN_DIR`` (what `fedpriv run` starts after a run)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)

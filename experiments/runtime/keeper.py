@@ -1,6 +1,6 @@
 """The keeper: stops every process a LocalSuperLink started when its owner dies, however.
 
-``python -m experiments.keeper RECORD OWNER_PID`` runs beside fedpriv in a session of
+``python -m experiments.runtime.keeper RECORD OWNER_PID`` runs beside fedpriv in a session of
 its own. Every 0.5 s it records each root the owner listed in ``RECORD.roots`` (one PID
 per line: the SuperLink, the SuperNodes, each ``flwr run``) and every descendant it can
 see, with their start times, in ``RECORD`` (JSON). Flower
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from experiments.procs import terminate_then_kill
+from experiments.runtime.procs import terminate_then_kill
 
 INTERVAL = 0.5
 GRACE = 5.0

@@ -1,6 +1,6 @@
 """Draw one client's original vs released embeddings in 2-D (PCA fitted on the originals).
 
-    python -m experiments.release_plot RUN_DIR [--client 0]
+    python -m experiments.leakage.release_plot RUN_DIR [--client 0]
 
 Reads the run's config.toml, takes the client's embeddings and its release exactly as
 the run computed them (both are cached on disk) and writes
@@ -77,7 +77,7 @@ def _federated_release(run_dir: Path, anon, split, seed: int):
 
 def plot_in_child(run_dir: Path, client: int = 0) -> bool:
     """Run :func:`release_scatter` in a child process (it imports torch); True if drawn."""
-    proc = subprocess.run([sys.executable, "-m", "experiments.release_plot", str(run_dir),
+    proc = subprocess.run([sys.executable, "-m", "experiments.leakage.release_plot", str(run_dir),
                            "--client", str(client)], capture_output=True, text=True)
     return proc.returncode == 0
 

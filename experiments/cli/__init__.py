@@ -1,0 +1,1 @@
+"""The `fedpriv` command line: its parser, its commands and `python -m experiments.cli`."""

@@ -1,0 +1,153 @@
+"""The `fedpriv` command line: run a configuration, run a sweep, attack a run's
+observations, deploy across hosts, list keys and presets.
+
+Each command imports what it needs when it runs, so --help and bad input stay fast (no
+torch, no Flower: tests/test_layers.py checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tasks.config import ConfigError, defaults, to_toml, validate
+
+from . import deploy
+from .keys import config_markdown, keys_reference
+from .parser import build_parser
+
+EXIT_BAD_INPUT = 2
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    # Each command imports what it needs, so --help and bad input stay fast.
+    from ..api import resume, run_config
+    from ..configs import resolve
+
+    t0 = time.perf_counter()
+    if args.resume is not None:
+        others = [flag for flag, given in (("--config", args.config), ("--set", args.set),
+                                           ("--name", args.name),
+                                           ("--supernodes", args.supernodes)) if given]
+        if others:
+            raise ConfigError(
+                f"--resume continues a run with the config it started with, so "
+                f"{', '.join(others)} cannot be combined with it. Drop "
+                f"{'them' if len(others) > 1 else 'it'}, or start a new run instead.")
+        result = resume(args.resume, verbose=args.verbose)
+    else:
+        result = run_config(resolve(args.config, args.set), name=args.name,
+                            supernodes=args.supernodes, verbose=args.verbose)
+    if result.ok:
+        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
+        print(f"  {list_results(result.run_dir)}")
+        return 0
+    print(f"run {result.status}: {result.error}\n  partial results and the full log "
+          f"(flwr.log) are in {result.run_dir}", file=sys.stderr)
+    if (result.run_dir / "checkpoint" / "server.npz").is_file():
+        print(f"  continue from its last finished round with: fedpriv run --resume "
+              f"{result.run_dir}", file=sys.stderr)
+    return 1
+
+
+def list_results(run_dir: Path) -> str:
+    """The files a run wrote, as one line (what is there, not what might be)."""
+    files = sorted(p.name for p in run_dir.iterdir() if p.is_file() and p.name != "flwr.log")
+    plots = sorted(p.stem for p in (run_dir / "plots").glob("*.png"))
+    return ", ".join(files + ([f"plots/{{{','.join(plots)}}}.png"] if plots else []))
+
+
+def _cmd_presets() -> int:
+    """List the bundled presets and sweeps, checking each (exit 2 if one is invalid)."""
+    from .. import configs
+    from ..sweep.spec import load_sweep
+
+    bad = 0
+    for folder, kind in ((configs.PRESETS, "presets"), (configs.SWEEPS, "sweeps")):
+        print(f"{kind} ({folder}):")
+        for path in sorted(folder.glob("*.toml")):
+            first = path.read_text().splitlines()[0] if path.read_text() else ""
+            note = first.lstrip("# ").strip() if first.startswith("#") else ""
+            try:
+                if kind == "presets":
+                    validate(configs.read_preset(str(path)))
+                else:
+                    load_sweep(str(path))
+            except ConfigError as exc:
+                bad += 1
+                note = f"INVALID: {str(exc).splitlines()[-1].strip()}"
+            print(f"  {path.stem:<28} {note}")
+    return EXIT_BAD_INPUT if bad else 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from ..sweep.replot import replot
+    from ..sweep.run import run_sweep
+
+    if args.replot:
+        replot(Path(args.file))
+        return 0
+    return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose,
+                     separate=args.separate, repeat=args.repeat).exit_code
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    from ..leakage.attack import run_attacks
+
+    names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
+    if args.attack and not names:
+        raise ConfigError("--attack was given but names no attack; choose from labels, "
+                          "invert, dlg, mia, audit, or leave --attack out to run the "
+                          "run's own attacks key.")
+    run_attacks(args.run_dir, names or None, args.set, args.round, args.client, echo=print)
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    if args.toml:
+        print(to_toml(defaults()), end="")
+    elif args.markdown:
+        print(config_markdown(), end="")
+    else:
+        print(keys_reference().lstrip("\n"))
+    return 0
+
+
+COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "attack": _cmd_attack, "deploy": deploy.run,
+            "keys": _cmd_keys, "presets": lambda args: _cmd_presets()}
+
+
+def _terminate(signum: int, frame: object) -> None:
+    from ..runtime.procs import Terminated
+
+    raise Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `fedpriv` console script."""
+    args = build_parser().parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
+    signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"fedpriv: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt as exc:
+        from ..runtime.procs import Terminated
+
+        term = isinstance(exc, Terminated)
+        print(f"\nfedpriv: {'stopped by SIGTERM' if term else 'interrupted'}; every process "
+              "fedpriv started has been stopped.", file=sys.stderr)
+        return 143 if term else 130
+    except BrokenPipeError:  # e.g. `fedpriv keys | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

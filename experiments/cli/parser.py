@@ -1,0 +1,112 @@
+"""The ``fedpriv`` argument parser: one function per subcommand (``fedpriv deploy``'s are in
+:mod:`experiments.cli.deploy`)."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+from .. import configs
+from . import deploy
+from .keys import keys_reference
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="fedpriv",
+        description="Federated-learning simulator for privacy research (Flower + Ray).")
+    sub = top.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_sweep(sub)
+    _add_attack(sub)
+    deploy.add_parser(sub)
+    keys = sub.add_parser("keys", help="print every run-config key with default and allowed "
+                                       "values")
+    keys.add_argument("--markdown", action="store_true", help="as docs/CONFIG.md")
+    keys.add_argument("--toml", action="store_true",
+                      help="the defaults as TOML, for pyproject.toml's [tool.flwr.app.config]")
+    sub.add_parser("presets", help="list the bundled presets and sweeps")
+    return top
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run one configuration in Flower's simulation runtime",
+        description="Run one federated configuration: defaults <- --config preset <- --set "
+                    "overrides. Results go to a new folder under results-dir.",
+        epilog="run-config keys (use with --set key=value; text values may be bare or "
+               "quoted):" + keys_reference())
+    run.add_argument("--config", metavar="PRESET",
+                     help=f"a preset TOML file, or the name of one in {configs.PRESETS}")
+    run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                     help="override one key (repeatable), e.g. --set num-clients=20")
+    run.add_argument("--name", help="name for the results folder (default: dataset-strategy-"
+                                    "partitioner)")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Flower's and Ray's full log on the terminal")
+    run.add_argument("--resume", metavar="RUN_FOLDER", type=Path,
+                     help="continue a crashed, interrupted or failed run from its last "
+                          "checkpointed round, in its own folder with its own config (no "
+                          "--config/--set/--name/--supernodes then)")
+    run.add_argument("--supernodes", action="store_true",
+                     help="run on a real SuperLink and num-clients real SuperNodes on this "
+                          "machine (loopback, deployment runtime) instead of the simulation "
+                          "runtime; slower per round, same apps as across hosts")
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    sweep = sub.add_parser(
+        "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run a grid of configurations and compare them",
+        description="Run every combination of a sweep file's [grid] (and [[cells]]), each "
+                    "once per seed, inside one Flower simulation, continuing past failed "
+                    "cells; write sweep.csv, sweep.md and comparison plots.",
+        epilog=textwrap.dedent("""\
+            sweep file:
+              preset = "mnist"          # optional base preset
+              seeds = [1, 2, 3]         # optional: every cell once per seed
+              [fixed]                   # keys applied to every cell
+              num-server-rounds = 5
+              [grid]                    # every combination is one cell
+              num-clients = [5, 10]
+              partitioner = ["iid", "shard"]
+            """))
+    sweep.add_argument("file", help=f"a sweep TOML file, or the name of one in "
+                                    f"{configs.SWEEPS} (with --replot: a finished sweep's "
+                                    "folder)")
+    sweep.add_argument("--replot", action="store_true",
+                       help="redraw the comparison plots of a finished sweep folder")
+    sweep.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                       help="override a key in every cell")
+    sweep.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    sweep.add_argument("--repeat", type=int, metavar="N",
+                       help="run every cell with N seeds (the run seed, seed+1, ...); the "
+                            "table shows mean and 95%% interval (or give seeds = [...] in the "
+                            "file)")
+    sweep.add_argument("--separate", action="store_true",
+                       help="give each cell a simulation of its own (slower: Flower and Ray "
+                            "start once per cell) instead of running all cells in one")
+    sweep.add_argument("--verbose", action="store_true", help="show Flower's full log")
+
+
+def _add_attack(sub: argparse._SubParsersAction) -> None:
+    attack = sub.add_parser(
+        "attack", help="run the leakage attacks on a finished run's observations",
+        description="Attack what the server observed in a finished run (its observations/ "
+                    "folder, kept for the rounds and clients leakage-rounds and "
+                    "leakage-clients named) and score the attacks against the clients' real "
+                    "data. Writes leakage.jsonl, leakage.json, plots/leakage/ and a 'What "
+                    "leaked' section in summary.md; the same seed gives the same numbers.")
+    attack.add_argument("run_dir", type=Path, metavar="RUN_FOLDER")
+    attack.add_argument("--attack", metavar="NAME", action="append", default=[],
+                        help="attack to run (repeatable or comma-separated): labels, invert, "
+                             "dlg, mia, audit (default: the run's attacks key)")
+    attack.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="change an attack setting, e.g. --set invert-iterations=500 "
+                             "(only the leakage keys; the rest are facts of the run)")
+    attack.add_argument("--round", type=int, action="append", metavar="R",
+                        help="only this observed round (repeatable)")
+    attack.add_argument("--client", type=int, action="append", metavar="C",
+                        help="only this observed client's partition id (repeatable)")

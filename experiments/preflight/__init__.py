@@ -1,0 +1,1 @@
+"""Pre-flight checks: the data, model and privacy settings checked before any process starts."""

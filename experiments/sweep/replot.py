@@ -1,0 +1,71 @@
+"""`fedpriv sweep --replot`: a finished sweep's plots (and leakage table) redrawn from its
+folder, e.g. after `fedpriv attack` re-ran a cell's attacks."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from server.ledger import outcome as run_outcome
+from server.ledger import read_ledger
+from server.results import read_run_info
+from tasks.config import ConfigError
+from tasks.files import damaged, read_text
+
+from ..leakage.sweep import sweep_rows, write_leakage_table
+from .plots import sweep_plots
+from .spec import Cell
+from .table import REPORTED
+
+
+def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
+    """A finished sweep's sweep.json and its cells from sweep.csv (each with its run's
+    outcome); ConfigError naming the damaged file."""
+    where = f"fedpriv sweep --replot {str(out)!r}"
+    name = "sweep.json"
+    try:
+        spec = json.loads(read_text(out / name, where))
+        name = "sweep.csv"
+        keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
+        cells = []
+        for row in csv.DictReader(io.StringIO(read_text(out / name, where), newline="")):
+            params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
+            cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
+                        out / row["run-dir"] if row["run-dir"] else None,
+                        seed=int(row["seed"]) if row.get("seed") else None)
+            if cell.run_dir:
+                info = read_run_info(cell.run_dir, where)
+                cell.result = {**run_outcome(read_ledger(cell.run_dir, where)),
+                               "privacy": info.get("privacy", {}),
+                               **{k: info.get(k) for k in REPORTED}}
+            cells.append(cell)
+        if not isinstance(spec["name"], str):
+            raise TypeError(f"its name is a {type(spec['name']).__name__}")
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, csv.Error) as exc:
+        raise damaged(out / name, f"is damaged ({type(exc).__name__}: {exc})", where) from None
+    if not cells:
+        raise damaged(out / "sweep.csv", "lists no cells", where)
+    return spec, cells
+
+
+def replot(out: Path) -> None:
+    """Redraw a finished sweep's comparison plots from its folder (sweep.csv + cells)."""
+    if not (out / "sweep.json").is_file() or not (out / "sweep.csv").is_file():
+        raise ConfigError(f"{out} is not a finished sweep's folder (no sweep.json and "
+                          "sweep.csv there). Give the folder `fedpriv sweep` printed, e.g. "
+                          "results/sweeps/20261122-101500-dp-epsilon-mnist.")
+    spec, cells = _read_sweep(out)
+    sweep_plots(out / "plots", spec["name"], cells)
+    leaked = sweep_rows(cells)
+    if leaked:  # the attacks may have been re-run since (fedpriv attack on a cell)
+        write_leakage_table(out, leaked)
+    wrote = sorted(p.name for p in (out / "plots").glob("*.png"))
+    print(f"redrew {len(wrote)} plots in {out / 'plots'}"
+          + (" and the leakage table (leakage.md, leakage.csv)" if leaked else ""))
+
+

@@ -1,0 +1,211 @@
+"""`fedpriv sweep`: every cell of a sweep file, on one SuperLink, compared in one table.
+
+By default every cell runs inside one Flower simulation; ``--separate`` gives each its
+own. A cell whose data check or run fails is recorded and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.ledger import outcome as run_outcome
+from server.ledger import read_ledger
+from server.results import new_run_dir, read_run_info, run_identity
+from tasks.config import ConfigError, RunConfig, validate
+
+from ..configs import absolutize
+from ..preflight.isolated import Preflight, preflight_isolated, preflight_many
+from ..runtime.app_bundle import app_dir
+from ..runtime.procs import interruption
+from ..runtime.runner import (
+    LogFilter,
+    RunOutcome,
+    after_run,
+    execute,
+    federation_config,
+    mark_unfinished,
+    recorded_outcome,
+)
+from ..runtime.superlink import LocalSuperLink
+from .plots import sweep_plots
+from .spec import Cell, SweepSpec, load_sweep
+from .table import REPORTED, write_table
+
+
+@dataclass
+class SweepRun:
+    """A sweep's folder (None for a dry run) and its cells, as they ended."""
+
+    out: Path | None
+    cells: list[Cell]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every cell finished (or nothing ran), else 1."""
+        return int(self.out is not None and any(c.status != "finished" for c in self.cells))
+
+
+def run_sweep(name: str, overrides: Sequence[str] = (), *,
+              values: Mapping[str, Any] | None = None, dry_run: bool = False,
+              verbose: bool = False, separate: bool = False,
+              repeat: int | None = None) -> SweepRun:
+    """Run a sweep file (with --set ``overrides`` and typed ``values`` in every cell).
+
+    By default every cell runs inside one Flower simulation (one SuperLink, one Ray
+    start, warm clients; :func:`server.app.run_cells`); ``separate`` gives each cell a
+    simulation of its own, as a fallback. ``repeat`` (or the file's ``seeds``) runs every
+    cell once per seed.
+    """
+    spec = load_sweep(name, overrides, values, repeat)
+    cells = []
+    for params in spec.cells():
+        for seed in spec.seeds or [None]:
+            given = {**spec.base, **params, **({} if seed is None else {"seed": seed})}
+            cells.append(Cell(len(cells) + 1, params, absolutize(validate(given)), seed=seed))
+    seeds = f" x {len(spec.seeds)} seeds" if spec.seeds else ""
+    print(f"sweep {spec.name}: {len(cells)} runs ({len(cells) // max(len(spec.seeds), 1)} "
+          f"cells{seeds}) over {', '.join(spec.keys) or 'nothing'}"
+          + ("" if separate else ", in one simulation"))
+    for c in cells:
+        print(f"  {c.index:>3}. {c.label}")
+    if dry_run:
+        return SweepRun(None, cells)
+    results_dir = cells[0].config.results.results_dir
+    out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
+    (out / "plots").mkdir()
+    (out / "sweep.json").write_text(json.dumps(
+        {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid,
+         "cells": spec.extra, "seeds": spec.seeds}, indent=2))
+    t0 = time.perf_counter()
+    try:
+        with LocalSuperLink(ray=cells[0].config.resources.ray_address) as link:
+            if separate:
+                _run_separately(link, out, spec, cells, verbose)
+            else:
+                _run_together(link, out, spec, cells, verbose)
+    finally:
+        write_table(out, spec, cells)
+        sweep_plots(out / "plots", spec.name, cells)
+    failed = sum(c.status != "finished" for c in cells)
+    print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
+          f"{len(cells)} runs finished · {out / 'sweep.md'}")
+    return SweepRun(out, cells)
+
+
+def _checked(c: Cell, pre: Preflight | Exception) -> Preflight | None:
+    """The cell's pre-flight result, or None with the cell marked invalid or crashed."""
+    if isinstance(pre, ConfigError):
+        c.status, c.error = "invalid", str(pre)
+        print(f"  cell {c.index} skipped: {pre}")
+    elif isinstance(pre, Exception):
+        c.status, c.error = "crashed", f"pre-flight check: {pre}"
+        print(f"  cell {c.index} crashed: {pre}")
+    else:
+        return pre
+    return None
+
+
+def _record(c: Cell, res: RunOutcome) -> None:
+    c.status, c.error = res.status, res.error
+    ledger = read_ledger(c.run_dir)
+    c.result = {**run_outcome(ledger), "rounds": len(ledger), "wall-s": res.wall_s,
+                "target-reached-round": res.info.get("target-reached-round", ""),
+                "privacy": res.info.get("privacy", {}),
+                **{k: res.info.get(k) for k in REPORTED}}
+    if not res.ok:
+        print(f"  cell {c.index} {res.status}: {res.error}")
+
+
+def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+                    verbose: bool) -> None:
+    """The fallback: one simulation per cell, on the same SuperLink."""
+    app = app_dir()
+    for c in cells:
+        print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
+        try:
+            pre = _checked(c, preflight_isolated(c.config))
+        except (ConfigError, RuntimeError) as exc:
+            pre = _checked(c, exc)
+        if pre is None:
+            continue
+        c.run_dir = out / "cells" / f"{c.index:02d}"
+        c.run_dir.mkdir(parents=True)
+        try:
+            res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose,
+                          label_counts=pre.label_counts)
+        except KeyboardInterrupt as exc:
+            c.status, c.error = "interrupted", interruption(exc)
+            raise
+        except Exception as exc:
+            c.status, c.error = "crashed", f"{type(exc).__name__}: {exc}"
+            print(f"  cell {c.index} crashed: {c.error}")
+            continue
+        _record(c, res)
+        write_table(out, spec, cells)
+
+
+def engine_key(cfg: RunConfig) -> tuple[Any, ...]:
+    """What must be equal for cells to share one simulation: the clients' resources."""
+    r = cfg.resources
+    return (r.client_cpus, r.client_gpus, r.device)
+
+
+def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+                  verbose: bool) -> None:
+    """Every cell inside one simulation (one per distinct client resources): the
+    ServerApp runs them in turn on the largest cell's federation."""
+    print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
+    checks = preflight_many([c.config for c in cells])
+    ready = {c.index: pre for c, raw in zip(cells, checks, strict=True)
+             if (pre := _checked(c, raw)) is not None}
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    for c in cells:
+        if c.index in ready:
+            groups.setdefault(engine_key(c.config), []).append(c)
+    app = app_dir()
+    for g, group in enumerate(groups.values(), 1):
+        for c in group:
+            c.run_dir = out / "cells" / f"{c.index:02d}"
+            c.run_dir.mkdir(parents=True)
+            link.watch_run(c.run_dir)
+        plan = out / f"cells-{g}.json"
+        plan.write_text(json.dumps({"cells": [
+            {"index": c.index, "label": c.label,
+             "config": {**c.config.flat(), "run-dir": str(c.run_dir),
+                        "run-id": run_identity(c.run_dir, c.config.results)}}
+            for c in group]},
+            indent=1))
+        host = max(group, key=lambda c: c.config.federation.num_clients)
+        cuda = any(ready[c.index].cuda for c in group)
+        print(f"\nstarting one simulation for {len(group)} run(s) on "
+              f"{host.config.federation.num_clients} clients...", flush=True)
+        log = LogFilter(out / "flwr.log", verbose, print)
+        t0 = time.perf_counter()
+        try:
+            link.submit(app, {**host.config.flat(), "run-dir": "",
+                              "sweep-cells": str(plan)},
+                        federation_config(host.config, cuda), log)
+        except KeyboardInterrupt as exc:
+            for c in group:
+                if read_run_info(c.run_dir).get("status", "running") == "running":
+                    c.status, c.error = "interrupted", interruption(exc)
+                    mark_unfinished(c.run_dir, c.status, c.error)
+            raise
+        finally:
+            log.close()
+        wall = time.perf_counter() - t0
+        for c in group:
+            status, error = recorded_outcome(c.run_dir, out / "flwr.log", link.died())
+            mark_unfinished(c.run_dir, status, error)
+            res = after_run(c.config, c.run_dir, status, error,
+                            float(read_run_info(c.run_dir).get("wall-s", wall / len(group))),
+                            print, ready[c.index].label_counts)
+            _record(c, res)
+        write_table(out, spec, cells)
+
+

@@ -1,0 +1,116 @@
+"""A sweep's comparison table: sweep.csv, sweep.md (with the mean over seeds) and, when
+cells were attacked, the leakage table beside them."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from server.privacy_log import headline_epsilon
+
+from ..leakage.sweep import sweep_rows, write_leakage_table
+from .spec import Cell, SweepSpec
+from .stats import fmt_ci
+
+# run.json entries a sweep's table reads besides the ledger's outcome and the privacy
+REPORTED = ("anonymization", "aggregation", "model-selection", "robustness")
+
+
+def _server_sees(r: dict[str, Any]) -> str:
+    """What the server could read of the clients' updates: each one, or only their sum."""
+    agg = r.get("aggregation") or {}
+    if "individual-updates-visible" not in agg:
+        return ""
+    return ("each update" if agg["individual-updates-visible"]
+            else f"the sum only ({agg.get('protocol')})")
+
+
+def _reported(r: dict[str, Any]) -> list[str]:
+    """The reported model's round (with validation-fraction), its test AUROC, and its AUROC
+    under each test-noise sigma ("sigma=auroc ...")."""
+    selection = r.get("model-selection") or {}
+    auroc = selection.get("test", {}).get("auroc", r.get("final", {}).get("auroc"))
+    noise = " ".join(f"{x['sigma']:g}={x['auroc']:.3f}" for x in r.get("robustness") or []
+                     if x.get("auroc") is not None)
+    return [str(selection.get("round", "")), _fmt(auroc, 3), noise]
+
+
+def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    keys = spec.keys + (["seed"] if spec.seeds else [])
+    head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
+            "target-round", "epsilon", "delta", "server-sees", "reid-top1", "mia-auc",
+            "selected-round",
+            "auroc", "noise-auroc", "steady-round-s", "wall-s", "run-dir", "error"]
+    rows = []
+    for c in cells:
+        r = c.result
+        privacy = r.get("privacy", {})
+        eps = headline_epsilon(privacy)
+        delta = privacy.get("delta", privacy.get("delta-max"))
+        given = {**c.params, **({} if c.seed is None else {"seed": c.seed})}
+        rows.append([c.index, *[given.get(k, "") for k in keys], c.status,
+                     _fmt(r.get("final", {}).get("accuracy")),
+                     _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
+                     r.get("rounds", ""), r.get("target-reached-round", ""),
+                     _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
+                     _server_sees(r),
+                     _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
+                     *_reported(r),
+                     _fmt(r.get("steady-round-s"), 3),
+                     _fmt(r.get("wall-s"), 1),
+                     str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
+    with open(out / "sweep.csv", "w", newline="") as f:
+        csv.writer(f).writerows([head, *rows])
+    md = [f"# Sweep {spec.name}", "", f"From `{spec.path}`; fixed keys: "
+          + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), ""]
+    if spec.seeds:
+        md += _seed_table(spec, cells)
+    md += ["| " + " | ".join(head[:-2]) + " |", "|" + "---|" * (len(head) - 2)]
+    for row in rows:
+        md.append("| " + " | ".join(str(x) for x in row[:-2]) + " |")
+    failed = [c for c in cells if c.error]
+    if failed:
+        md += ["", "Failed cells:", ""] + [f"- cell {c.index} ({c.label}): {c.error}"
+                                         for c in failed]
+    md += ["", "![accuracy vs round](plots/accuracy_vs_round.png)", "",
+           "![final accuracy](plots/final_accuracy.png)", ""]
+    if any(c.result.get("anonymization") for c in cells):
+        md += ["![accuracy vs re-identification](plots/reid_accuracy.png)", "",
+               "![accuracy vs membership inference](plots/mia_accuracy.png)", ""]
+    if any(headline_epsilon(c.result.get("privacy")) is not None for c in cells):
+        md += ["![privacy-accuracy trade-off](plots/privacy_accuracy.png)", "",
+               "![epsilon vs round](plots/epsilon_vs_round.png)", ""]
+    leaked = sweep_rows(cells)
+    if leaked:
+        write_leakage_table(out, leaked)
+        md += ["## What leaked", "", "See [leakage.md](leakage.md) (one row per cell and "
+               "observed round; also leakage.csv).", ""]
+    (out / "sweep.md").write_text("\n".join(md))
+
+
+def _seed_table(spec: SweepSpec, cells: Sequence[Cell]) -> list[str]:
+    """Per cell, the mean and 95% interval over its seeds' finished runs."""
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    md = [f"Mean ± 95% interval (Student's t) over seeds {spec.seeds}, finished runs only:",
+          "", "| cell | final-acc | best-acc | epsilon | steady-round-s |", "|---|---|---|---|---|"]
+    for group, runs in groups.items():
+        done = [c.result for c in runs if c.status == "finished"]
+        md.append(f"| {group} | {fmt_ci([r.get('final', {}).get('accuracy') for r in done])} | "
+                  f"{fmt_ci([r.get('best', {}).get('accuracy') for r in done])} | "
+                  f"{fmt_ci([headline_epsilon(r.get('privacy')) for r in done], 3)} | "
+                  f"{fmt_ci([r.get('steady-round-s') for r in done], 3)} |")
+    return [*md, "", "Every run:", ""]
+
+
+def _anon(result: dict[str, Any], key: str) -> float | None:
+    return (result.get("anonymization") or {}).get("mean", {}).get(key)
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
