@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from privacy.attacks.registry import ATTACKS
 from tasks.config import SCHEMA, ConfigError, defaults, to_toml, validate
 
 from . import configs, deploy_cli
@@ -28,7 +29,7 @@ def keys_reference(width: int = 100) -> str:
         default = key.default
         shown = ('""' if default == "" else f'"{default}"') if isinstance(default, str) else (
             str(default).lower() if isinstance(default, bool) else default)
-        lines.append(f"  {key.name} = {shown}    [{key.describe_allowed()}]")
+        lines.append(f"  {key.name} = {shown}    [{configs.allowed(key)}]")
         lines += textwrap.wrap(key.help, width=width, initial_indent="      ",
                                subsequent_indent="      ")
     return "\n".join(lines)
@@ -51,7 +52,7 @@ def config_markdown() -> str:
         default = key.default
         shown = (f'"{default}"' if isinstance(default, str)
                  else str(default).lower() if isinstance(default, bool) else str(default))
-        allowed = key.describe_allowed().replace(" | ", ", ")
+        allowed = configs.allowed(key).replace(" | ", ", ")
         out.append(f"| `{key.name}` | `{shown}` | {allowed} | {key.help} |")
     return "\n".join(out) + "\n"
 
@@ -128,8 +129,8 @@ def _parser() -> argparse.ArgumentParser:
                     "leaked' section in summary.md; the same seed gives the same numbers.")
     attack.add_argument("run_dir", type=Path, metavar="RUN_FOLDER")
     attack.add_argument("--attack", metavar="NAME", action="append", default=[],
-                        help="attack to run (repeatable or comma-separated): labels, invert, "
-                             "dlg, mia, audit (default: the run's attacks key)")
+                        help="attack to run (repeatable or comma-separated): "
+                             f"{', '.join(ATTACKS.names)} (default: the run's attacks key)")
     attack.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="change an attack setting, e.g. --set invert-iterations=500 "
                              "(only the leakage keys; the rest are facts of the run)")
@@ -218,6 +219,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fedpriv` console script."""
+    # A plugin (run-config key plugins) in the current folder is found as with `python -m`,
+    # after everything installed (so a file there cannot shadow an installed package).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     args = _parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
@@ -238,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
 
             names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
             if args.attack and not names:
-                raise ConfigError("--attack was given but names no attack; choose from labels, "
-                                  "invert, dlg, mia, audit, or leave --attack out to run the "
-                                  "run's own attacks key.")
+                raise ConfigError(f"--attack was given but names no attack; choose from "
+                                  f"{', '.join(ATTACKS.names)}, or leave --attack out to run "
+                                  "the run's own attacks key.")
             run_attacks(args.run_dir, names or None, args.set, args.round, args.client,
                         echo=print)
             return 0

@@ -17,7 +17,8 @@ from flwr.serverapp.strategy import (
 )
 
 from tasks.config import FederationConfig, RunConfig
-from tasks.registry import STRATEGIES
+
+from .registry import STRATEGIES
 
 WEIGHT_KEY = "num-examples"
 # Client metrics that are meaningful as an example-weighted mean; everything else a
