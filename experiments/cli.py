@@ -219,10 +219,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fedpriv` console script."""
-    # A plugin (run-config key plugins) in the current folder is found as with `python -m`,
-    # after everything installed (so a file there cannot shadow an installed package).
+    # A plugin (run-config key plugins) in the current folder is found as with `python -m`:
+    # first (Opacus, for one, installs a package named `examples`).
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+        sys.path.insert(0, os.getcwd())
     args = _parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C

@@ -182,8 +182,15 @@ def _origin(target: Any, module_only: bool = False) -> str:
 
 
 def _same(old: Any, new: Any) -> bool:
-    """The same implementation, or the same one defined again (its module re-imported)."""
-    return old is new or (not isinstance(old, str) and not isinstance(new, str)
-                          and _origin(old) == _origin(new)
-                          and hasattr(new, "__qualname__"))
+    """The same implementation, or the same definition run again (its module re-imported:
+    same module, qualified name and source line)."""
+    if old is new:
+        return True
+    if isinstance(old, str) or isinstance(new, str) or not hasattr(new, "__qualname__"):
+        return False
 
+    def where(obj: Any) -> tuple[str, int]:
+        code = getattr(obj, "__code__", None)
+        return _origin(obj), code.co_firstlineno if code is not None else -1
+
+    return where(old) == where(new)

@@ -46,7 +46,8 @@ def load_plugins(text: str) -> list[str]:
                 name == exc.name or name.startswith(exc.name + "."))
             if missing:
                 errors.append(
-                    f"plugins: the module {name!r} was not found ({why}). Every fedpriv "
+                    f"plugins: the module {name!r} was not found ({why}{_shadowed(name)}). "
+                    "Every fedpriv "
                     "process imports it (the CLI, the ServerApp, each ClientApp), so it must "
                     "be importable in all of them: run fedpriv from the folder that holds "
                     "it, add that folder to PYTHONPATH, or install it (pip install -e).")
@@ -57,6 +58,17 @@ def load_plugins(text: str) -> list[str]:
             continue
         _ROOTS.setdefault(name, _root(name, module))
     return errors
+
+
+def _shadowed(name: str) -> str:
+    """Where the plugin's top-level package was found instead, when one was (another
+    installed package of the same name, e.g. Opacus' ``examples``)."""
+    top = name.split(".")[0]
+    if top == name or top not in sys.modules:
+        return ""
+    where = getattr(sys.modules[top], "__file__", None) or list(
+        getattr(sys.modules[top], "__path__", []))
+    return f"; {top!r} was imported from {where}, which comes first on sys.path" if where else ""
 
 
 def _root(name: str, module: object) -> str:
