@@ -304,8 +304,8 @@ class LeakageConfig(Section):
                                "choice under secure aggregation).",
                                allowed="partition ids, 'all' or 'aggregate'")
     attacks: str = key("labels,invert,mia", "Attacks run on the observations after the run "
-                       "(and by `fedpriv attack`): labels, invert, dlg, mia, audit, or one a "
-                       "plugin registers.", registry=ATTACKS, listing=True)
+                       "(and by `fedpriv attack`), by name: fedpriv's and those plugins "
+                       "register.", registry=ATTACKS, listing=True)
     invert_iterations: int = key(2000, "Inverting Gradients: optimisation steps per restart.",
                                  lo=1)
     invert_restarts: int = key(2, "Inverting Gradients: random restarts (the best is kept).",
