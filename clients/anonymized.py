@@ -21,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord, Context
 
 from privacy.analysis.release_metrics import evaluate
-from privacy.anonymize import Release, anonymize
+from privacy.anonymize import ANONYMIZERS, Release, anonymize
 from tasks.cache import array_digest, cache_path, save_atomic
 from tasks.config import AnonymizationConfig
 from tasks.splits import Split
@@ -62,7 +62,7 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
 
 def _path(a: AnonymizationConfig, x: np.ndarray, seed: int, extra: str = "") -> Path:
     parts = [a.anonymizer, a.params(), seed, a.privacy_holdout, array_digest(x), extra]
-    return cache_path("releases", ".npz", parts, CODE)
+    return cache_path("releases", ".npz", parts, [*CODE, ANONYMIZERS.module(a.anonymizer)])
 
 
 def _save(path: Path, release: Release, scores: dict) -> None:

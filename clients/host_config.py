@@ -59,6 +59,7 @@ def host_run_config(run_config: Mapping[str, Any] | RunConfig, node_config: Mapp
     config = flat_config(run_config)
     config[DATA_DIR] = _text(node_config, DATA_DIR)
     config[DOWNLOAD] = _flag(node_config.get(DOWNLOAD, False))
+    config["plugins"] = _text(node_config, "plugins")  # modules to import: the host's own too
     if str(run_config.get(BACKBONE_WEIGHTS) or ""):
         own = _text(node_config, BACKBONE_WEIGHTS)
         if not own:

@@ -8,10 +8,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
+from strategies.registry import STRATEGIES
+from tasks.config import ConfigError, Key, RunConfig, parse_assignment, validate, validate_partial
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
+# Keys whose names are registered above the schema's layer: the schema accepts any name;
+# resolve() and the pre-flight check refuse an unregistered one, and --help lists them.
+REGISTERED_ABOVE = {"strategy": STRATEGIES}
+
+
+def check_registered(cfg: RunConfig) -> None:
+    """ConfigError (one paragraph) for a name the schema cannot check (see REGISTERED_ABOVE)."""
+    flat = cfg.flat()
+    for name, registry in REGISTERED_ABOVE.items():
+        registry.check(str(flat[name]), key=name)
+
+
+def allowed(key: Key) -> str:
+    """A key's allowed values as --help and docs/CONFIG.md show them."""
+    registry = REGISTERED_ABOVE.get(key.name)
+    return " | ".join(registry.names) if registry else key.describe_allowed()
 
 
 def find_file(name: str, folder: Path, kind: str) -> Path:
@@ -71,7 +88,9 @@ def resolve(preset: str | None, assignments: Iterable[str] = (),
         key, value = parse_assignment(text)
         values[key] = value
     values.update(overrides or {})
-    return absolutize(validate(values))
+    cfg = validate(values)
+    check_registered(cfg)
+    return absolutize(cfg)
 
 
 def _absolute(path: str) -> str:

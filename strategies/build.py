@@ -20,7 +20,8 @@ from flwr.serverapp.strategy import (
 )
 
 from tasks.config import FederationConfig, RunConfig
-from tasks.registry import STRATEGIES
+
+from .registry import STRATEGIES
 
 from .aggregation import Aggregation, FlowerAggregation
 from .central_dp import CentralDPAggregation, central_privacy

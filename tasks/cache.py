@@ -41,7 +41,7 @@ def cache_dir() -> Path:
 def code_version(modules: tuple[str, ...]) -> str:
     """Digest of the source files of ``modules`` (dotted names)."""
     h = hashlib.sha256()
-    for name in sorted(modules):
+    for name in sorted(set(modules)):
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             raise ValueError(f"no source for module {name!r}")

@@ -1,81 +1,59 @@
-"""Registries: one dict per kind of component, from its name to where it is implemented.
+"""The registries both sides of the federation share: datasets, partitioners, models and
+backbones (:class:`privacy.registry.Registry`; strategies are in :mod:`strategies.registry`).
 
-An entry names its implementation as ``"module:attribute"`` and is imported on first
-use, so the run-config schema — and with it ``--help`` and every input check — knows
-every allowed name without importing torch, Flower or scikit-learn.
+fedpriv's own entries are ``"module:attribute"`` strings imported on first use, so the
+run-config schema — and with it ``--help`` and every input check — knows every allowed
+name without importing torch, Flower or scikit-learn. Register your own in a module the
+run config's ``plugins`` key names (docs/EXTENDING.md).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from privacy.registry import Registry
 
 from .errors import ConfigError
 
+__all__ = ["BACKBONES", "DATASETS", "MODELS", "PARTITIONERS", "Registry"]
 
-class Registry(Mapping[str, str]):
-    """Named implementations of one kind (datasets, models, ...), loaded lazily."""
+DATASETS: Registry = Registry(
+    "dataset", where="tasks.registry.DATASETS", error=ConfigError,
+    signature="a tasks.datasets.Dataset: its DatasetMeta (kind, input shape, classes, "
+              "normalization) and read(data_dir: Path | None, download: bool) -> DatasetBundle")
+"""Datasets by name: each a :class:`tasks.datasets.Dataset` (metadata plus a reader)."""
+DATASETS.register("mnist", "tasks.datasets:MNIST")
+DATASETS.register("fashion-mnist", "tasks.datasets:FASHION_MNIST")
+DATASETS.register("cifar10", "tasks.datasets:CIFAR10")
+DATASETS.register("cifar100", "tasks.datasets:CIFAR100")
+DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER")
 
-    def __init__(self, kind: str, entries: Mapping[str, str]) -> None:
-        self.kind = kind
-        self._entries = dict(entries)
-        self._loaded: dict[str, Any] = {}
+PARTITIONERS: Registry = Registry(
+    "partitioner", where="tasks.registry.PARTITIONERS", error=ConfigError,
+    signature="partitioner(num_partitions: int, args: tasks.partition.PartitionArgs) -> a "
+              "flwr_datasets Partitioner (its dataset is set to the label column)")
+"""Partitioners by name: ``(num_partitions, PartitionArgs) -> flwr-datasets Partitioner``."""
+PARTITIONERS.register("iid", "tasks.partition:iid")
+PARTITIONERS.register("dirichlet", "tasks.partition:dirichlet")
+PARTITIONERS.register("shard", "tasks.partition:shard")
+PARTITIONERS.register("pathological", "tasks.partition:pathological")
 
-    def __getitem__(self, name: str) -> str:
-        return self._entries[name]
+MODELS: Registry = Registry(
+    "model", where="tasks.registry.MODELS", error=ConfigError,
+    signature="model(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...]) "
+              "-> torch.nn.Module (no BatchNorm, so that DP-SGD can train it)")
+"""Models by name: ``(input shape without batch dim, classes, mlp-hidden widths) ->
+nn.Module``; DP-SGD (Opacus) needs layers it can compute per-sample gradients for."""
+MODELS.register("cnn", "tasks.models:mcmahan_cnn")
+MODELS.register("small-cnn", "tasks.models:small_cnn")
+MODELS.register("resnet18", "tasks.models:resnet18")
+MODELS.register("mlp", "tasks.models:mlp")
+MODELS.register("linear", "tasks.models:linear")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._entries)
-
-    def load(self, name: str) -> Any:
-        """The implementation registered as ``name`` (imported on first use)."""
-        if name not in self._entries:
-            raise ConfigError(f"unknown {self.kind} {name!r}; choose one of "
-                              f"{', '.join(self._entries)}.")
-        if name not in self._loaded:
-            module, attr = self._entries[name].split(":")
-            self._loaded[name] = getattr(importlib.import_module(module), attr)
-        return self._loaded[name]
-
-
-DATASETS = Registry("dataset", {  # tasks.datasets.Dataset: description and reader
-    "mnist": "tasks.datasets:MNIST",
-    "fashion-mnist": "tasks.datasets:FASHION_MNIST",
-    "cifar10": "tasks.datasets:CIFAR10",
-    "cifar100": "tasks.datasets:CIFAR100",
-    "breast-cancer": "tasks.datasets:BREAST_CANCER",
-})
-PARTITIONERS = Registry("partitioner", {
-    "iid": "tasks.partition:iid",
-    "dirichlet": "tasks.partition:dirichlet",
-    "shard": "tasks.partition:shard",
-    "pathological": "tasks.partition:pathological",
-})
-MODELS = Registry("model", {
-    "cnn": "tasks.models:mcmahan_cnn",
-    "small-cnn": "tasks.models:small_cnn",
-    "resnet18": "tasks.models:resnet18",
-    "mlp": "tasks.models:mlp",
-    "linear": "tasks.models:linear",
-})
-BACKBONES = Registry("backbone", {  # trunks a frozen embedding network is built on
-    "cnn": "tasks.models:mcmahan_cnn_trunk",
-    "small-cnn": "tasks.models:small_cnn_trunk",
-    "resnet18": "tasks.models:resnet18_trunk",
-})
-STRATEGIES = Registry("strategy", {  # Flower's strategies, configured in strategies.build
-    "fedavg": "strategies.build:fedavg",
-    "fedprox": "strategies.build:fedprox",
-    "fedadam": "strategies.build:fedadam",
-    "fedavgm": "strategies.build:fedavgm",
-    "fedmedian": "strategies.build:fedmedian",
-    "fedtrimmedavg": "strategies.build:fedtrimmedavg",
-})
+BACKBONES: Registry = Registry(
+    "backbone", where="tasks.registry.BACKBONES", error=ConfigError,
+    signature="backbone(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module "
+              "(a trunk: the model without its classifier; its flattened output is the "
+              "embedding)")
+"""Trunks a frozen embedding network is built on: ``(input shape, classes) -> nn.Module``."""
+BACKBONES.register("cnn", "tasks.models:mcmahan_cnn_trunk")
+BACKBONES.register("small-cnn", "tasks.models:small_cnn_trunk")
+BACKBONES.register("resnet18", "tasks.models:resnet18_trunk")

@@ -156,7 +156,11 @@ def test_backbone_weights_are_the_hosts_file_never_the_servers(tmp_path):
 def test_host_run_config_defaults_and_bad_node_values():
     run = {"dataset": "mnist", "data-dir": "/srv/shared", "download": True, "lr": 0.1,
            "backbone-weights": ""}
-    assert host_run_config(run, {}) == {**run, "data-dir": "", "download": False}
+    assert host_run_config(run, {}) == {**run, "data-dir": "", "download": False,
+                                        "plugins": ""}
+    # what a node imports is its host's choice too, never the server's
+    assert host_run_config({**run, "plugins": "os"}, {})["plugins"] == ""
+    assert host_run_config(run, {"plugins": "mylab.models"})["plugins"] == "mylab.models"
     assert host_run_config(run, {"data-dir": "/data", "download": True})["download"] is True
     assert host_run_config(run, {"download": "false"})["download"] is False
     assert host_run_config(run, {"backbone-weights": "/w.pth"})["backbone-weights"] == ""

@@ -11,6 +11,7 @@ module level or inside a function), so a lazy import cannot hide a cycle or a br
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,20 @@ def test_the_schema_loads_without_torch_or_flower():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def test_lazy_references_point_down_too():
+    # A registry entry "module:attribute" is an import made later: it obeys the layers too
+    # (the strategies' registry lives in strategies/, not in tasks/ pointing up at it).
+    modules = _modules()
+    for m, path in modules.items():
+        package = m.split(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and REFERENCE.fullmatch(node.value):
+                target = node.value.split(":")[0]
+                if target in modules:
+                    assert target.split(".")[0] in ALLOWED[package], f"{m} names {node.value}"

@@ -22,12 +22,13 @@ from flwr.serverapp.strategy import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from experiments.configs import allowed, check_registered
 from server.evaluation import CentralEvaluator
 from strategies.build import build_runner, build_strategy
+from strategies.registry import STRATEGIES
 from strategies.rounds import RoundFailed
 from tasks import messages
-from tasks.config import KEYS, validate
-from tasks.registry import STRATEGIES
+from tasks.config import KEYS, ConfigError, validate
 from tasks.splits import heldout_split, model_for
 from tasks.training import resolve_device
 
@@ -68,7 +69,17 @@ def test_registry_builds_flower_strategies(name, cls):
     # a round waits only for min-train-clients connected nodes, not for every node (a
     # dead SuperNode would make Flower wait forever)
     assert strategy.fraction_train == 0.5 and strategy.min_available_nodes == 3
-    assert KEYS["strategy"].choices == tuple(STRATEGIES)
+    # the schema (below strategies/) takes any name; --help lists the registered ones
+    assert allowed(KEYS["strategy"]) == " | ".join(STRATEGIES)
+
+
+def test_an_unknown_strategy_is_refused_where_the_strategies_are():
+    cfg = validate({"strategy": "fedfoo"})
+    for refuse in (check_registered, lambda c: build_strategy(c, 4)):
+        with pytest.raises(ConfigError, match="strategy = 'fedfoo' must be one of fedavg, "
+                                              "fedprox.*STRATEGIES.register|unknown strategy "
+                                              "'fedfoo'; choose from fedavg"):
+            refuse(cfg)
 
 
 def test_registry_passes_strategy_parameters():

@@ -7,6 +7,8 @@ import textwrap
 
 from tasks.config import SCHEMA
 
+from .. import configs
+
 
 def keys_reference(width: int = 100) -> str:
     """Every run-config key with its default, allowed values and meaning, grouped."""
@@ -18,7 +20,7 @@ def keys_reference(width: int = 100) -> str:
         default = key.default
         shown = ('""' if default == "" else f'"{default}"') if isinstance(default, str) else (
             str(default).lower() if isinstance(default, bool) else default)
-        lines.append(f"  {key.name} = {shown}    [{key.describe_allowed()}]")
+        lines.append(f"  {key.name} = {shown}    [{configs.allowed(key)}]")
         lines += textwrap.wrap(key.help, width=width, initial_indent="      ",
                                subsequent_indent="      ")
     return "\n".join(lines)
@@ -41,7 +43,7 @@ def config_markdown() -> str:
         default = key.default
         shown = (f'"{default}"' if isinstance(default, str)
                  else str(default).lower() if isinstance(default, bool) else str(default))
-        allowed = key.describe_allowed().replace(" | ", ", ")
+        allowed = configs.allowed(key).replace(" | ", ", ")
         out.append(f"| `{key.name}` | `{shown}` | {allowed} | {key.help} |")
     return "\n".join(out) + "\n"
 

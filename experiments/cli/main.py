@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from privacy.attacks.registry import ATTACKS
 from tasks.config import ConfigError, defaults, to_toml, validate
 
 from . import deploy
@@ -100,8 +101,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
     names = [a.strip() for text in args.attack for a in text.split(",") if a.strip()]
     if args.attack and not names:
-        raise ConfigError("--attack was given but names no attack; choose from labels, "
-                          "invert, dlg, mia, audit, or leave --attack out to run the "
+        raise ConfigError(f"--attack was given but names no attack; choose from "
+                          f"{', '.join(ATTACKS.names)}, or leave --attack out to run the "
                           "run's own attacks key.")
     run_attacks(args.run_dir, names or None, args.set, args.round, args.client, echo=print)
     return 0
@@ -129,6 +130,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fedpriv` console script."""
+    # A plugin (run-config key plugins) in the current folder is found as with `python -m`:
+    # first (Opacus, for one, installs a package named `examples`).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C

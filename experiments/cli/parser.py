@@ -7,6 +7,8 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from privacy.attacks.registry import ATTACKS
+
 from .. import configs
 from . import deploy
 from .keys import keys_reference
@@ -101,8 +103,8 @@ def _add_attack(sub: argparse._SubParsersAction) -> None:
                     "leaked' section in summary.md; the same seed gives the same numbers.")
     attack.add_argument("run_dir", type=Path, metavar="RUN_FOLDER")
     attack.add_argument("--attack", metavar="NAME", action="append", default=[],
-                        help="attack to run (repeatable or comma-separated): labels, invert, "
-                             "dlg, mia, audit (default: the run's attacks key)")
+                        help="attack to run (repeatable or comma-separated): "
+                             f"{', '.join(ATTACKS.names)} (default: the run's attacks key)")
     attack.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="change an attack setting, e.g. --set invert-iterations=500 "
                              "(only the leakage keys; the rest are facts of the run)")

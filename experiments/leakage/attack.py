@@ -33,11 +33,17 @@ from privacy.analysis.leakage_metrics import (
     to_pixels,
 )
 from privacy.attacks.audit import audit
-from privacy.attacks.inversion import InversionConfig, Reconstruction, dlg, invert
-from privacy.attacks.labels import idlg_label, label_counts, labels_from_counts
-from privacy.attacks.membership import alignment_scores, loss_drop_scores, loss_scores
+from privacy.attacks.inversion import Reconstruction
 from privacy.attacks.observation import Observation, state_dict
-from privacy.attacks.simulate import batches, flatten
+from privacy.attacks.registry import (
+    ATTACKS,
+    AttackContext,
+    AttackSettings,
+    AttackSkipped,
+    CanaryScores,
+    LabelGuess,
+    MembershipScores,
+)
 from privacy.dp.dpfedavg import CentralAccountant
 from server.federation import ServerTask
 from server.ledger import read_ledger
@@ -59,9 +65,6 @@ from .report import headline, record, summarize
 from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
-# The membership attack each observation reports (all are recorded): the loss drop
-# between the weights sent and those observed, calibrated per record by the sent model.
-MIA_HEADLINE = {"client": "update-loss-drop", "aggregate": "global-loss-drop"}
 RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
 Echo = Callable[[str], None]
 
@@ -70,7 +73,9 @@ Echo = Callable[[str], None]
 
 
 class Attacker:
-    """Runs the requested attacks on one observation and scores them against the truth."""
+    """Runs the requested attacks (by name, from :data:`privacy.attacks.registry.ATTACKS`)
+    on one observation and scores their output against the truth, as the attack's
+    ``scored_as`` says (:data:`SCORERS`)."""
 
     def __init__(self, cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path,
                  echo: Echo) -> None:
@@ -83,8 +88,23 @@ class Attacker:
         self.truth = truth_for(cfg, obs, task, run_dir)
         self.seed = derive_seed(cfg.training.seed, obs.round, 0xA66 if obs.client is None
                                 else obs.client, 0xA7)
-        self._labels: torch.Tensor | None = None
         self.audit_family = 1  # how many observations of the run are audited
+        # membership candidates: members then held-out rows, shown to the attacks shuffled
+        (mx, my), (hx, hy) = self.truth.members, self.truth.nonmembers
+        self.members = len(my)
+        self.order = torch.randperm(len(my) + len(hy),
+                                    generator=torch.Generator().manual_seed(self.seed))
+        lk = cfg.leakage
+        self.context = AttackContext(
+            model=self.model, sent=self.sent, received=self.received, update=self.update,
+            seed=self.seed,
+            settings=AttackSettings(lk.invert_iterations, lk.invert_restarts, lk.invert_lr,
+                                    lk.invert_tv, lk.invert_labels, lk.invert_max_examples,
+                                    cfg.privacy.dp),
+            candidates=(torch.cat([mx, hx])[self.order], torch.cat([my, hy])[self.order]),
+            canaries=None if self.truth.canaries is None else self.truth.canaries[0],
+            given_labels=self.truth.y if lk.invert_labels == "given" else None,
+            progress=lambda text: self.echo(f"    {obs.name}: {text}"))
 
     @property
     def num_clients(self) -> int:
@@ -108,53 +128,28 @@ class Attacker:
                         "diverged before this round, so there is nothing to attack")
         return None
 
-    @property
-    def n(self) -> int | None:
-        return self.obs.num_examples
+    def run(self, name: str) -> dict[str, Any]:
+        """Attack the observation with the registered attack ``name``; its scores."""
+        kind = ATTACKS.info(name).scored_as
+        if kind == "membership" and self.members < 2:
+            return {"skipped": f"{self.members} member/non-member pairs: too few to score "
+                               "(see observed-examples and leakage-holdout)"}
+        try:
+            output = ATTACKS.load(name)(self.obs, self.context)
+        except AttackSkipped as exc:
+            return {"skipped": str(exc)}
+        want = OUTPUTS[kind]
+        if not isinstance(output, want):
+            raise TypeError(f"attack {name!r} is scored as {kind} and must return a "
+                            f"{want.__name__}, not {type(output).__name__} (see "
+                            "privacy.attacks.registry).")
+        return SCORERS[kind](self, name, output)
 
-    def recovered_labels(self) -> torch.Tensor:
-        """The labels as the attacker reads them from the update (iDLG, or counts)."""
-        if self._labels is None:
-            o = self.obs
-            if self.n == 1 and len(batches(1, o.training)) == 1:
-                self._labels = torch.tensor([idlg_label(self.update, self.model)])
-            else:
-                self._labels = labels_from_counts(label_counts(
-                    self.update, self.model, self.sent, self.n, o.training, o.input_shape,
-                    seed=self.seed))
-        return self._labels
+    def score_labels(self, name: str, guess: LabelGuess) -> dict[str, Any]:
+        return {"label-accuracy": label_accuracy(guess.labels.cpu(), self.truth.y),
+                "method": guess.method}
 
-    def labels(self) -> dict[str, Any]:
-        return {"label-accuracy": label_accuracy(self.recovered_labels(), self.truth.y),
-                "method": "idlg" if self.n == 1 else "counts"}
-
-    def _reconstruction(self, method: str) -> dict[str, Any]:
-        lk, o = self.cfg.leakage, self.obs
-        if self.n is None:
-            return {"skipped": "the client did not disclose its number of examples"}
-        if self.n > lk.invert_max_examples:
-            return {"skipped": f"{self.n} examples, more than invert-max-examples = "
-                               f"{lk.invert_max_examples}"}
-        given = lk.invert_labels == "given"
-        labels = torch.sort(self.truth.y).values if given else self.recovered_labels()
-
-        def progress(text: str) -> None:
-            self.echo(f"    {o.name}: {text}")
-
-        if method == "invert":
-            rec = invert(self.model, self.sent, self.update, labels, o.training, o.input_shape,
-                         InversionConfig(lk.invert_iterations, lk.invert_restarts, lk.invert_lr,
-                                         lk.invert_tv, self.seed),
-                         mean=o.mean, std=o.std, labels_source="given" if given else "recovered",
-                         progress=progress)
-        else:
-            rec = dlg(self.model, self.sent, self.update, self.n, o.num_classes, o.training,
-                      o.input_shape, iterations=min(lk.invert_iterations, 300),
-                      labels=labels if given else None, seed=self.seed,
-                      restarts=lk.invert_restarts, progress=progress)
-        return self._score_reconstruction(rec, method)
-
-    def _score_reconstruction(self, rec: Reconstruction, method: str) -> dict[str, Any]:
+    def score_reconstruction(self, name: str, rec: Reconstruction) -> dict[str, Any]:
         o = self.obs
         scores = reconstruction_scores(rec.x, rec.y, self.truth.x, self.truth.y, o.mean, o.std)
         out = {"seconds": rec.seconds, "labels": rec.labels, "objective": rec.loss,
@@ -162,12 +157,12 @@ class Attacker:
         if o.kind == "image":
             out["psnr-random"] = random_image_psnr(self.truth.x, o.mean, o.std, self.seed)
             grid = reconstruction_grid(
-                self.run_dir / "plots" / "leakage" / f"{o.name}-{method}.png", self.truth.x,
+                self.run_dir / "plots" / "leakage" / f"{o.name}-{name}.png", self.truth.x,
                 rec.x, scores["matched"], o.mean, o.std,
-                f"{o.name}: {method}, PSNR {scores['psnr']:.1f} dB, SSIM {scores['ssim']:.2f}"
+                f"{o.name}: {name}, PSNR {scores['psnr']:.1f} dB, SSIM {scores['ssim']:.2f}"
                 f" (labels {rec.labels})")
             out["grid"] = str(grid.relative_to(self.run_dir))
-            pixels = self.run_dir / RECONSTRUCTIONS / f"{o.name}-{method}.npz"
+            pixels = self.run_dir / RECONSTRUCTIONS / f"{o.name}-{name}.npz"
             pixels.parent.mkdir(exist_ok=True)
             np.savez_compressed(  # for side-by-side comparisons across runs (sweeps)
                 pixels, reconstruction=to_pixels(rec.x, o.mean, o.std).numpy(),
@@ -175,34 +170,17 @@ class Attacker:
             out["pixels"] = str(pixels.relative_to(self.run_dir))
         return out
 
-    def invert(self) -> dict[str, Any]:
-        return self._reconstruction("invert")
-
-    def dlg(self) -> dict[str, Any]:
-        return self._reconstruction("dlg")
-
-    def mia(self) -> dict[str, Any]:
-        (mx, my), (hx, hy) = self.truth.members, self.truth.nonmembers
-        x, y, k = torch.cat([mx, hx]), torch.cat([my, hy]), len(my)
-        if k < 2:
-            return {"skipped": f"{k} member/non-member pairs: too few to score (see "
-                               "observed-examples and leakage-holdout)"}
-        released = state_dict(self.obs.released) if self.obs.released else self.received
-        attacks = {"global-loss": loss_scores(self.model, released, x, y),
-                   "global-loss-drop": loss_drop_scores(self.model, self.sent, released, x, y)}
-        if self.obs.client is not None:
-            attacks["update-loss"] = loss_scores(self.model, self.received, x, y)
-            attacks["update-loss-drop"] = loss_drop_scores(self.model, self.sent, self.received,
-                                                           x, y)
-            attacks["update-alignment"] = alignment_scores(self.model, self.sent, self.update,
-                                                           x, y)
-        curves = {name: membership_scores(s[:k].numpy(), s[k:].numpy())
-                  for name, s in attacks.items()}
-        # The headline is fixed in advance, not the best of five after the fact (on a few
-        # members, the maximum AUC of several attacks is biased upwards).
-        head = MIA_HEADLINE["client" if self.obs.client is not None else "aggregate"]
-        plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-mia.png", curves,
-                        f"{self.obs.name}: membership inference ({k} members, {k} held out)")
+    def score_membership(self, name: str, result: MembershipScores) -> dict[str, Any]:
+        k = self.members
+        curves = {}
+        for variant, shuffled in result.scores.items():
+            s = torch.empty_like(shuffled.cpu())
+            s[self.order] = shuffled.cpu()  # back to members first, then held-out rows
+            curves[variant] = membership_scores(s[:k].numpy(), s[k:].numpy())
+        head = result.headline
+        plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-{name}.png",
+                        curves, f"{self.obs.name}: membership inference ({k} members, {k} "
+                                "held out)")
         roc = curves[head]["roc"]
         keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
                          .astype(int))
@@ -215,27 +193,20 @@ class Attacker:
                             for n, c in curves.items()},
                 "roc": str(plot.relative_to(self.run_dir))}
 
-    def audit(self) -> dict[str, Any]:
-        lk, o = self.cfg.leakage, self.obs
+    def score_audit(self, name: str, canary: CanaryScores) -> dict[str, Any]:
+        lk = self.cfg.leakage
         assert self.truth.canaries is not None
-        canaries, included = self.truth.canaries  # the attacker knows the canaries, not
-        # which were included: that is only scored
-        central = self.cfg.privacy.dp == "central"
-        target = ({k: torch.from_numpy(np.asarray(o.released[k], np.float32) - o.sent[k])
-                   for k in o.sent} if central and o.released else self.update)
-        keys = [k for k, _ in self.model.named_parameters()]
-        scores = canaries.scores(flatten(target, keys))
+        included = self.truth.canaries[1]  # which canaries were included: only scored
         claimed = self._claimed()
         delta = claimed["delta"] if claimed["delta"] is not None else 1e-5
         # Bonferroni over the run's audited observations: the summary reports the largest
         # bound, which then holds at the stated confidence jointly, not each on its own
         confidence = 1 - (1 - lk.audit_confidence) / self.audit_family
-        result = audit(scores, included, delta, confidence, lk.audit_guess_fraction)
+        result = audit(canary.scores, included, delta, confidence, lk.audit_guess_fraction)
         return {"epsilon-lower-bound": result.epsilon_lower_bound, "canaries": result.canaries,
                 "guesses": result.guesses, "correct": result.correct,
                 "confidence": lk.audit_confidence, "per-observation-confidence": confidence,
-                "observations-audited": self.audit_family,
-                "audited": "released model" if central else "client update",
+                "observations-audited": self.audit_family, "audited": canary.audited,
                 **claimed, "delta": delta}
 
     def _claimed(self) -> dict[str, Any]:
@@ -262,6 +233,17 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+# How each kind of attack output is scored (AttackInfo.scored_as), and what it must be.
+SCORERS: dict[str, Callable[[Attacker, str, Any], dict[str, Any]]] = {
+    "labels": Attacker.score_labels,
+    "reconstruction": Attacker.score_reconstruction,
+    "membership": Attacker.score_membership,
+    "audit": Attacker.score_audit,
+}
+OUTPUTS: dict[str, type] = {"labels": LabelGuess, "reconstruction": Reconstruction,
+                            "membership": MembershipScores, "audit": CanaryScores}
+
+
 # --------------------------------------------------------------------------- the stage
 
 
@@ -283,7 +265,7 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
         broken = attacker.non_finite()
         new = []
         for name in attacks:
-            result = {"skipped": broken} if broken else getattr(attacker, name)()
+            result = {"skipped": broken} if broken else attacker.run(name)
             line = {"round": obs.round,
                     "client": "aggregate" if obs.client is None else obs.client,
                     "attack": name, **result}

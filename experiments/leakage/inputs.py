@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from privacy.attacks import ATTACKS
 from privacy.attacks.observation import Observation
+from privacy.attacks.registry import ATTACKS, aggregate_attacks, attacks_scored_as
 from server.observe import FOLDER
 from server.results import read_run_info, read_saved_config
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
-from tasks.config.checks import AGGREGATE_ATTACKS
 from tasks.splits import model_for
 
 
@@ -82,15 +81,17 @@ def select(observations: list[Observation], rounds: Sequence[int] | None,
 
 def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str]) -> None:
     """Refuse, before any work, what cannot be attacked."""
-    unknown = [a for a in attacks if a not in ATTACKS]
-    if unknown:
-        raise ConfigError(f"unknown attack {', '.join(map(repr, unknown))}; choose from "
-                          f"{', '.join(ATTACKS)}.")
-    if "audit" in attacks and not cfg.leakage.canaries:
-        raise ConfigError("the audit needs canaries inserted during the run, and this run had "
+    for name in attacks:
+        if name not in ATTACKS:
+            raise ConfigError(ATTACKS.unknown(name))
+    audits = [a for a in attacks if a in attacks_scored_as("audit")]
+    if audits and not cfg.leakage.canaries:
+        what = "the audit needs" if audits == ["audit"] else f"{audits} need"
+        raise ConfigError(f"{what} canaries inserted during the run, and this run had "
                           "canaries = 0. Run again with canaries = 100 (and 'audit' in "
                           "attacks).")
-    mixed = [a for a in attacks if a in ("invert", "dlg", "labels")]
+    # attacks scored against the client's records, which then include its canaries
+    mixed = [a for a in attacks if a in attacks_scored_as("labels", "reconstruction")]
     if cfg.leakage.canaries and mixed:
         raise ConfigError(f"{', '.join(mixed)} on a run with canaries: the audited client's "
                           "update also holds its canary rows, so what they recover would be "
@@ -105,11 +106,12 @@ def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str
                               f"({cfg.training.model}); the observation comes from another "
                               "model or was damaged.")
         if o.client is None:
-            bad = [a for a in attacks if a not in AGGREGATE_ATTACKS]
+            whole = aggregate_attacks()
+            bad = [a for a in attacks if a not in whole]
             if bad:
                 raise ConfigError(f"{o.name}: the server saw only the aggregate (secure "
                                   f"aggregation, or leakage-clients = 'aggregate'); {bad} need "
-                                  f"one client's update. Only {', '.join(AGGREGATE_ATTACKS)} "
-                                  "can run on the aggregate.")
+                                  f"one client's update. Only {', '.join(whole)} can run on "
+                                  "the aggregate.")
 
 

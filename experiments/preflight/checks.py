@@ -38,6 +38,7 @@ from tasks.splits import (
 )
 from tasks.training import resolve_device
 
+from ..configs import check_registered
 from .isolated import Preflight
 
 
@@ -67,6 +68,7 @@ def preflight(cfg: RunConfig) -> Preflight:
     data, a model that does not fit the data, an infeasible partitioning, an
     unwritable results folder. The partitioning is cached on disk for the clients.
     """
+    check_registered(cfg)
     writable(Path(cfg.results.results_dir), "results-dir")
     resolve_device(cfg.resources.device)
     cores = os.cpu_count() or 1

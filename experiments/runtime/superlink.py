@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from tasks.config import to_toml
+from tasks.config import plugin_roots, to_toml
 
 from . import keeper, procs
 
@@ -81,6 +81,11 @@ def flower_env(home: Path | None, ray: str = "") -> dict[str, str]:
     # Flower starts flower-superexec / flwr-simulation by name: make this environment's
     # scripts findable even when it was not activated (e.g. .venv/bin/fedpriv).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # The run config's plugins, where this process found them (e.g. the current folder):
+    # the ServerApp and the ClientApps (Ray workers) import them too.
+    path = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *plugin_roots()) if p)
+    if path:
+        env["PYTHONPATH"] = path
     if home is not None:
         env["FLWR_HOME"] = str(home)
         if not ray:  # a cluster keeps its session files where its head put them

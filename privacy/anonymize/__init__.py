@@ -10,8 +10,15 @@ per-record noise and masks (:mod:`.noise`), the seed project's transforms
 """
 
 from .params import CVAEParams
-from .registry import ANONYMIZERS, ROWWISE, anonymize, dp_sgd_unit, public_transform
+from .registry import (
+    ANONYMIZERS,
+    anonymize,
+    dp_sgd_unit,
+    public_transform,
+    raw_input_anonymizers,
+    rowwise_anonymizers,
+)
 from .release import AnonymizationError, Release
 
-__all__ = ["ANONYMIZERS", "ROWWISE", "AnonymizationError", "CVAEParams", "Release", "anonymize",
-           "dp_sgd_unit", "public_transform"]
+__all__ = ["ANONYMIZERS", "AnonymizationError", "CVAEParams", "Release", "anonymize",
+           "dp_sgd_unit", "public_transform", "raw_input_anonymizers", "rowwise_anonymizers"]

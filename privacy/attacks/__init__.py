@@ -10,13 +10,21 @@ scoring against the client's real data happens elsewhere
 - :mod:`.labels`: labels from the last layer (iDLG; counts for larger batches)
 - :mod:`.membership`: loss-threshold, loss-drop and gradient-alignment membership inference
 - :mod:`.audit`: one-run DP auditing with canaries (Steinke et al. 2023)
+
+:mod:`.registry` names them (:data:`ATTACKS`, extensible with plugins) and states the
+contract an attack meets; :mod:`.builtin` adapts the attacks above to it.
 """
 
-# The attacks a run can ask for (run-config key `attacks`), with what each needs.
-ATTACKS = {
-    "labels": "which labels the client trained on (iDLG / counts from the last layer)",
-    "invert": "reconstruct its training inputs (Inverting Gradients)",
-    "dlg": "reconstruct them with DLG (L2 matching, L-BFGS), the classic baseline",
-    "mia": "membership inference against its update and the released global model",
-    "audit": "one-run DP audit with canaries (needs canaries > 0)",
-}
+from .registry import (
+    ATTACKS,
+    AttackContext,
+    AttackInfo,
+    AttackSettings,
+    AttackSkipped,
+    CanaryScores,
+    LabelGuess,
+    MembershipScores,
+)
+
+__all__ = ["ATTACKS", "AttackContext", "AttackInfo", "AttackSettings", "AttackSkipped",
+           "CanaryScores", "LabelGuess", "MembershipScores"]

@@ -4,7 +4,10 @@ The sections in :mod:`.sections` are the single source of truth: ``--help``,
 docs/CONFIG.md and pyproject.toml's ``[tool.flwr.app.config]`` are generated from them
 (tests keep the last two in sync), and the ServerApp, the ClientApp and the CLI all
 parse a flat run config through :func:`validate` before doing any work. Allowed names
-come from the registries (datasets, partitioners, models, strategies, anonymizers, ...).
+come from the registries (datasets, partitioners, models, anonymizers, attacks, ...),
+after the modules the ``plugins`` key names have been imported (:mod:`.plugins`), so a
+name a plugin registers is allowed in every process. The strategy is checked above this
+layer, where the strategies are (:mod:`strategies.registry`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tomli_w
 from ..errors import ConfigError
 from .checks import cross_checks
 from .keys import Key, Scalar
+from .plugins import load_plugins, plugin_roots
 from .sections import (
     SECTIONS,
     AnonymizationConfig,
@@ -27,6 +31,7 @@ from .sections import (
     EmbeddingsConfig,
     FederationConfig,
     LeakageConfig,
+    PluginsConfig,
     PrivacyConfig,
     ResourcesConfig,
     ResultsConfig,
@@ -40,10 +45,10 @@ SCHEMA: tuple[Key, ...] = tuple(k for _, section in SECTIONS for k in section.ke
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 
 __all__ = ["KEYS", "SCHEMA", "AnonymizationConfig", "ConfigError", "DataConfig",
-           "EmbeddingsConfig", "FederationConfig", "Key", "LeakageConfig", "PrivacyConfig",
-           "ResourcesConfig", "ResultsConfig", "RunConfig", "Scalar", "SecAggConfig",
-           "TrainingConfig", "defaults", "parse_assignment", "parse_hidden", "to_toml",
-           "validate", "validate_partial"]
+           "EmbeddingsConfig", "FederationConfig", "Key", "LeakageConfig", "PluginsConfig",
+           "PrivacyConfig", "ResourcesConfig", "ResultsConfig", "RunConfig", "Scalar",
+           "SecAggConfig", "TrainingConfig", "defaults", "parse_assignment", "parse_hidden",
+           "plugin_roots", "to_toml", "validate", "validate_partial"]
 
 
 def defaults() -> dict[str, Scalar]:
@@ -54,6 +59,11 @@ def defaults() -> dict[str, Scalar]:
 def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Scalar], list[str]]:
     out: dict[str, Scalar] = {}
     errors = []
+    if "plugins" in values:  # first: the other keys may name what the plugins register
+        try:
+            errors += load_plugins(str(KEYS["plugins"].parse(values["plugins"])))
+        except ConfigError:
+            pass  # reported with the other keys below
     for name, value in values.items():
         key = KEYS.get(name)
         if key is None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from privacy.anonymize.registry import RAW_INPUTS
-from privacy.attacks import ATTACKS
+import dataclasses
+
+from privacy.anonymize.registry import ANONYMIZERS, raw_input_anonymizers
+from privacy.attacks.registry import ATTACKS, aggregate_attacks, attacks_scored_as
 from privacy.dp.accounting import clients_per_round
 
-from .sections import RunConfig, parse_hidden, parse_sigmas
-
-AGGREGATE_ATTACKS = ("mia",)  # what can be run on the aggregate update alone
+from .sections import AnonymizationConfig, RunConfig, parse_hidden, parse_sigmas
 
 
 def cross_checks(cfg: RunConfig) -> list[str]:
@@ -114,10 +114,19 @@ def _secagg_checks(cfg: RunConfig) -> list[str]:
 def _embedding_checks(cfg: RunConfig) -> list[str]:
     errors = []
     a, emb = cfg.anonymization, cfg.embeddings
-    if a.enabled and not emb.enabled and a.anonymizer not in RAW_INPUTS:
+    raw = raw_input_anonymizers()
+    if a.enabled and not emb.enabled and a.anonymizer not in raw:
         errors.append(f"anonymizer = {a.anonymizer!r} anonymizes embeddings: set features = "
-                      f"'embeddings' (on raw inputs only {', '.join(sorted(RAW_INPUTS))} run), "
+                      f"'embeddings' (on raw inputs only {', '.join(sorted(raw))} run), "
                       "or anonymizer = 'none'.")
+    keys = {f.name for f in dataclasses.fields(AnonymizationConfig)}
+    params = ANONYMIZERS.info(a.anonymizer).params
+    unknown = [f.name for f in dataclasses.fields(params) if f.name not in keys]
+    if unknown:
+        errors.append(f"anonymizer = {a.anonymizer!r} reads {unknown}, which are not keys of "
+                      "the anonymization section: the fields of an anonymizer's params "
+                      "dataclass must be those keys (e.g. noise_scale for noise-scale), so "
+                      "that the run config sets them. Fix its registration.")
     if emb.enabled and cfg.training.model not in ("auto", "mlp", "linear"):
         errors.append(f"with features = 'embeddings' the model is a head on the embeddings: "
                       f"use model = 'mlp', 'linear' or 'auto' (got {cfg.training.model!r}).")
@@ -148,10 +157,6 @@ def _embedding_checks(cfg: RunConfig) -> list[str]:
 def _leakage_checks(cfg: RunConfig) -> list[str]:
     errors: list[str] = []
     lk, fed = cfg.leakage, cfg.federation
-    unknown = [a for a in lk.attack_list() if a not in ATTACKS]
-    if unknown:
-        errors.append(f"attacks = {lk.attacks!r}: unknown {unknown}; choose from "
-                      f"{', '.join(ATTACKS)} (comma-separated).")
     try:
         rounds = lk.rounds(fed.num_server_rounds)
         bad = [r for r in rounds if not 1 <= r <= fed.num_server_rounds]
@@ -186,17 +191,20 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
         errors.append(f"leakage-clients = {lk.leakage_clients!r} with secure-aggregation: the "
                       "server never sees one client's update, only the aggregate, so a "
                       "per-client attack is impossible. Use leakage-clients = 'aggregate'.")
+    chosen = [a for a in lk.attack_list() if a in ATTACKS]  # unknown ones: reported by the key
     if clients is None:
-        per_client = [a for a in lk.attack_list() if a not in AGGREGATE_ATTACKS]
+        whole = aggregate_attacks()
+        per_client = [a for a in chosen if a not in whole]
         if per_client:
             errors.append(f"attacks {per_client} need one client's update and how many "
-                          "examples made it; on the aggregate only "
-                          f"{', '.join(AGGREGATE_ATTACKS)} runs. Remove them or observe "
-                          "clients.")
-    if ("audit" in lk.attack_list()) != (lk.canaries > 0):
+                          f"examples made it; on the aggregate only {', '.join(whole)} "
+                          "runs. Remove them or observe clients.")
+    audits = attacks_scored_as("audit")
+    if any(a in audits for a in chosen) != (lk.canaries > 0):
         errors.append("the audit needs canaries and canaries need the audit: set both "
                       "attacks containing 'audit' and canaries > 0 (e.g. 100), or neither.")
-    mixed = [a for a in lk.attack_list() if a in ("invert", "dlg", "labels")]
+    # attacks scored against the client's records, which then include its canaries
+    mixed = [a for a in chosen if a in attacks_scored_as("labels", "reconstruction")]
     if lk.canaries and mixed:
         errors.append(f"canaries with attacks {mixed}: an audited client's update also holds "
                       "its canary rows, so reconstructions and label counts would be made "

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from privacy.registry import EXTENDING, Registry, a_kind
+
 from ..errors import ConfigError
 
 Scalar = bool | int | float | str
@@ -24,13 +26,21 @@ META = "fedpriv-key"
 
 @dataclass(frozen=True)
 class Key:
-    """One run-config key: default (which also fixes its type), help text and checks."""
+    """One run-config key: default (which also fixes its type), help text and checks.
+
+    A key whose values are registered names (``model``, ``anonymizer``...) holds the
+    registry, not a copy of its names: the allowed values are read when a value is
+    checked, so names a plugin registers are allowed too. ``listing``: the value is a
+    comma-separated list of such names (``attacks``).
+    """
 
     name: str
     default: Scalar
     help: str
     group: str
-    choices: tuple[str, ...] | None = None
+    options: tuple[str, ...] = ()  # fixed choices (before the registry's names, if any)
+    registry: Registry | None = None
+    listing: bool = False
     check: Callable[[Any], str | None] | None = None
     allowed: str = ""
     aliases: tuple[tuple[Scalar, str], ...] = ()  # (an older value, the choice it means)
@@ -39,13 +49,30 @@ class Key:
     def type(self) -> type:
         return type(self.default)
 
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The allowed values (None: any value of the key's type within its range)."""
+        if self.listing:
+            return None
+        names = (*self.options, *(self.registry.names if self.registry else ()))
+        return names or None
+
     def describe_allowed(self) -> str:
+        if self.listing and self.registry is not None:
+            return "comma-separated: " + ", ".join(self.registry.names)
         if self.choices:
             old = "".join(f", {str(a).lower()} = {b}" for a, b in self.aliases)
             return " | ".join(self.choices) + (f" ({old[2:]})" if old else "")
         if self.allowed:
             return self.allowed
         return {bool: "true | false", int: "integer", float: "number", str: "text"}[self.type]
+
+    def _own(self) -> str:
+        """How to allow a name of one's own (for keys whose values are registered names)."""
+        assert self.registry is not None
+        return (f"; {a_kind(self.registry.kind)} of your own must be registered first "
+                f"({self.registry.where}.register in a module the plugins key names, "
+                f"{EXTENDING})")
 
     def parse(self, value: Any) -> Scalar:
         """The value typed and checked, or :class:`ConfigError` with one sentence."""
@@ -54,14 +81,26 @@ class Key:
                     isinstance(value, str) and value.lower() == str(old).lower()):
                 value = new
         coerced, err = _coerce(self.type, value)
-        if err is None and self.choices and coerced not in self.choices:
-            err = f"must be one of {', '.join(self.choices)}"
+        choices = self.choices
+        if err is None and choices and coerced not in choices:
+            err = f"must be one of {', '.join(choices)}"
+            if self.registry is not None:
+                err += self._own()
+        if err is None and self.listing and self.registry is not None:
+            bad = [n for n in _items(str(coerced)) if n not in self.registry]
+            if bad:
+                err = (f"has unknown {bad}: each must be one of "
+                       f"{', '.join(self.registry.names)}{self._own()}")
         if err is None and self.check is not None:
             err = self.check(coerced)
         if err is not None:
             raise ConfigError(f"{self.name} = {value!r} {err} (allowed: "
                               f"{self.describe_allowed()}).")
         return coerced  # type: ignore[return-value]
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
@@ -83,16 +122,21 @@ def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
             f"{'inf)' if hi is None else str(hi) + (')' if hi_open else ']')}")
 
 
-def key(default: Scalar, help: str, *, choices: tuple[str, ...] | None = None,
+def key(default: Scalar, help: str, *, choices: tuple[str, ...] = (),
+        registry: Registry | None = None, listing: bool = False,
         lo: float | None = None, hi: float | None = None, lo_open: bool = False,
         hi_open: bool = False, allowed: str = "", name: str = "",
         aliases: tuple[tuple[Scalar, str], ...] = ()) -> Any:
-    """Declare a run-config key as a dataclass field (see the module docstring)."""
+    """Declare a run-config key as a dataclass field (see the module docstring).
+
+    ``choices``: fixed allowed values; ``registry``: the registered names are allowed too
+    (after ``choices``), read at check time; ``listing``: a comma-separated list of them.
+    """
     numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
     check = _range(lo, hi, lo_open, hi_open) if numeric and (lo is not None or hi is not None) \
         else None
-    spec = {"name": name, "default": default, "help": help, "choices": choices,
-            "check": check,
+    spec = {"name": name, "default": default, "help": help, "options": choices,
+            "registry": registry, "listing": listing, "check": check,
             "allowed": allowed or (_interval(lo, hi, lo_open, hi_open) if check else ""),
             "aliases": aliases}
     return dataclasses.field(default=default, metadata={META: spec})

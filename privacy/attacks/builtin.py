@@ -1,0 +1,106 @@
+"""fedpriv's own attacks as registry entries (:data:`.registry.ATTACKS`): each takes what
+the server holds of one observation and returns what the scoring side scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .inversion import InversionConfig, Reconstruction
+from .inversion import dlg as dlg_attack
+from .inversion import invert as invert_attack
+from .labels import idlg_label, label_counts, labels_from_counts
+from .membership import alignment_scores, loss_drop_scores, loss_scores
+from .observation import Observation, state_dict
+from .registry import AttackContext, AttackSkipped, CanaryScores, LabelGuess, MembershipScores
+from .simulate import batches, flatten
+
+# The membership attack each observation reports (all are recorded): the loss drop
+# between the weights sent and those observed, calibrated per record by the sent model.
+MIA_HEADLINE = {"client": "update-loss-drop", "aggregate": "global-loss-drop"}
+
+
+def recovered_labels(obs: Observation, ctx: AttackContext) -> torch.Tensor:
+    """The labels as the attacker reads them from the update (iDLG, or counts); computed
+    once per observation and shared by the attacks that need them."""
+    if "labels" not in ctx.shared:
+        n = obs.num_examples
+        if n is None:
+            raise AttackSkipped("the client did not disclose its number of examples")
+        if n == 1 and len(batches(1, obs.training)) == 1:
+            ctx.shared["labels"] = torch.tensor([idlg_label(ctx.update, ctx.model)])
+        else:
+            ctx.shared["labels"] = labels_from_counts(label_counts(
+                ctx.update, ctx.model, ctx.sent, n, obs.training, obs.input_shape,
+                seed=ctx.seed))
+    return ctx.shared["labels"]
+
+
+def labels(obs: Observation, ctx: AttackContext) -> LabelGuess:
+    """Which labels the client trained on (iDLG for one example, else counts)."""
+    return LabelGuess(recovered_labels(obs, ctx), "idlg" if obs.num_examples == 1 else "counts")
+
+
+def _inputs(obs: Observation, ctx: AttackContext) -> tuple[int, torch.Tensor, bool]:
+    """(examples, labels to use, whether they were given) for a reconstruction."""
+    n, s = obs.num_examples, ctx.settings
+    if n is None:
+        raise AttackSkipped("the client did not disclose its number of examples")
+    if n > s.invert_max_examples:
+        raise AttackSkipped(f"{n} examples, more than invert-max-examples = "
+                            f"{s.invert_max_examples}")
+    given = s.invert_labels == "given" and ctx.given_labels is not None
+    return n, (torch.sort(ctx.given_labels).values if given  # type: ignore[arg-type]
+               else recovered_labels(obs, ctx)), given
+
+
+def invert(obs: Observation, ctx: AttackContext) -> Reconstruction:
+    """Inverting Gradients on the observed update."""
+    _, y, given = _inputs(obs, ctx)
+    s = ctx.settings
+    return invert_attack(ctx.model, ctx.sent, ctx.update, y, obs.training, obs.input_shape,
+                         InversionConfig(s.invert_iterations, s.invert_restarts, s.invert_lr,
+                                         s.invert_tv, ctx.seed),
+                         mean=obs.mean, std=obs.std,
+                         labels_source="given" if given else "recovered",
+                         progress=ctx.progress)
+
+
+def dlg(obs: Observation, ctx: AttackContext) -> Reconstruction:
+    """DLG on the observed update (at most 300 L-BFGS iterations)."""
+    n, y, given = _inputs(obs, ctx)
+    s = ctx.settings
+    return dlg_attack(ctx.model, ctx.sent, ctx.update, n, obs.num_classes, obs.training,
+                      obs.input_shape, iterations=min(s.invert_iterations, 300),
+                      labels=y if given else None, seed=ctx.seed, restarts=s.invert_restarts,
+                      progress=ctx.progress)
+
+
+def mia(obs: Observation, ctx: AttackContext) -> MembershipScores:
+    """Loss, loss-drop and gradient-alignment membership scores of the candidates."""
+    assert ctx.candidates is not None
+    x, y = ctx.candidates
+    released = state_dict(obs.released) if obs.released else ctx.received
+    scores = {"global-loss": loss_scores(ctx.model, released, x, y),
+              "global-loss-drop": loss_drop_scores(ctx.model, ctx.sent, released, x, y)}
+    if obs.client is not None:
+        scores["update-loss"] = loss_scores(ctx.model, ctx.received, x, y)
+        scores["update-loss-drop"] = loss_drop_scores(ctx.model, ctx.sent, ctx.received, x, y)
+        scores["update-alignment"] = alignment_scores(ctx.model, ctx.sent, ctx.update, x, y)
+    # The headline is fixed in advance, not the best of five after the fact (on a few
+    # members, the maximum AUC of several attacks is biased upwards).
+    return MembershipScores(scores, MIA_HEADLINE["client" if obs.client is not None
+                                                 else "aggregate"])
+
+
+def audit(obs: Observation, ctx: AttackContext) -> CanaryScores:
+    """How strongly the audited weights carry each canary: the client's update, or under
+    central DP the released model's change."""
+    if ctx.canaries is None:
+        raise AttackSkipped("no canaries were planted in this observation")
+    central = ctx.settings.dp == "central"
+    target = ({k: torch.from_numpy(np.asarray(obs.released[k], np.float32) - obs.sent[k])
+               for k in obs.sent} if central and obs.released else ctx.update)
+    keys = [k for k, _ in ctx.model.named_parameters()]
+    return CanaryScores(ctx.canaries.scores(flatten(target, keys)),
+                        "released model" if central else "client update")
