@@ -1,9 +1,9 @@
 """A run's round runner from its config: Flower's strategies by name (the targets of
-``tasks.registry.STRATEGIES``), the aggregation (a strategy, or DP-FedAvg) and the protocol."""
+:data:`strategies.registry.STRATEGIES`), the aggregation (a strategy, or DP-FedAvg) and the
+protocol (:data:`strategies.protocols.PROTOCOLS`)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,12 +21,11 @@ from flwr.serverapp.strategy import (
 
 from tasks.config import FederationConfig, RunConfig
 
-from .registry import STRATEGIES
-
 from .aggregation import Aggregation, FlowerAggregation
 from .central_dp import CentralDPAggregation, central_privacy
 from .grid import FederationGrid
 from .protocols import PROTOCOLS
+from .registry import STRATEGIES
 from .runner import RoundRunner
 
 WEIGHT_KEY = "num-examples"
@@ -93,8 +92,7 @@ def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
     the model's size). ``context`` and ``max_weight``: the ServerApp's, for SecAgg+."""
     n = len(partition_of)
     grid = grid if isinstance(grid, FederationGrid) else FederationGrid(grid, partition_of)
-    module, name = PROTOCOLS[cfg.secagg.protocol].split(":")
-    protocol_class = getattr(importlib.import_module(module), name)
+    protocol_class = PROTOCOLS.load(cfg.secagg.protocol)
     strategy = build_strategy(cfg, n)  # under central DP it serves client evaluation only
     aggregation: Aggregation = FlowerAggregation(strategy)
     if cfg.privacy.dp == "central":

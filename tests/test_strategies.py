@@ -226,3 +226,10 @@ def test_a_federation_short_of_clients_stops_with_a_cause_instead_of_waiting_for
     assert list(grid.get_node_ids()) == [11, 12]
     nodes.ids = [12]
     assert list(grid.get_node_ids()) == [12]  # short again, but not yet for long
+
+
+def test_every_secure_aggregation_value_has_a_protocol():
+    from strategies.protocols import PROTOCOLS
+    from tasks.config.sections import SECURE_AGGREGATION
+
+    assert list(PROTOCOLS.names) == list(SECURE_AGGREGATION)

@@ -4,8 +4,9 @@ A protocol runs the exchange of one round — send the global model to the cohor
 what comes back — and hands the server what it may hold (:class:`~strategies.aggregation.
 Collected`): every reply (``plain``), or only their sum (``secagg+``: Flower's SecAgg+;
 ``he``: CKKS homomorphic encryption). Adding one is a new module with a class following
-:class:`Protocol` and one line in :data:`PROTOCOLS` (keyed by the run-config value of
-``secure-aggregation``).
+:class:`Protocol` and one line registering it in :data:`PROTOCOLS` (keyed by the
+run-config value of ``secure-aggregation``, whose allowed values and cross-checks the
+schema keeps: a protocol changes what the other keys may be).
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from typing import Protocol as Interface
 from flwr.app import ArrayRecord
 
 from privacy.dp.accounting import clients_per_round
-from tasks.config import RunConfig
+from privacy.registry import Registry
+from tasks.config import ConfigError, RunConfig
 from tasks.seeding import sampling_rng
 
 from ..aggregation import Aggregation, Collected
 from ..rounds import RoundLog
 
-PROTOCOLS = {  # secure-aggregation value -> "module:class", imported when a run uses it
-    "off": "strategies.protocols.plain:PlainProtocol",
-    "secagg+": "strategies.protocols.secagg:SecAggProtocol",
-    "he": "strategies.protocols.he:HEProtocol",
-}
+PROTOCOLS: Registry = Registry(
+    "aggregation protocol", where="strategies.protocols.PROTOCOLS", error=ConfigError,
+    signature="a class following strategies.protocols.Protocol, built by its "
+              "for_run(cfg, grid, partition_of, *, evaluation, context, max_weight)")
+PROTOCOLS.register("off", "strategies.protocols.plain:PlainProtocol")
+PROTOCOLS.register("secagg+", "strategies.protocols.secagg:SecAggProtocol")
+PROTOCOLS.register("he", "strategies.protocols.he:HEProtocol")
 
 
 class Protocol(Interface):
