@@ -76,7 +76,7 @@ def test_the_custom_attack_is_scored_like_the_built_in_ones(tmp_path):
     res = _python(f"""
         from flwr.supercore.task_identity import TaskIdentity
         from pathlib import Path
-        from experiments.leakage import run_attacks
+        from experiments.leakage.attack import run_attacks
         from tests.test_leakage import observed_run
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         observed_run(Path({str(tmp_path)!r}), {{
