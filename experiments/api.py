@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from server.checkpoint import FOLDER as CHECKPOINT
 from server.checkpoint import SERVER_FILE, Checkpoint, resumable
-from server.ledger import RoundRecord, read_ledger
-from server.privacy_log import headline_epsilon
-from server.results import (
+from tasks.config import ConfigError, RunConfig, validate
+from tasks.results.folder import (
     RunFolder,
     default_run_name,
     given_run_dir,
@@ -28,7 +27,7 @@ from server.results import (
     read_run_info,
     read_saved_config,
 )
-from tasks.config import ConfigError, RunConfig, validate
+from tasks.results.ledger import RoundRecord, headline_epsilon, read_ledger
 
 from .configs import resolve
 from .deploy.connection import Connection, DeployedSuperLink

@@ -16,11 +16,17 @@ from flwr.serverapp import Grid, ServerApp
 
 from strategies.rounds import WorkerLost
 from tasks.config import RunConfig, validate
+from tasks.results.folder import (
+    OutcomeAlreadyRecorded,
+    RunFolder,
+    default_run_name,
+    now,
+    read_run_info,
+)
 from tasks.results.info import RunInfo
 
 from .console import say
 from .federation import run_federation
-from .results import OutcomeAlreadyRecorded, RunFolder, default_run_name, now, read_run_info
 
 app = ServerApp()
 

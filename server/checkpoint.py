@@ -27,11 +27,11 @@ from strategies.rounds import RoundResult
 from strategies.runner import RoundRunner
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.files import write_atomic
+from tasks.results.folder import OUTCOMES, RUN_INFO, json_default, read_run_info, read_saved_config
 from tasks.results.info import RunInfo
+from tasks.results.ledger import METRICS, RoundRecord, read_ledger
 
-from .ledger import METRICS, RoundRecord, read_ledger
 from .privacy_log import AnonymizationLog, PrivacyLog
-from .results import OUTCOMES, RUN_INFO, json_default, read_run_info, read_saved_config
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"

@@ -26,9 +26,9 @@ from strategies.protocols.plain import PlainProtocol
 from strategies.runner import RoundRunner
 from tasks import messages
 from tasks.config import RunConfig
+from tasks.results.folder import RunFolder
 
 from .console import say
-from .results import RunFolder
 
 
 def run_cvae_phase(grid: Grid, cfg: RunConfig, partition_of: Mapping[int, int], dim: int,

@@ -19,11 +19,10 @@ from flwr.app import Array, ArrayRecord
 from torch import nn
 
 from tasks.files import write_atomic
+from tasks.results.ledger import RoundRecord
 from tasks.seeding import derive_seed
 from tasks.splits import Split
 from tasks.training import logits_of
-
-from .ledger import RoundRecord
 
 
 def auroc(y: np.ndarray, probs: np.ndarray) -> float | None:

@@ -26,7 +26,10 @@ from strategies.protocols.he import encoding_slack
 from strategies.protocols.secagg import max_weight
 from strategies.runner import RoundRunner
 from tasks.config import RunConfig
+from tasks.results.folder import RunFolder, now, read_run_info
 from tasks.results.info import RunInfo
+from tasks.results.ledger import outcome, read_ledger
+from tasks.results.plots import PlotHook
 from tasks.splits import feature_shape
 
 from .checkpoint import CLIENTS as CLIENT_STATES
@@ -44,12 +47,9 @@ from .console import say
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, simulated
 from .evaluation import CentralEvaluator, ModelSelection
-from .ledger import outcome, read_ledger
 from .loop import LoopOutcome, RoundHook, StopAfter, StopBefore, run_rounds, target_accuracy_reached
-from .plots import PlotHook
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
-from .results import RunFolder, now, read_run_info
 from .summary import write_summary
 from .task import ServerTask, discover
 

@@ -12,9 +12,9 @@ from flwr.app import ArrayRecord
 
 from strategies.rounds import RoundResult
 from strategies.runner import RoundRunner
+from tasks.results.ledger import RoundRecord
 
 from .console import say
-from .ledger import RoundRecord
 from .recorder import RoundRecorder
 
 Evaluate = Callable[[ArrayRecord], dict[str, float]]

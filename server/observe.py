@@ -18,9 +18,9 @@ from flwr.app import ArrayRecord
 from privacy.attacks.observation import LocalTraining, Observation
 from strategies.rounds import RoundResult
 from tasks.config import RunConfig
+from tasks.results.ledger import RoundRecord
 
 from .console import say
-from .ledger import RoundRecord
 
 FOLDER = "observations"
 

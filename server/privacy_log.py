@@ -12,25 +12,12 @@ strategy's accountant.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from privacy.anonymize import dp_sgd_unit
 from strategies.central_dp import CentralPrivacy
 from strategies.rounds import RoundLog
 from tasks.config import RunConfig
-
-
-def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
-    """The one epsilon that sums up a ledger privacy entry or a run's privacy summary:
-    local DP-SGD -> the largest over clients; central DP -> the client-level epsilon."""
-    if not entry:
-        return None
-    if entry.get("mode") == "central":
-        return entry.get("epsilon")
-    if entry.get("mode") == "local":
-        return entry.get("epsilon-max")
-    return None
 
 
 class AnonymizationLog:

@@ -6,12 +6,12 @@ import time
 from typing import Any
 
 from strategies.rounds import RoundLog, short_reason
+from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
+from tasks.results.ledger import RoundRecord, headline_epsilon
 
 from .console import say, table_header, table_row
-from .ledger import RoundRecord
-from .privacy_log import AnonymizationLog, PrivacyLog, headline_epsilon
-from .results import RunFolder
+from .privacy_log import AnonymizationLog, PrivacyLog
 
 
 def weighted_mean(clients: list[dict[str, Any]], key: str) -> float | None:

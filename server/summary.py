@@ -7,10 +7,9 @@ from typing import Any
 
 from strategies.rounds import short_reason
 from tasks.config import RunConfig
+from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
-
-from .ledger import RoundRecord, outcome
-from .results import RunFolder
+from tasks.results.ledger import RoundRecord, outcome
 
 
 def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],

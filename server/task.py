@@ -11,7 +11,9 @@ from tasks.config import RunConfig
 from tasks.datasets import DatasetBundle
 from tasks.embeddings import backbone_info, backbone_spec
 from tasks.models import count_parameters
+from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
+from tasks.results.plots import plot_label_distribution
 from tasks.splits import (
     Split,
     dataset_for,
@@ -27,8 +29,6 @@ from .console import say
 from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
 from .evaluation import CentralEvaluator
 from .observe import ObservationHook
-from .plots import plot_label_distribution
-from .results import RunFolder
 
 
 @dataclass

@@ -122,7 +122,7 @@ def results(tmp_path: Path) -> Path:
 
 def ledger_json(run_dir: Path) -> list[dict]:
     """A run's ledger as the JSON objects of metrics.jsonl (dashed keys)."""
-    from server.ledger import read_ledger
+    from tasks.results.ledger import read_ledger
 
     return [r.to_json() for r in read_ledger(run_dir)]
 

@@ -9,9 +9,9 @@ from flwr.app import Context, RecordDict
 
 from server.app import run_cells
 from server.federation import run_federation
-from server.ledger import read_ledger
-from server.results import RunFolder
 from tasks.config import validate
+from tasks.results.folder import RunFolder
+from tasks.results.ledger import read_ledger
 
 from .inprocess import InProcessGrid
 from .test_strategies import _task_identity  # noqa: F401  (fixture)

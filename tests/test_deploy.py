@@ -31,8 +31,8 @@ from experiments.deploy.connection import Connection
 from experiments.deploy.credentials import certificate_hosts, write_certificates, write_node_keys
 from experiments.deploy.superlink import SERVING, superlink_command
 from experiments.deploy.supernode import supernode_command
-from server.results import read_run_info
 from tasks.config import ConfigError
+from tasks.results.folder import read_run_info
 
 from .conftest import REPO, ledger_json, only_run
 from .test_cli import _processes_with

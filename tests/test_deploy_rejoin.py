@@ -24,7 +24,7 @@ from experiments.deploy import supernode as deploy
 from experiments.deploy.connection import Connection
 from experiments.deploy.superlink import SERVING
 from experiments.deploy.supernode import serve_supernode
-from server.results import read_run_info
+from tasks.results.folder import read_run_info
 
 from .conftest import REPO, ledger_json, only_run
 from .test_deploy import (

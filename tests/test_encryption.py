@@ -13,12 +13,12 @@ from flwr.app import ArrayRecord, Context, RecordDict
 from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.encryption import ckks, keyshare
 from server.app import run_one
-from server.ledger import read_ledger
 from strategies.build import build_runner
 from strategies.grid import FederationGrid
 from strategies.protocols.he import encoding_slack
 from tasks import messages
 from tasks.config import validate
+from tasks.results.ledger import read_ledger
 from tasks.splits import model_for
 
 from .dp_reference import gaussian_epsilon

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from experiments.runtime.superlink import LocalSuperLink, flower_executable
-from server.results import read_run_info
+from tasks.results.folder import read_run_info
 
 from .conftest import REPO, ledger_json, only_run, run_cli
 from .test_cli import _processes_with

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from server.results import read_run_info
+from tasks.results.folder import read_run_info
 
 from .conftest import ledger_json, only_run, run_cli
 

@@ -14,7 +14,7 @@ from dp_accounting import GaussianDpEvent, NeighboringRelation
 from dp_accounting.rdp import RdpAccountant
 
 from privacy.dp.disclosure import IDENTITY, RECORD_COUNT
-from server.results import read_run_info
+from tasks.results.folder import read_run_info
 from tasks.seeding import sampling_seed
 
 from .conftest import fresh_epsilon, ledger_json, only_run, run_cli

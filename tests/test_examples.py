@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from experiments.configs import resolve
-from server.results import read_run_info
 from tasks.config import ConfigError, validate
+from tasks.results.folder import read_run_info
 
 from .conftest import REPO, only_run, run_cli
 

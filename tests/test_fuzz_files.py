@@ -314,7 +314,7 @@ def finished_sweep(tmp_path_factory, attacked_run) -> Path:
     """A finished sweep's folder of one cell, its files written by the sweep's own writer."""
     from experiments.sweep.spec import Cell, SweepSpec
     from experiments.sweep.table import write_table
-    from server.ledger import outcome, read_ledger
+    from tasks.results.ledger import outcome, read_ledger
 
     out = tmp_path_factory.mktemp("fuzz") / "sweep"
     shutil.copytree(attacked_run, out / "01")

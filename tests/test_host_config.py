@@ -16,9 +16,9 @@ import clients.app as client_app
 import tasks.datasets as datasets
 from clients.host_config import host_run_config
 from server.app import run_one
-from server.ledger import read_ledger
 from tasks.config import ConfigError, validate
 from tasks.messages import CELL_RECORD
+from tasks.results.ledger import read_ledger
 from tasks.splits import partitions_for
 
 from .conftest import write_mnist_like

@@ -15,13 +15,13 @@ from experiments.leakage.attack import run_attacks
 from experiments.leakage.inputs import load
 from experiments.preflight.checks import preflight
 from server.evaluation import CentralEvaluator
-from server.federation import ServerTask
 from server.loop import run_rounds
 from server.privacy_log import AnonymizationLog, PrivacyLog
 from server.recorder import RoundRecorder
-from server.results import RunFolder
+from server.task import ServerTask
 from strategies.build import build_runner
 from tasks.config import ConfigError, validate
+from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
 from tasks.splits import client_split
 from tasks.training import resolve_device

@@ -17,11 +17,11 @@ from PIL import Image
 
 import clients.app as client_app
 from server.app import run_one
-from server.ledger import read_ledger
 from tasks import local_data
 from tasks.config import ConfigError, validate
 from tasks.datasets import dataset_meta, load_dataset
 from tasks.messages import NODE_RECORD
+from tasks.results.ledger import read_ledger
 from tasks.splits import own_split
 
 from .inprocess import InProcessGrid

@@ -14,8 +14,8 @@ from clients.anonymized import online_sample, released_data
 from experiments.sweep.spec import load_sweep
 from server.app import run_one
 from server.evaluation import auroc
-from server.ledger import read_ledger
 from tasks.config import ConfigError, validate
+from tasks.results.ledger import read_ledger
 from tasks.seeding import derive_seed
 from tasks.splits import client_split
 

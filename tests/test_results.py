@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from server.ledger import RoundRecord, outcome, read_ledger
-from server.results import RunFolder, new_run_dir, read_run_info
 from tasks.config import ConfigError, validate
+from tasks.results.folder import RunFolder, new_run_dir, read_run_info
+from tasks.results.ledger import RoundRecord, outcome, read_ledger
 
 
 def _record(r: int, accuracy: float = 0.5, **extra) -> RoundRecord:
@@ -50,7 +50,7 @@ def test_ledger_is_appended_one_typed_line_per_round(tmp_path):
 
 def test_an_outcome_is_recorded_once(tmp_path):
     # A ServerApp that lost its owner must not overwrite the owner's "crashed".
-    from server.results import OutcomeAlreadyRecorded
+    from tasks.results.folder import OutcomeAlreadyRecorded
     from tasks.results.info import RunInfo
 
     run = RunFolder(tmp_path)

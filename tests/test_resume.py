@@ -21,12 +21,12 @@ from experiments.runtime.runner import LogFilter, recorded_outcome
 from server.app import run_one
 from server.checkpoint import FOLDER, SERVER_FILE, Checkpoint, ResumeError, resumable
 from server.console import PREFIX
-from server.ledger import RoundRecord, read_ledger
-from server.results import RunFolder, read_run_info
 from server.summary import failure_lines
 from tasks.config import ConfigError, validate
 from tasks.files import temporary
+from tasks.results.folder import RunFolder, read_run_info
 from tasks.results.info import RunInfo
+from tasks.results.ledger import RoundRecord, read_ledger
 
 from .inprocess import InProcessGrid
 from .test_strategies import _task_identity  # noqa: F401  (fixture)
@@ -404,7 +404,7 @@ def test_runs_that_ask_for_nothing_or_would_mix_folders_are_refused(tmp_path):
         validate({"leakage-rounds": "1", "leakage-clients": ""})
     with pytest.raises(ConfigError, match="attacks empty"):
         validate({"leakage-rounds": "1", "attacks": " "})
-    from server.results import given_run_dir
+    from tasks.results.folder import given_run_dir
 
     (tmp_path / "old-run").mkdir()
     (tmp_path / "old-run" / "run.json").write_text("{}")

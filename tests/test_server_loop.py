@@ -7,14 +7,14 @@ import torch
 from flwr.app import ArrayRecord
 
 from server.evaluation import CentralEvaluator
-from server.ledger import read_ledger
 from server.loop import run_rounds, target_accuracy_reached
 from server.privacy_log import AnonymizationLog, PrivacyLog
 from server.recorder import RoundRecorder
-from server.results import RunFolder
 from strategies.build import build_runner
 from tasks.config import validate
+from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
+from tasks.results.ledger import read_ledger
 from tasks.splits import heldout_split, model_for
 from tasks.training import resolve_device
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server.ledger import read_ledger
+from tasks.results.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # Flower's SuperExec poll, 1 s by default

@@ -34,8 +34,8 @@ import psutil
 from experiments.configs import resolve
 from experiments.runtime.procs import tree
 from experiments.runtime.superlink import LocalSuperLink
-from server.ledger import read_ledger
-from server.results import read_run_info
+from tasks.results.folder import read_run_info
+from tasks.results.ledger import read_ledger
 
 DEFAULT_SET = ["num-clients=10", "num-server-rounds=5", "local-epochs=1"]
 

@@ -27,8 +27,8 @@ from flwr.common.serde import recorddict_to_proto
 from flwr.supercore.task_identity import TaskIdentity
 
 from server.app import run_one
-from server.ledger import read_ledger
 from tasks.config import validate
+from tasks.results.ledger import read_ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.inprocess import InProcessGrid  # noqa: E402  (the in-process federation)

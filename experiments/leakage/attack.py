@@ -45,9 +45,7 @@ from privacy.attacks.registry import (
     MembershipScores,
 )
 from privacy.dp.dpfedavg import CentralAccountant
-from server.federation import ServerTask
-from server.ledger import read_ledger
-from server.results import read_run_info
+from server.task import ServerTask
 from strategies.central_dp import central_params
 from strategies.protocols.secagg import quantization_slack
 from tasks.config import (
@@ -55,6 +53,8 @@ from tasks.config import (
     RunConfig,
 )
 from tasks.files import read_text
+from tasks.results.folder import read_run_info
+from tasks.results.ledger import read_ledger
 from tasks.seeding import derive_seed
 from tasks.splits import model_for
 from tasks.training import resolve_device

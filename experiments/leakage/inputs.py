@@ -11,8 +11,8 @@ import numpy as np
 from privacy.attacks.observation import Observation
 from privacy.attacks.registry import ATTACKS, aggregate_attacks, attacks_scored_as
 from server.observe import FOLDER
-from server.results import read_run_info, read_saved_config
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
+from tasks.results.folder import read_run_info, read_saved_config
 from tasks.splits import model_for
 
 

@@ -24,8 +24,8 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
     from sklearn.decomposition import PCA
 
     from clients.anonymized import holdout_split, released_data
-    from server.results import read_run_info
     from tasks.config import validate
+    from tasks.results.folder import read_run_info
     from tasks.seeding import derive_seed
     from tasks.splits import client_split
 

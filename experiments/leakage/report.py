@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from privacy.attacks.registry import ATTACKS
-from server.results import RunFolder, read_run_info
+from tasks.results.folder import RunFolder, read_run_info
 
 
 def _kind(attack: str) -> str | None:

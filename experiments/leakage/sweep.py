@@ -20,9 +20,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from server.ledger import read_ledger
-from server.privacy_log import headline_epsilon
 from tasks.config import RunConfig
+from tasks.results.ledger import headline_epsilon, read_ledger
 
 from ..sweep.pareto import pareto_front
 from .roc import draw_roc

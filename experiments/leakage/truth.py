@@ -17,10 +17,10 @@ from flwr.app import Context, RecordDict
 from clients.update import Client, audit_canaries, heldout_rows, training_data
 from privacy.attacks.canaries import GradientCanaries
 from privacy.attacks.observation import Observation
-from server.federation import ServerTask
-from server.ledger import read_ledger
-from server.results import read_run_info
+from server.task import ServerTask
 from tasks.config import ConfigError, RunConfig
+from tasks.results.folder import read_run_info
+from tasks.results.ledger import read_ledger
 from tasks.seeding import derive_seed
 from tasks.splits import client_split
 

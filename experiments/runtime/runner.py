@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from server.console import PREFIX
-from server.plots import plot_label_distribution
-from server.results import RunFolder, read_run_info, run_identity
 from tasks.config import RunConfig
 from tasks.files import explain
+from tasks.results.folder import RunFolder, read_run_info, run_identity
+from tasks.results.plots import plot_label_distribution
 
 from ..leakage.release_plot import plot_in_child
 from .procs import interruption, stream_child

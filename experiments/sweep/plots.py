@@ -10,9 +10,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from server.ledger import read_ledger
-from server.plots import line_plot
-from server.privacy_log import headline_epsilon
+from tasks.results.ledger import headline_epsilon, read_ledger
+from tasks.results.plots import line_plot
 
 from ..leakage.sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front

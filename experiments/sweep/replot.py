@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from server.ledger import outcome as run_outcome
-from server.ledger import read_ledger
-from server.results import read_run_info
 from tasks.config import ConfigError
 from tasks.files import damaged, read_text
+from tasks.results.folder import read_run_info
+from tasks.results.ledger import outcome as run_outcome
+from tasks.results.ledger import read_ledger
 
 from ..leakage.sweep import sweep_rows, write_leakage_table
 from .plots import sweep_plots

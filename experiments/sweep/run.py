@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.ledger import outcome as run_outcome
-from server.ledger import read_ledger
-from server.results import new_run_dir, read_run_info, run_identity
 from tasks.config import ConfigError, RunConfig, validate
+from tasks.results.folder import new_run_dir, read_run_info, run_identity
+from tasks.results.ledger import outcome as run_outcome
+from tasks.results.ledger import read_ledger
 
 from ..configs import absolutize
 from ..preflight.isolated import Preflight, preflight_isolated, preflight_many

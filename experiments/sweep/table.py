@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from server.privacy_log import headline_epsilon
+from tasks.results.ledger import headline_epsilon
 
 from ..leakage.sweep import sweep_rows, write_leakage_table
 from .spec import Cell, SweepSpec

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tasks.files import damaged, read_text
+from ..files import damaged, read_text
 
 METRICS = "metrics.jsonl"
 
@@ -85,3 +85,15 @@ def outcome(records: Sequence[RoundRecord]) -> dict[str, Any]:
         "mean-round-s": sum(times) / len(times),
         "steady-round-s": sum(steady) / len(steady),
     }
+
+
+def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
+    """The one epsilon that sums up a ledger privacy entry or a run's privacy summary:
+    local DP-SGD -> the largest over clients; central DP -> the client-level epsilon."""
+    if not entry:
+        return None
+    if entry.get("mode") == "central":
+        return entry.get("epsilon")
+    if entry.get("mode") == "local":
+        return entry.get("epsilon-max")
+    return None

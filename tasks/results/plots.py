@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from tasks.files import replacing
+from ..files import replacing
 
 from .ledger import RoundRecord, read_ledger
 

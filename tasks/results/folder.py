@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, ResultsConfig, RunConfig, to_toml
-from tasks.files import append_line, damaged, read_text, safe_name, write_atomic
-from tasks.results.info import RunInfo
+from ..config import ConfigError, ResultsConfig, RunConfig, to_toml
+from ..files import append_line, damaged, read_text, safe_name, write_atomic
+from .info import RunInfo
 
 from .ledger import METRICS, RoundRecord
 
