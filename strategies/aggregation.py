@@ -50,6 +50,8 @@ class Collected:
 class Aggregation(Protocol):
     """The server's rule for a round: its cohort, what clients are told, the next model."""
 
+    privacy: Any  # central DP's mechanism and accountant (CentralPrivacy), or None
+
     def begin_round(self, server_round: int) -> None: ...
 
     def client_config(self) -> dict[str, Any]:
@@ -82,6 +84,8 @@ def with_arrays(like: ArrayRecord, values: Sequence[np.ndarray]) -> ArrayRecord:
 
 class FlowerAggregation:
     """A Flower strategy: it samples and aggregates the replies; over a sum, the mean."""
+
+    privacy = None  # no central DP
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy

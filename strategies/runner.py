@@ -25,7 +25,7 @@ from typing import Any
 from flwr.app import ArrayRecord
 
 from .aggregation import Aggregation, State
-from .central_dp import CentralDPAggregation, CentralPrivacy
+from .central_dp import CentralPrivacy
 from .protocols import Protocol
 from .replies import metrics_of
 from .rounds import Reply, RoundLog, RoundResult
@@ -43,8 +43,7 @@ class RoundRunner:
     @property
     def central(self) -> CentralPrivacy | None:
         """Central DP's mechanism and accountant, when the aggregation is DP-FedAvg."""
-        agg = self.aggregation
-        return agg.privacy if isinstance(agg, CentralDPAggregation) else None
+        return self.aggregation.privacy
 
     def describe(self) -> dict[str, Any]:
         """What run.json records of how updates were aggregated."""
