@@ -14,7 +14,6 @@ from typing import Any
 from ..config import ConfigError, ResultsConfig, RunConfig, to_toml
 from ..files import append_line, damaged, read_text, safe_name, write_atomic
 from .info import RunInfo
-
 from .ledger import METRICS, RoundRecord
 
 RUN_INFO = "run.json"

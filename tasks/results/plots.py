@@ -12,7 +12,6 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from ..files import replacing
-
 from .ledger import RoundRecord, read_ledger
 
 
