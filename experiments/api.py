@@ -215,7 +215,7 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
     ray = "" if nodes else cfg.resources.ray_address
     if ray:
         echo(f"the simulated clients run on the Ray cluster at {ray}")
-    with LocalSuperLink(supernodes=nodes, ray=ray) as link:
+    with LocalSuperLink(supernodes=nodes, ray=ray, plugins=cfg.plugins.plugins) as link:
         echo(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
              f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
         return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,

@@ -186,17 +186,14 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
                               f"{raw.name} has {raw.input_shape}; pick a dataset of the same "
                               "shape or 'public-split'.")
         where = f"{pub.name}'s training set ({len(pub.y_train):,} images), another dataset"
-    # its own random stream: whether the backbone was cached must not change what the
-    # caller draws next (e.g. the global model's initial weights)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
-        x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
-        opt = sgd(net, 0.05, 0.9)
-        for epoch in range(spec.epochs):
-            res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
-            _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
-                      f"train accuracy {res.accuracy:.3f}")
+    torch.manual_seed(0)
+    net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
+    x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
+    opt = sgd(net, 0.05, 0.9)
+    for epoch in range(spec.epochs):
+        res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
+        _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
+                  f"train accuracy {res.accuracy:.3f}")
     net.eval()
     info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
             "public-train-accuracy": res.accuracy if spec.epochs else None}
@@ -228,7 +225,16 @@ def backbone_info(spec: BackboneSpec) -> dict:
 
 @functools.lru_cache(maxsize=2)
 def load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
-    """The frozen backbone for a spec: from the cache, a weights file, or trained now."""
+    """The frozen backbone for a spec: from the cache, a weights file, or trained now.
+
+    Whichever way it comes, it draws from a random stream of its own, so what the caller
+    draws next (e.g. the global model's initial weights) does not depend on whether the
+    backbone was cached."""
+    with torch.random.fork_rng(devices=[]):
+        return _load_backbone(spec)
+
+
+def _load_backbone(spec: BackboneSpec) -> tuple[nn.Module, dict]:
     raw = load_dataset(*spec.dataset)
     if spec.weights:
         return TorchvisionResNet18(spec.weights, raw).eval(), _weights_info(spec)

@@ -122,10 +122,13 @@ class LocalSuperLink:
     CONNECTION = "fedpriv"
 
     def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None,
-                 supernodes: int = 0, ray: str = "") -> None:
+                 supernodes: int = 0, ray: str = "", plugins: str = "") -> None:
         self.startup_timeout = startup_timeout
         self.cwd = cwd or Path.cwd()
         self.num_supernodes = supernodes
+        # a SuperNode imports only the plugins its own node config names (the host's
+        # choice): these local ones are the user's, so they get the run's
+        self.plugins = plugins
         self.simulation = supernodes == 0  # else real SuperNodes: no federation config
         self.ray = ray  # a Ray cluster to run the simulation on ("": a private Ray)
         self.nodes: list[subprocess.Popen] = []
@@ -178,7 +181,8 @@ class LocalSuperLink:
                 flower_executable("flower-supernode"), "--insecure",
                 "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                 "--port", str(free_port()),
-                "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"]))
+                "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"
+                + (f' plugins="{self.plugins}"' if self.plugins else "")]))
         self._keep(self.proc, *self.nodes)
         self.started_s = time.perf_counter() - t0
         return self
