@@ -22,7 +22,6 @@ from flwr.serverapp import Grid
 from privacy.dp.disclosure import Disclosure, policy
 from strategies.build import build_runner as runner_for
 from strategies.grid import FederationGrid
-from strategies.protocols.he import encoding_slack
 from strategies.protocols.secagg import max_weight
 from strategies.runner import RoundRunner
 from tasks.config import RunConfig
@@ -210,8 +209,6 @@ def build_runner(cfg: RunConfig, grid: FederationGrid, context: Context,
     runner = runner_for(cfg, grid, grid.partition_of, num_parameters=params, context=context,
                         max_weight=max_weight(cfg, sizes, len(clients), len(task.data.y_train)))
     info.aggregation = {**runner.describe(), **disclosure.describe()}
-    if cfg.secagg.he:
-        info.aggregation["encoding-slack"] = encoding_slack(params)
     return runner
 
 

@@ -100,5 +100,6 @@ def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
             central_privacy(cfg, n, protocol_class.slack(cfg, num_parameters)),
             cfg.privacy.central_clipping.startswith("client"))
     protocol = protocol_class.for_run(cfg, grid, partition_of, evaluation=strategy,
-                                      context=context, max_weight=max_weight)
+                                      context=context, max_weight=max_weight,
+                                      num_parameters=num_parameters)
     return RoundRunner(protocol, aggregation, {"local-epochs": cfg.training.local_epochs})

@@ -28,7 +28,8 @@ from ..rounds import RoundLog
 PROTOCOLS: Registry = Registry(
     "aggregation protocol", where="strategies.protocols.PROTOCOLS", error=ConfigError,
     signature="a class following strategies.protocols.Protocol, built by its "
-              "for_run(cfg, grid, partition_of, *, evaluation, context, max_weight)")
+              "for_run(cfg, grid, partition_of, *, evaluation, context, max_weight, "
+              "num_parameters)")
 PROTOCOLS.register("off", "strategies.protocols.plain:PlainProtocol")
 PROTOCOLS.register("secagg+", "strategies.protocols.secagg:SecAggProtocol")
 PROTOCOLS.register("he", "strategies.protocols.he:HEProtocol")

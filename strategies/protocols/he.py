@@ -76,12 +76,15 @@ class HEProtocol:
         self.min_cohort = cfg.secagg.he_min_cohort
         self.public: bytes | None = None
         self.roster: dict[int, bytes] = {}  # partition id -> the client's signing key
+        self.num_parameters = 0  # the model's size, for the encoding slack run.json records
 
     @classmethod
     def for_run(cls, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
                 *, evaluation: Strategy | None = None, context: Context | None = None,
-                max_weight: float = 0.0) -> HEProtocol:
-        return cls(cfg, grid, partition_of)
+                max_weight: float = 0.0, num_parameters: int = 0) -> HEProtocol:
+        protocol = cls(cfg, grid, partition_of)
+        protocol.num_parameters = num_parameters
+        return protocol
 
     @staticmethod
     def slack(cfg: RunConfig, num_parameters: int) -> float:
@@ -98,7 +101,7 @@ class HEProtocol:
             "key": "shared among the clients (X25519 + HPKE), relayed by the server, which "
                    "holds only the public context",
             "poly-modulus-degree": ckks.POLY_MODULUS, "coeff-mod-bits": list(ckks.COEFF_BITS),
-            "scale-bits": ckks.SCALE_BITS,
+            "scale-bits": ckks.SCALE_BITS, "encoding-slack": encoding_slack(self.num_parameters),
             "decryption": "the cohort's first client checks the signed updates, sums and "
                           "decrypts them (under central DP, before the server adds the "
                           "noise); it sees the sum"}

@@ -45,7 +45,7 @@ class PlainProtocol:
     @classmethod
     def for_run(cls, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
                 *, evaluation: Strategy | None = None, context: Context | None = None,
-                max_weight: float = 0.0) -> PlainProtocol:
+                max_weight: float = 0.0, num_parameters: int = 0) -> PlainProtocol:
         fed = cfg.federation
         return cls(grid, partition_of, cfg.training.seed, fed.round_timeout,
                    min_replies=min(fed.min_train_clients, len(partition_of)),

@@ -93,7 +93,7 @@ class SecAggProtocol:
     @classmethod
     def for_run(cls, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
                 *, evaluation: Strategy | None = None, context: Context | None = None,
-                max_weight: float = 0.0) -> SecAggProtocol:
+                max_weight: float = 0.0, num_parameters: int = 0) -> SecAggProtocol:
         if context is None:
             raise ValueError("SecAgg+ rounds need the ServerApp's Context")
         return cls(cfg, grid, context, partition_of, max_weight)
