@@ -18,7 +18,7 @@ from torch import nn
 from privacy.anonymize import public_transform
 
 from .config import RunConfig
-from .datasets import DatasetBundle, client_dataset, dataset_meta
+from .datasets import DatasetBundle, client_dataset, dataset_meta, reference_rows
 from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
 from .errors import ConfigError
 from .local_data import read_local_data
@@ -50,9 +50,28 @@ def public_fraction(cfg: RunConfig) -> float:
 
 
 def dataset_for(cfg: RunConfig) -> DatasetBundle:
-    """The (raw) dataset the clients split, without any public split."""
+    """The (raw) dataset the clients split, without any public split or the server's
+    auxiliary data."""
     d = cfg.data
-    return client_dataset(d.dataset, d.data_dir, d.download, public_fraction(cfg))
+    return client_dataset(d.dataset, d.data_dir, d.download, public_fraction(cfg),
+                          cfg.leakage.reference_fraction)
+
+
+def reference_split(cfg: RunConfig) -> Split | None:
+    """The server's auxiliary data (``reference-fraction`` of the training set, held back
+    from every client), as the model reads it; None when the run keeps none. The
+    reference-model membership attacks train their reference updates on it."""
+    fraction = cfg.leakage.reference_fraction
+    if fraction <= 0:
+        return None
+    d = cfg.data
+    x, y = reference_rows(d.dataset, d.data_dir, d.download, public_fraction(cfg), fraction)
+    data = dataset_for(cfg)
+    if cfg.embeddings.enabled:
+        xs = torch.from_numpy(cached_embeddings(_backbone(cfg), data, x))
+    else:
+        xs = data.to_tensor(x)
+    return Split(model_inputs(cfg, xs), torch.from_numpy(y), data.num_classes)
 
 
 def _backbone(cfg: RunConfig) -> BackboneSpec:

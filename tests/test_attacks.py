@@ -17,10 +17,10 @@ from clients.postprocess import Prune
 from clients.update import Client, audit_canaries, local_update, training_data
 from privacy.analysis.leakage_metrics import (
     label_accuracy,
-    membership_scores,
     random_image_psnr,
     reconstruction_scores,
 )
+from privacy.analysis.membership_metrics import membership_scores
 from privacy.attacks.audit import audit, epsilon_lower_bound
 from privacy.attacks.inversion import InversionConfig, dlg, invert
 from privacy.attacks.labels import idlg_label, label_counts, labels_from_counts

@@ -177,7 +177,7 @@ def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
     for protocol in ("secagg+", "he"):
         assert "server never sees one client's update" in error(
             {"leakage-rounds": "1", "secure-aggregation": protocol, "num-clients": 4})
-    assert "on the aggregate only mia runs" in error(
+    assert "on the aggregate only mia, decompose, lira, rmia runs" in error(
         {"leakage-rounds": "1", "leakage-clients": "aggregate", "attacks": "invert"})
     assert "the audit needs canaries" in error({"leakage-rounds": "1", "attacks": "audit"})
     assert "canaries are for the audit" in error({"canaries": 10})

@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from clients.update import observed_rows
 from privacy.analysis.leakage_metrics import (
     label_accuracy,
-    membership_scores,
     random_image_psnr,
     reconstruction_scores,
     to_pixels,
 )
+from privacy.analysis.membership_metrics import membership_scores
 from privacy.attacks.audit import audit
 from privacy.attacks.inversion import Reconstruction
 from privacy.attacks.observation import Observation, state_dict
@@ -45,6 +46,7 @@ from privacy.attacks.registry import (
     MembershipScores,
 )
 from privacy.dp.dpfedavg import CentralAccountant
+from privacy.dp.tradeoff import Claim, check_roc
 from server.task import ServerTask
 from strategies.central_dp import central_params
 from strategies.protocols.secagg import quantization_slack
@@ -56,15 +58,18 @@ from tasks.files import read_text
 from tasks.results.folder import read_run_info
 from tasks.results.ledger import read_ledger
 from tasks.seeding import derive_seed
-from tasks.splits import model_for
+from tasks.splits import dataset_for, model_for, reference_split
 from tasks.training import resolve_device
 
+from .claims import RELEASED, membership_claim
 from .inputs import check, load, select
 from .plots import reconstruction_grid, roc_plot
-from .report import headline, record, summarize
+from .report import claim_verdict, headline, record, summarize
 from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
+MEMBERSHIP_KEYS = ("auc", "auc-ci95", "tpr-at-1%fpr", "tpr-at-1%fpr-ci95", "tpr-at-0.1%fpr",
+                   "tpr-at-0.1%fpr-ci95")
 RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
 Echo = Callable[[str], None]
 
@@ -95,21 +100,39 @@ class Attacker:
         self.order = torch.randperm(len(my) + len(hy),
                                     generator=torch.Generator().manual_seed(self.seed))
         lk = cfg.leakage
+        reference = reference_split(cfg)  # the server's own auxiliary data
         self.context = AttackContext(
             model=self.model, sent=self.sent, received=self.received, update=self.update,
             seed=self.seed,
             settings=AttackSettings(lk.invert_iterations, lk.invert_restarts, lk.invert_lr,
                                     lk.invert_tv, lk.invert_labels, lk.invert_max_examples,
-                                    cfg.privacy.dp),
+                                    cfg.privacy.dp, lk.mia_references,
+                                    float(obs.disclosed.get("noise-multiplier")
+                                          or cfg.privacy.noise_multiplier),
+                                    cfg.privacy.max_grad_norm),
             candidates=(torch.cat([mx, hx])[self.order], torch.cat([my, hy])[self.order]),
             canaries=None if self.truth.canaries is None else self.truth.canaries[0],
             given_labels=self.truth.y if lk.invert_labels == "given" else None,
+            reference_data=None if reference is None else (reference.x, reference.y),
+            cohort=self._cohort() if obs.client is None else None,
             progress=lambda text: self.echo(f"    {obs.name}: {text}"))
 
     @property
     def num_clients(self) -> int:
         info = read_run_info(self.run_dir)
         return int(info.get("num-clients", self.cfg.federation.num_clients))
+
+    def _cohort(self) -> tuple[int, int] | None:
+        """(clients, records each) of the observed aggregate, as the server knows them: the
+        clients its ledger says answered, and the mean partition size the public config
+        gives (what an observed client trains on)."""
+        record = {r.round: r for r in read_ledger(self.run_dir)}.get(self.obs.round)
+        if record is None:
+            return None
+        failed = {f.get("partition-id") for f in record.failures}
+        clients = len([p for p in record.sampled if p not in failed])
+        rows = len(dataset_for(self.cfg).y_train) // max(self.num_clients, 1)
+        return clients, observed_rows(self.cfg, 0, self.num_clients, rows)
 
     def _slack(self) -> float:
         """How far SecAgg+'s quantization can lengthen an update (0 without it)."""
@@ -172,26 +195,55 @@ class Attacker:
 
     def score_membership(self, name: str, result: MembershipScores) -> dict[str, Any]:
         k = self.members
-        curves = {}
+        curves, checks = {}, {}
+        claim = self.membership_claim()
         for variant, shuffled in result.scores.items():
             s = torch.empty_like(shuffled.cpu())
             s[self.order] = shuffled.cpu()  # back to members first, then held-out rows
-            curves[variant] = membership_scores(s[:k].numpy(), s[k:].numpy())
+            m, n = s[:k].double().numpy(), s[k:].double().numpy()
+            curves[variant] = membership_scores(m, n, seed=self.seed)
+            if claim is not None and self._covered(variant):
+                checks[variant] = check_roc(m, n, claim)
         head = result.headline
+        nonmembers = curves[head]["nonmembers"]
         plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-{name}.png",
-                        curves, f"{self.obs.name}: membership inference ({k} members, {k} "
-                                "held out)")
+                        curves, f"{self.obs.name}: membership inference ({k} members, "
+                                f"{nonmembers} held out)", claim)
         roc = curves[head]["roc"]
         keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
                          .astype(int))
-        return {"attack-used": head, "members": k,
-                **{key: curves[head][key] for key in ("auc", "auc-ci95", "tpr-at-1%fpr",
-                                                      "tpr-at-0.1%fpr")},
-                "roc-curve": {"fpr": [roc["fpr"][i] for i in keep],
-                              "tpr": [roc["tpr"][i] for i in keep]},
-                "attacks": {n: {k2: v for k2, v in c.items() if k2 != "roc"}
-                            for n, c in curves.items()},
-                "roc": str(plot.relative_to(self.run_dir))}
+        out = {"attack-used": head, "members": k, "nonmembers": nonmembers,
+               **{key: curves[head][key] for key in MEMBERSHIP_KEYS},
+               "roc-curve": {"fpr": [roc["fpr"][i] for i in keep],
+                             "tpr": [roc["tpr"][i] for i in keep]},
+               "attacks": {n: {k2: v for k2, v in c.items() if k2 != "roc"}
+                           for n, c in curves.items()},
+               "roc": str(plot.relative_to(self.run_dir))}
+        if checks:
+            violated = [v for v, c in checks.items() if not c["consistent"]]
+            out.update({"claim": {key: checks[next(iter(checks))][key] for key in
+                                  ("epsilon", "delta", "claimed-by", "confidence")},
+                        "claim-consistent": not violated, "claim-violated-by": violated,
+                        "claim-checks": {v: c["points"] for v, c in checks.items()}})
+        return out
+
+    def membership_claim(self) -> Claim | None:
+        """The DP claim this observation's membership attacks are checked against."""
+        if not hasattr(self, "_claim"):
+            central = None
+            if self.cfg.privacy.dp == "central":
+                releases = sum(1 for r in read_ledger(self.run_dir)
+                               if r.round <= self.obs.round and r.privacy)
+                central = (central_params(self.cfg, self.num_clients, self._slack()), releases)
+            self._claim = membership_claim(self.cfg, self.obs, read_ledger(self.run_dir),
+                                           central)
+        return self._claim
+
+    def _covered(self, variant: str) -> bool:
+        """Whether the claim covers what this variant attacked: under central DP only the
+        released model is (the server holds each raw update before it adds noise)."""
+        return (self.cfg.privacy.dp != "central" or self.obs.client is None
+                or variant in RELEASED)
 
     def score_audit(self, name: str, canary: CanaryScores) -> dict[str, Any]:
         lk = self.cfg.leakage
@@ -275,6 +327,8 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
         (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
                                               for x in lines))
     summary = summarize(lines)
+    if "claim-violations" in summary:
+        echo(claim_verdict(summary["claim-violations"]).replace("**", ""))
     (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
     record(run_dir, summary)
     return summary

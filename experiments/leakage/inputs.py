@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from privacy.attacks.observation import Observation
-from privacy.attacks.registry import ATTACKS, aggregate_attacks, attacks_scored_as
+from privacy.attacks.registry import (
+    ATTACKS,
+    aggregate_attacks,
+    attacks_scored_as,
+    reference_attacks,
+)
 from server.observe import FOLDER
 from tasks.config import KEYS, ConfigError, LeakageConfig, RunConfig, parse_assignment, validate
 from tasks.results.folder import read_run_info, read_saved_config
@@ -84,6 +89,12 @@ def check(cfg: RunConfig, observations: list[Observation], attacks: Sequence[str
     for name in attacks:
         if name not in ATTACKS:
             raise ConfigError(ATTACKS.unknown(name))
+    needs_data = [a for a in attacks if a in reference_attacks()]
+    if needs_data and cfg.leakage.reference_fraction <= 0:
+        raise ConfigError(f"{', '.join(needs_data)} train reference updates on the server's "
+                          "own auxiliary data, and this run kept none (reference-fraction = "
+                          "0, a fact of the run: it decides the clients' partitions). Run "
+                          "again with e.g. --set reference-fraction=0.2.")
     audits = [a for a in attacks if a in attacks_scored_as("audit")]
     if audits and not cfg.leakage.canaries:
         what = "the audit needs" if audits == ["audit"] else f"{audits} need"

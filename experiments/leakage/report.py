@@ -35,15 +35,47 @@ def headline(line: dict[str, Any]) -> str:
     if kind == "membership":
         lo, hi = line["auc-ci95"]
         tpr = line["tpr-at-1%fpr"]
-        return (f"AUC {line['auc']:.3f} (95% CI {lo:.2f}-{hi:.2f}, {line['members']} members), "
+        ci = line.get("tpr-at-1%fpr-ci95")
+        return (f"AUC {line['auc']:.3f} (95% CI {lo:.2f}-{hi:.2f}, {line['members']} members, "
+                f"{line.get('nonmembers', line['members'])} non-members), "
                 + ("TPR at 1% FPR not measurable (under 100 non-members)" if tpr is None
-                   else f"TPR {tpr:.3f} at 1% FPR") + f" ({line['attack-used']})")
+                   else f"TPR {tpr:.3f} at 1% FPR"
+                   + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""))
+                + f" ({line['attack-used']})" + _claim_words(line))
     if kind == "audit":
         claimed = line.get("epsilon-claimed")
         return (f"epsilon >= {line['epsilon-lower-bound']:.3f} at {line['confidence']:.0%} "
                 f"({line['correct']}/{line['guesses']} guesses right); accountant: "
                 + ("no DP" if claimed is None else f"{claimed:.3f}"))
     return "done"
+
+
+def _claim_words(line: dict[str, Any]) -> str:
+    """'; within the DP claim' or the violation, for a line checked against a claim."""
+    if "claim-consistent" not in line:
+        return ""
+    eps = line["claim"]["epsilon"]
+    if line["claim-consistent"]:
+        return f"; within the DP claim (epsilon {eps:.3g})"
+    return (f"; ABOVE THE DP CLAIM (epsilon {eps:.3g}): "
+            + ", ".join(_violation_words(v) for v in violations([line])))
+
+
+def violations(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every measured point above its run's DP claim, with the confidence it holds at."""
+    out = []
+    for x in lines:
+        for variant, points in x.get("claim-checks", {}).items():
+            out += [{"round": x["round"], "client": x["client"], "attack": x["attack"],
+                     "variant": variant, "epsilon": x["claim"]["epsilon"],
+                     "confidence": x["claim"]["confidence"], **p}
+                    for p in points if p["violated"]]
+    return out
+
+
+def _violation_words(v: dict[str, Any]) -> str:
+    return (f"{v['variant']} at FPR <= {v['fpr-upper']:.3g}: TPR >= {v['tpr-lower']:.3f} "
+            f"where the claim allows {v['bound']:.3f} ({v['confidence']:.0%} confidence)")
 
 
 # Per kind of attack, the numbers the summary averages over observations.
@@ -69,6 +101,11 @@ def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         out[attack] = {k: float(np.mean([x[k] for x in done if x.get(k) is not None]))
                        for k in MEANS[kind] if any(x.get(k) is not None for x in done)}
+        checked = [x for x in done if "claim-consistent" in x]
+        if checked:
+            out[attack]["claim-consistent"] = all(x["claim-consistent"] for x in checked)
+    if any("claim-consistent" in x for x in lines):
+        out["claim-violations"] = violations(lines)
     return out
 
 
@@ -77,6 +114,8 @@ def record(run_dir: Path, summary: dict[str, Any]) -> None:
     run = RunFolder(run_dir)
     info = read_run_info(run_dir)
     info["leakage"] = summary
+    if "claim-violations" in summary:
+        info["claim-consistent"] = not summary["claim-violations"]
     run.write_json("run.json", info)
     text = (run_dir / "summary.md").read_text() if (run_dir / "summary.md").exists() else ""
     text = text.split("\n## What leaked\n")[0].rstrip() + "\n\n" + leakage_section(summary)
@@ -88,10 +127,26 @@ def leakage_section(summary: dict[str, Any]) -> str:
              f"Attacks on {summary['observations']} observation(s) of what the server saw "
              "(`leakage.jsonl`, `plots/leakage/`):", ""]
     for attack, s in summary.items():
-        kind = _kind(attack) if attack != "observations" else None
+        kind = _kind(attack) if attack not in ("observations", "claim-violations") else None
         if kind is not None:
             lines.append(f"- {_title(attack)}: {SECTION[kind](s)}")
+    found = summary.get("claim-violations")
+    if found is not None:
+        lines += ["", claim_verdict(found)]
     return "\n".join(lines) + "\n"
+
+
+def claim_verdict(found: list[dict[str, Any]]) -> str:
+    """One paragraph: every attack within the run's DP claim, or where it is not."""
+    if not found:
+        return ("Every membership attack's measured operating points lie within the curve "
+                "the run's DP claim allows (checked at 0.1%, 1% and 10% FPR where the "
+                "non-members suffice, at 95% confidence).")
+    return ("**The DP claim is contradicted by a measurement**: "
+            + "; ".join(f"round {v['round']} client {v['client']}: {_violation_words(v)}"
+                        for v in found)
+            + ". Either the accounting is wrong or the mechanism run is not the one "
+              "accounted (e.g. less noise than claimed).")
 
 
 def _reconstruction(s: dict[str, Any]) -> str:
@@ -103,7 +158,9 @@ def _reconstruction(s: dict[str, Any]) -> str:
 def _membership(s: dict[str, Any]) -> str:
     low = [f"TPR {s[k]:.3f} at {rate} FPR" for k, rate in
            (("tpr-at-1%fpr", "1%"), ("tpr-at-0.1%fpr", "0.1%")) if k in s]
-    return f"AUC **{s['auc']:.3f}**" + "".join(f", {t}" for t in low)
+    claim = ({True: "; within the DP claim", False: "; **above the DP claim**"}
+             [s["claim-consistent"]] if "claim-consistent" in s else "")
+    return f"AUC **{s['auc']:.3f}**" + "".join(f", {t}" for t in low) + claim
 
 
 def _audit(s: dict[str, Any]) -> str:

@@ -65,9 +65,12 @@ def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path)
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={})
     rng = np.random.default_rng(derive_seed(cfg.training.seed, obs.round, 0x3E))
     xs, ys, members, nonmembers = [], [], [], []
-    # as many members as non-members from each client, so that the two sets have the same
-    # mix of clients (and of their label distributions): only membership tells them apart
+    # as many members as non-members from each client (unless mia-nonmembers asks for
+    # more), so that the two sets have the same mix of clients (and of their label
+    # distributions): only membership tells them apart
     per_client = max(1, cfg.leakage.mia_candidates // len(pids))
+    nonmember_share = max(1, (cfg.leakage.mia_nonmembers or cfg.leakage.mia_candidates)
+                          // len(pids))
     for pid in pids:
         client = Client(cfg, pid, n, client_split(cfg, pid, n))
         x, y, _ = training_data(client, context)
@@ -75,7 +78,12 @@ def truth_for(cfg: RunConfig, obs: Observation, task: ServerTask, run_dir: Path)
         xs.append(x)
         ys.append(y)
         k = min(per_client, len(y), len(hy))
-        m, h = rng.choice(len(y), k, replace=False), rng.choice(len(hy), k, replace=False)
+        if cfg.leakage.mia_nonmembers:  # asked for: as many as the held-out rows allow
+            j = min(nonmember_share, len(hy))
+            k = min(per_client, len(y))
+        else:  # as many members as non-members from each client
+            j = k
+        m, h = rng.choice(len(y), k, replace=False), rng.choice(len(hy), j, replace=False)
         members.append((x[m], y[m]))
         nonmembers.append((hx[h], hy[h]))
     canaries = None if obs.client is None else audit_canaries(

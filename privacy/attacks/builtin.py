@@ -6,12 +6,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .calibrated import LiRA, logit_confidence, true_probability
+from .calibrated import rmia as rmia_scores
+from .decomposition import decomposition_scores
 from .inversion import InversionConfig, Reconstruction
 from .inversion import dlg as dlg_attack
 from .inversion import invert as invert_attack
 from .labels import idlg_label, label_counts, labels_from_counts
 from .membership import alignment_scores, loss_drop_scores, loss_scores
 from .observation import Observation, state_dict
+from .reference import ReferenceSetup, stacked_logits, train_references
 from .registry import AttackContext, AttackSkipped, CanaryScores, LabelGuess, MembershipScores
 from .simulate import batches, flatten
 
@@ -91,6 +95,90 @@ def mia(obs: Observation, ctx: AttackContext) -> MembershipScores:
     # members, the maximum AUC of several attacks is biased upwards).
     return MembershipScores(scores, MIA_HEADLINE["client" if obs.client is not None
                                                  else "aggregate"])
+
+
+def decompose(obs: Observation, ctx: AttackContext) -> MembershipScores:
+    """Which candidates' gradients the update is made of (:mod:`.decomposition`)."""
+    assert ctx.candidates is not None
+    x, y = ctx.candidates
+    update = ctx.update if obs.client is not None else {
+        k: v.to(ctx.sent[k].device) - ctx.sent[k]
+        for k, v in state_dict(obs.released or obs.received).items()}
+    return MembershipScores({"decomposition": decomposition_scores(
+        ctx.model, ctx.sent, update, x, y, progress=ctx.progress)}, "decomposition")
+
+
+POPULATION = 1000  # RMIA's population records z, kept out of every reference's data
+
+
+def _references(obs: Observation, ctx: AttackContext) -> dict:
+    """Reference updates and every record's logits under them and the target (computed
+    once per observation, shared by LiRA and RMIA)."""
+    if "references" in ctx.shared:
+        return ctx.shared["references"]
+    if ctx.reference_data is None:
+        raise AttackSkipped("the server holds no auxiliary data (reference-fraction = 0)")
+    assert ctx.candidates is not None
+    (cx, cy), (ax, ay) = ctx.candidates, ctx.reference_data
+    if obs.client is not None:
+        if obs.num_examples is None:
+            raise AttackSkipped("the client did not disclose its number of examples")
+        clients, n = 1, obs.num_examples
+    elif ctx.cohort is None:
+        raise AttackSkipped("the aggregate's cohort is unknown")
+    else:
+        clients, n = ctx.cohort
+    g = torch.Generator().manual_seed(ctx.seed)
+    order = torch.randperm(len(ay), generator=g)
+    z = order[:min(POPULATION, len(ay) // 4)]  # population records, in no reference's data
+    pool = order[len(z):]
+    s = ctx.settings
+    setup = ReferenceSetup(obs.training, n, clients, s.mia_references,
+                           s.dp_noise if s.dp == "local" else 0.0,
+                           s.dp_clip if s.dp == "local" else 0.0, seed=ctx.seed)
+    try:
+        refs = train_references(ctx.model, ctx.sent, torch.cat([cx, ax[pool]]),
+                                torch.cat([cy, ay[pool]]), len(cy), setup, ctx.progress)
+    except ValueError as exc:
+        raise AttackSkipped(str(exc)) from None
+    target = {k: v.unsqueeze(0) for k, v in (ctx.received if obs.client is not None else
+                                             state_dict(obs.released or obs.received)
+                                             ).items()}
+    target = {k: v.to(ctx.sent[k].device) for k, v in target.items()}
+    ctx.shared["references"] = out = {
+        "refs": refs, "x": (stacked_logits(ctx.model, target, cx)[0],
+                            stacked_logits(ctx.model, refs.weights, cx)),
+        "z": (stacked_logits(ctx.model, target, ax[z])[0],
+              stacked_logits(ctx.model, refs.weights, ax[z])), "zy": ay[z]}
+    return out
+
+
+def lira(obs: Observation, ctx: AttackContext) -> MembershipScores:
+    """LiRA against reference updates: online where every candidate is in and out of at
+    least two references, offline always (the headline: online when possible)."""
+    r = _references(obs, ctx)
+    y = ctx.candidates[1]  # type: ignore[index]
+    target, refs = r["x"]
+    lira_ = LiRA(logit_confidence(refs, y), r["refs"].included)
+    phi = logit_confidence(target, y)
+    scores = {"lira-offline": lira_.offline(phi)}
+    if lira_.online_possible and r["refs"].included.any():
+        scores["lira-online"] = lira_.online(phi)
+    return MembershipScores(scores, "lira-online" if "lira-online" in scores
+                            else "lira-offline")
+
+
+def rmia(obs: Observation, ctx: AttackContext) -> MembershipScores:
+    """RMIA against the same reference updates (online when the references hold the
+    candidates, offline otherwise)."""
+    r = _references(obs, ctx)
+    y = ctx.candidates[1]  # type: ignore[index]
+    (tx, rx), (tz, rz), zy = r["x"], r["z"], r["zy"]
+    included = r["refs"].included
+    online = LiRA(rx[..., 0], included).online_possible and bool(included.any())
+    scores = rmia_scores(true_probability(tx, y), true_probability(rx, y), included,
+                         true_probability(tz, zy), true_probability(rz, zy), online)
+    return MembershipScores({"rmia": scores}, "rmia")
 
 
 def audit(obs: Observation, ctx: AttackContext) -> CanaryScores:

@@ -43,13 +43,15 @@ class AttackInfo:
     ``description``: what it does (``fedpriv attack --help``). ``scored_as``: one of
     :data:`SCORINGS` (see the module docstring). ``aggregate``: it also runs on the
     aggregate update alone (what the server holds under secure aggregation). ``title``:
-    its line in summary.md (default: the attack's name).
+    its line in summary.md (default: the attack's name). ``reference``: it needs the
+    server's auxiliary data (``reference-fraction`` > 0).
     """
 
     description: str
     scored_as: str
     aggregate: bool = False
     title: str = ""
+    reference: bool = False  # it trains references on the server's auxiliary data
 
     def __post_init__(self) -> None:
         if self.scored_as not in SCORINGS:
@@ -68,6 +70,9 @@ class AttackSettings:
     invert_labels: str = "recovered"
     invert_max_examples: int = 64
     dp: str = "none"  # the run's DP mode: public, like the architecture
+    mia_references: int = 16
+    dp_noise: float = 0.0  # local DP-SGD's noise multiplier and clipping norm (public)
+    dp_clip: float = 0.0
 
 
 @dataclass
@@ -86,6 +91,10 @@ class AttackContext:
     candidates: tuple[torch.Tensor, torch.Tensor] | None = None
     canaries: Any = None  # the audit's GradientCanaries (not which of them were included)
     given_labels: torch.Tensor | None = None  # the true labels, when invert-labels = given
+    # the server's own auxiliary data (reference-fraction: never a client's records)
+    reference_data: tuple[torch.Tensor, torch.Tensor] | None = None
+    # an aggregate's simulated cohort: (clients, records each), as the server knows them
+    cohort: tuple[int, int] | None = None
     progress: Callable[[str], None] = print
     shared: dict[str, Any] = field(default_factory=dict)  # what attacks on it share
 
@@ -141,6 +150,19 @@ ATTACKS.register("mia", "privacy.attacks.builtin:mia", scored_as="membership", a
                  title="membership inference (loss drop)",
                  description="membership inference against its update and the released "
                              "global model")
+ATTACKS.register("decompose", "privacy.attacks.builtin:decompose", scored_as="membership",
+                 aggregate=True, title="membership inference (update decomposition)",
+                 description="white-box: the update solved as a combination of the "
+                             "candidates' gradients along the local-training path")
+ATTACKS.register("lira", "privacy.attacks.builtin:lira", scored_as="membership",
+                 aggregate=True, reference=True,
+                 title="membership inference (LiRA, reference updates)",
+                 description="LiRA (Carlini et al. 2022), online and offline, calibrated "
+                             "against reference updates the server simulates on its own data")
+ATTACKS.register("rmia", "privacy.attacks.builtin:rmia", scored_as="membership",
+                 aggregate=True, reference=True,
+                 title="membership inference (RMIA, reference updates)",
+                 description="RMIA (Zarifzadeh et al. 2024) against the same reference updates")
 ATTACKS.register("audit", "privacy.attacks.builtin:audit", scored_as="audit",
                  title="audit", description="one-run DP audit with canaries (needs canaries > 0)")
 
@@ -148,6 +170,11 @@ ATTACKS.register("audit", "privacy.attacks.builtin:audit", scored_as="audit",
 def attacks_scored_as(*kinds: str) -> list[str]:
     """The registered attacks scored as any of ``kinds``."""
     return [name for name, info in ATTACKS.items() if info.scored_as in kinds]
+
+
+def reference_attacks() -> list[str]:
+    """The registered attacks that need the server's auxiliary data."""
+    return [name for name, info in ATTACKS.items() if info.reference]
 
 
 def aggregate_attacks() -> list[str]:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 from privacy.anonymize.registry import ANONYMIZERS, raw_input_anonymizers
-from privacy.attacks.registry import ATTACKS, aggregate_attacks, attacks_scored_as
+from privacy.attacks.registry import (
+    ATTACKS,
+    aggregate_attacks,
+    attacks_scored_as,
+    reference_attacks,
+)
 from privacy.dp.accounting import clients_per_round
 
 from .sections import AnonymizationConfig, RunConfig, parse_hidden, parse_sigmas
@@ -199,6 +204,12 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
             errors.append(f"attacks {per_client} need one client's update and how many "
                           f"examples made it; on the aggregate only {', '.join(whole)} "
                           "runs. Remove them or observe clients.")
+    needs_data = [a for a in chosen if a in reference_attacks()]
+    if needs_data and lk.reference_fraction <= 0:
+        errors.append(f"attacks {needs_data} train reference updates on the server's own "
+                      "auxiliary data, and reference-fraction = 0 keeps none. Set e.g. "
+                      "reference-fraction = 0.2 (that share of the training set is held back "
+                      "from every client), or remove them.")
     audits = attacks_scored_as("audit")
     if any(a in audits for a in chosen) != (lk.canaries > 0):
         errors.append("the audit needs canaries and canaries need the audit: set both "
