@@ -187,9 +187,9 @@ def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
     assert "unknown ['dgl']" in error({"leakage-rounds": "1", "attacks": "dgl"})
     assert "none is left as a non-member" in error(
         {"leakage-rounds": "1", "attacks": "mia", "leakage-holdout": 0.0})
-    assert "more canaries than records" in error(
-        {"leakage-rounds": "1", "attacks": "mia,audit", "canaries": 50,
-         "observed-examples": 10})
+    assert "the model has only 62 parameters" in error(  # a linear model on 30 features
+        {"leakage-rounds": "1", "attacks": "mia,audit", "canaries": 63,
+         "dataset": "breast-cancer", "model": "linear"})
     assert "canaries with attacks ['invert']" in error(
         {"leakage-rounds": "1", "attacks": "invert,audit", "canaries": 10})
 

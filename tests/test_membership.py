@@ -164,7 +164,7 @@ def test_a_local_dp_run_is_checked_against_its_claim_everywhere(tmp_path):
     assert summary["claim-violations"] == []
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["claim-consistent"] is True
-    assert "within the curve the run's DP claim allows" in (tmp_path / "summary.md").read_text()
+    assert "consistent with the run's DP claim" in (tmp_path / "summary.md").read_text()
 
 
 def test_reference_attacks_without_the_servers_own_data_are_refused(tmp_path):

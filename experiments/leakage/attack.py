@@ -33,7 +33,6 @@ from privacy.analysis.leakage_metrics import (
     to_pixels,
 )
 from privacy.analysis.membership_metrics import membership_scores
-from privacy.attacks.audit import audit
 from privacy.attacks.inversion import Reconstruction
 from privacy.attacks.observation import Observation, state_dict
 from privacy.attacks.registry import (
@@ -61,6 +60,7 @@ from tasks.seeding import derive_seed
 from tasks.splits import dataset_for, model_for, reference_split
 from tasks.training import resolve_device
 
+from .audit_run import AuditedRound, audit_line, family_size, whole_run_lines
 from .claims import RELEASED, membership_claim
 from .inputs import check, load, select
 from .plots import reconstruction_grid, roc_plot
@@ -93,7 +93,8 @@ class Attacker:
         self.truth = truth_for(cfg, obs, task, run_dir)
         self.seed = derive_seed(cfg.training.seed, obs.round, 0xA66 if obs.client is None
                                 else obs.client, 0xA7)
-        self.audit_family = 1  # how many observations of the run are audited
+        self.audit_family = 1  # how many audits the run makes (.audit_run.family_size)
+        self.audited: AuditedRound | None = None  # this observation's canary scores
         # membership candidates: members then held-out rows, shown to the attacks shuffled
         (mx, my), (hx, hy) = self.truth.members, self.truth.nonmembers
         self.members = len(my)
@@ -246,20 +247,14 @@ class Attacker:
                 or variant in RELEASED)
 
     def score_audit(self, name: str, canary: CanaryScores) -> dict[str, Any]:
-        lk = self.cfg.leakage
+        """The three audit bounds of this observation (:mod:`.audit_run`); its scores are
+        kept for the whole-run audit (``self.audited``)."""
         assert self.truth.canaries is not None
         included = self.truth.canaries[1]  # which canaries were included: only scored
         claimed = self._claimed()
-        delta = claimed["delta"] if claimed["delta"] is not None else 1e-5
-        # Bonferroni over the run's audited observations: the summary reports the largest
-        # bound, which then holds at the stated confidence jointly, not each on its own
-        confidence = 1 - (1 - lk.audit_confidence) / self.audit_family
-        result = audit(canary.scores, included, delta, confidence, lk.audit_guess_fraction)
-        return {"epsilon-lower-bound": result.epsilon_lower_bound, "canaries": result.canaries,
-                "guesses": result.guesses, "correct": result.correct,
-                "confidence": lk.audit_confidence, "per-observation-confidence": confidence,
-                "observations-audited": self.audit_family, "audited": canary.audited,
-                **claimed, "delta": delta}
+        self.audited = AuditedRound(self.obs.round, canary.scores, claimed, canary.audited)
+        return {**audit_line(self.cfg, canary.scores, included, claimed, self.audit_family),
+                "audited": canary.audited}
 
     def _claimed(self) -> dict[str, Any]:
         """The accountant's (epsilon, delta) for what was audited: everything the run did up
@@ -268,7 +263,9 @@ class Attacker:
         if self.cfg.privacy.dp == "local":
             d = self.obs.disclosed
             return {"epsilon-claimed": _float(d.get("epsilon")), "delta": _float(d.get("delta")),
-                    "claimed-by": "the client's DP-SGD accountant (record-level)"}
+                    "claimed-by": "the client's DP-SGD accountant (record-level)",
+                    # without subsampling DP-SGD's privacy curve is exactly Gaussian
+                    "gaussian-claim": _float(d.get("sample-rate")) == 1.0}
         if self.cfg.privacy.dp == "central":
             # a canary changes one record of a client that stays: record-level accounting
             releases = sum(1 for r in read_ledger(self.run_dir)
@@ -277,7 +274,8 @@ class Attacker:
             return {"epsilon-claimed": CentralAccountant(params).record_epsilon_after(releases),
                     "delta": params.target_delta,
                     "claimed-by": "DP-FedAvg's noise, accounted record-level (sensitivity 2C "
-                                  "per round, no amplification)"}
+                                  "per round, no amplification)",
+                    "gaussian-claim": True}  # Gaussian mechanisms composed
         return {"epsilon-claimed": None, "delta": None, "claimed-by": "no DP"}
 
 
@@ -311,9 +309,15 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     torch.manual_seed(cfg.training.seed)
     task = ServerTask.load(cfg)
     echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
+    per_client: dict[Any, int] = {}
+    for o in observations:
+        if o.client is not None:
+            per_client[o.client] = per_client.get(o.client, 0) + 1
+    audited: dict[str, dict[Any, list[AuditedRound]]] = {}  # attack -> client -> rounds
+    truths: dict[Any, np.ndarray] = {}
     for obs in chosen:
         attacker = Attacker(cfg, obs, task, run_dir, echo)
-        attacker.audit_family = max(1, sum(o.client is not None for o in observations))
+        attacker.audit_family = family_size(per_client)
         broken = attacker.non_finite()
         new = []
         for name in attacks:
@@ -323,7 +327,19 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
                     "attack": name, **result}
             new.append(line)
             echo(f"  {obs.name} {name}: {headline(line)}")
+            if attacker.audited is not None and "skipped" not in result:
+                audited.setdefault(name, {}).setdefault(obs.client, []).append(attacker.audited)
+                truths[obs.client] = attacker.truth.canaries[1]
+                attacker.audited = None
         lines = _merge(run_dir / LEDGER, new)  # written per observation: a crash keeps these
+        (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
+                                              for x in lines))
+    for name, rounds in audited.items():  # the whole run's audit, per client
+        new = whole_run_lines(cfg, name, rounds, truths, family_size(per_client))
+        for line in new:
+            echo(f"  client-{line['client']} rounds {line['rounds']} {name} (whole run): "
+                 f"{headline(line)}")
+        lines = _merge(run_dir / LEDGER, new)
         (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
                                               for x in lines))
     summary = summarize(lines)
@@ -336,11 +352,14 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
 
 def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier results, with those for the same observation and attack replaced."""
-    redone = {(x["round"], x["client"], x["attack"]) for x in new}
+    def key(x: dict[str, Any]) -> tuple:
+        return x["round"], x["client"], x["attack"], x.get("scope", "observation")
+
+    redone = {key(x) for x in new}
     try:
         old = [json.loads(x) for x in read_text(path).splitlines() if x.strip()] \
             if path.exists() else []
-        kept = [x for x in old if (x["round"], x["client"], x["attack"]) not in redone]
+        kept = [x for x in old if key(x) not in redone]
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"{path} has a damaged line ({type(exc).__name__}: {exc}); move it "
                           "away (its results are then redone) or restore it.") from None

@@ -43,10 +43,7 @@ def headline(line: dict[str, Any]) -> str:
                    + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""))
                 + f" ({line['attack-used']})" + _claim_words(line))
     if kind == "audit":
-        claimed = line.get("epsilon-claimed")
-        return (f"epsilon >= {line['epsilon-lower-bound']:.3f} at {line['confidence']:.0%} "
-                f"({line['correct']}/{line['guesses']} guesses right); accountant: "
-                + ("no DP" if claimed is None else f"{claimed:.3f}"))
+        return _audit_headline(line)
     return "done"
 
 
@@ -65,6 +62,11 @@ def violations(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every measured point above its run's DP claim, with the confidence it holds at."""
     out = []
     for x in lines:
+        if x.get("claim-rejected-by") and x.get("claim-consistent") is False:  # an audit
+            out.append({"round": x["round"], "client": x["client"], "attack": x["attack"],
+                        "variant": ", ".join(x["claim-rejected-by"]),
+                        "epsilon": x.get("epsilon-claimed"),
+                        "confidence": x.get("confidence", 0.95), "audit": True})
         for variant, points in x.get("claim-checks", {}).items():
             out += [{"round": x["round"], "client": x["client"], "attack": x["attack"],
                      "variant": variant, "epsilon": x["claim"]["epsilon"],
@@ -74,6 +76,9 @@ def violations(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _violation_words(v: dict[str, Any]) -> str:
+    if v.get("audit"):
+        return (f"the audit's {v['variant']} bound rejects the claimed epsilon "
+                f"{v['epsilon']:.3g} ({v['confidence']:.0%} confidence)")
     return (f"{v['variant']} at FPR <= {v['fpr-upper']:.3g}: TPR >= {v['tpr-lower']:.3f} "
             f"where the claim allows {v['bound']:.3f} ({v['confidence']:.0%} confidence)")
 
@@ -83,8 +88,25 @@ MEANS = {"reconstruction": ("psnr", "ssim", "cosine", "psnr-random", "label-accu
                             "seconds"),
          "labels": ("label-accuracy",),
          "membership": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr")}
-AUDIT_KEYS = ("epsilon-lower-bound", "epsilon-claimed", "claimed-by", "confidence", "canaries",
-              "observations-audited", "audited", "round", "client")
+AUDIT_KEYS = ("epsilon-lower-bound", "mu-lower-bound-fdp", "epsilon-lower-bound-fdp",
+              "mu-lower-bound-gdp", "epsilon-estimate-gdp", "epsilon-claimed", "mu-claimed",
+              "claimed-by", "claim-consistent", "claim-checked-by", "claim-rejected-by",
+              "confidence", "canaries", "guesses", "correct", "observations-audited",
+              "audited", "round", "rounds", "client", "scope")
+
+
+def _audit_headline(line: dict[str, Any]) -> str:
+    """The three bounds and the claim check of one audit line."""
+    claimed = line.get("epsilon-claimed")
+    verdict = {None: "", True: ", consistent", False: ", REJECTED by "
+               + ", ".join(line.get("claim-rejected-by", []))}[line.get("claim-consistent")]
+    return (f"epsilon >= {line['epsilon-lower-bound']:.3f} (Steinke), >= "
+            f"{line.get('epsilon-lower-bound-fdp', 0.0):.3f} (f-DP, mu >= "
+            f"{line.get('mu-lower-bound-fdp', 0.0):.3f}), about "
+            f"{line.get('epsilon-estimate-gdp', 0.0):.3f} (GDP, mu >= "
+            f"{line.get('mu-lower-bound-gdp', 0.0):.3f}) at {line['confidence']:.0%} jointly "
+            f"({line['correct']}/{line['guesses']} guesses right); accountant: "
+            + ("no DP (no claim)" if claimed is None else f"{claimed:.3f}{verdict}"))
 
 
 def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,16 +117,21 @@ def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
         kind = _kind(attack)
         if not done or kind is None:
             continue
-        if kind == "audit":  # the largest lower bound, next to what the accountant claims
-            worst = max(done, key=lambda x: x["epsilon-lower-bound"])
+        if kind == "audit":  # the whole run's audit when there is one, else the largest
+            runs = [x for x in done if x.get("scope") == "run"] or done
+            worst = max(runs, key=lambda x: (x.get("epsilon-estimate-gdp", 0.0),
+                                             x["epsilon-lower-bound"]))
             out[attack] = {k: worst[k] for k in AUDIT_KEYS if k in worst}
+            verdicts = [x["claim-consistent"] for x in done
+                        if x.get("claim-consistent") is not None]
+            out[attack]["claim-consistent"] = all(verdicts) if verdicts else None
             continue
         out[attack] = {k: float(np.mean([x[k] for x in done if x.get(k) is not None]))
                        for k in MEANS[kind] if any(x.get(k) is not None for x in done)}
         checked = [x for x in done if "claim-consistent" in x]
         if checked:
             out[attack]["claim-consistent"] = all(x["claim-consistent"] for x in checked)
-    if any("claim-consistent" in x for x in lines):
+    if any(x.get("claim-consistent") is not None for x in lines):  # a DP run, checked
         out["claim-violations"] = violations(lines)
     return out
 
@@ -139,9 +166,10 @@ def leakage_section(summary: dict[str, Any]) -> str:
 def claim_verdict(found: list[dict[str, Any]]) -> str:
     """One paragraph: every attack within the run's DP claim, or where it is not."""
     if not found:
-        return ("Every membership attack's measured operating points lie within the curve "
-                "the run's DP claim allows (checked at 0.1%, 1% and 10% FPR where the "
-                "non-members suffice, at 95% confidence).")
+        return ("Every attack is consistent with the run's DP claim: the membership "
+                "attacks' operating points lie within the curve it allows (checked at 0.1%, "
+                "1% and 10% FPR where the non-members suffice, at 95% confidence) and no "
+                "audit bound rejects it.")
     return ("**The DP claim is contradicted by a measurement**: "
             + "; ".join(f"round {v['round']} client {v['client']}: {_violation_words(v)}"
                         for v in found)
@@ -164,13 +192,16 @@ def _membership(s: dict[str, Any]) -> str:
 
 
 def _audit(s: dict[str, Any]) -> str:
-    claimed = s.get("epsilon-claimed")
-    return (f"{s['canaries']} canaries, {s['audited']}: epsilon >= "
-            f"**{s['epsilon-lower-bound']:.3f}** at {s['confidence']:.0%} confidence"
-            + (f" (jointly over {s['observations-audited']} observations, Bonferroni)"
+    rounds = s.get("rounds")
+    scope = f"rounds {', '.join(map(str, rounds))} together" if rounds else \
+        f"round {s.get('round')}"
+    return (f"{s['canaries']} canaries, {s['audited']}, {scope}: "
+            + _audit_headline(s).replace("epsilon >= ", "epsilon >= **", 1)
+            .replace(" (Steinke)", "** (Steinke)", 1)
+            + (f" (Bonferroni over {s['observations-audited']} audits)"
                if s.get("observations-audited", 1) > 1 else "")
-            + "; the accountant claims "
-            + ("nothing (no DP)" if claimed is None else f"{claimed:.3f}"))
+            + ("" if s.get("claim-consistent") is None else
+               f"; claim consistent with every audit: {s['claim-consistent']}"))
 
 
 # summary.md's line for each kind of attack (AttackInfo.scored_as)

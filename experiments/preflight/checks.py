@@ -92,12 +92,7 @@ def preflight(cfg: RunConfig) -> Preflight:
                 f"{sizes[pid]} records, so none is left as a non-member to score the attack "
                 f"on. Use observed-examples below {sizes[pid]} or leakage-holdout > 0.")
         sizes[pid] = trained
-        if lk.canaries > sizes[pid]:
-            raise ConfigError(
-                f"canaries = {lk.canaries} for observed client {pid}, which has only "
-                f"{sizes[pid]} records: the audit inserts canaries into a client's data, and "
-                "more canaries than records would make the client's update mostly canaries. "
-                f"Use canaries <= {sizes[pid]} (or observe a larger client).")
+    _canaries_fit(cfg, model)
     labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
     if cfg.embeddings.enabled:  # train/load the backbone, embed every partition once
         splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]
@@ -105,6 +100,18 @@ def preflight(cfg: RunConfig) -> Preflight:
         _anonymizer_check(cfg, splits)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
                      torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes), labels)
+
+
+def _canaries_fit(cfg: RunConfig, model: torch.nn.Module) -> None:
+    """The audit places each Dirac canary on a coordinate of its own: refuse more canaries
+    than the model has parameters, before any training."""
+    params = sum(p.numel() for p in model.parameters())
+    if cfg.leakage.canaries > params:
+        raise ConfigError(
+            f"canaries = {cfg.leakage.canaries}, but the model has only {params} parameters: "
+            "each audit canary is a Dirac gradient on a coordinate of its own, so there can "
+            f"be at most one per parameter. Use canaries <= {params} (a few thousand make "
+            "a tight whole-run audit; see docs/LEAKAGE.md) or a larger model.")
 
 
 def _mlp_fits(cfg: RunConfig) -> None:

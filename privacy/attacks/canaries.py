@@ -54,20 +54,26 @@ class GradientCanaries:
         crafted gradient. With Opacus' per-sample gradients it is written into the row's
         ``grad_sample`` (DP-SGD then clips and noises it like any record's); otherwise it
         is added to the batch's mean gradient."""
-        rows = torch.nonzero(ids >= 0).flatten().tolist()
-        if not rows:
+        rows = torch.nonzero(ids >= 0).flatten()
+        if not len(rows):
             return
         sizes = [p.numel() for p in params]
         starts = np.cumsum([0, *sizes[:-1]])
-        for row in rows:
-            j = int(self.index[int(ids[row])])
-            i = int(np.searchsorted(starts, j, side="right") - 1)
-            p, local = params[i], j - int(starts[i])
+        coords = self.index[ids[rows].cpu().numpy()]
+        which = np.searchsorted(starts, coords, side="right") - 1
+        for i in np.unique(which):  # one indexed write per parameter tensor
+            p, mine = params[int(i)], which == i
+            local = torch.from_numpy(coords[mine] - starts[i]).to(p.device)
             sample = getattr(p, "grad_sample", None)
             if sample is not None:
-                sample[row].view(-1)[local] += self.norm
+                at = rows[torch.from_numpy(mine)].to(p.device)
+                sample.view(len(sample), -1).index_put_(
+                    (at, local), torch.full((len(at),), self.norm, dtype=sample.dtype,
+                                            device=p.device), accumulate=True)
             else:
-                p.grad.view(-1)[local] += self.norm / len(ids)
+                p.grad.view(-1).index_put_(
+                    (local,), torch.full((len(local),), self.norm / len(ids),
+                                         dtype=p.grad.dtype, device=p.device), accumulate=True)
 
 
 def canary_inclusion(count: int, seed: int) -> np.ndarray:

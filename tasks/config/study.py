@@ -155,11 +155,14 @@ class LeakageConfig(Section):
     mia_references: int = key(16, "Reference-model attacks: reference updates simulated per "
                               "observation (online LiRA needs at least 8: each candidate is "
                               "in about half).", lo=2)
-    canaries: int = key(0, "Audit: canaries (records with a crafted Dirac gradient, "
-                        "clipped and noised like any other) each observed client inserts, "
-                        "each with probability 1/2 (0 = no audit).", lo=0)
-    audit_confidence: float = key(0.95, "Audit: confidence of the epsilon lower bound.", lo=0,
-                                  hi=1, lo_open=True, hi_open=True)
+    canaries: int = key(0, "Audit: canaries (records with a crafted Dirac gradient on a "
+                        "coordinate of their own, clipped and noised like any other) each "
+                        "observed client inserts, each with probability 1/2; at most the "
+                        "model's parameter count; thousands audit tightly (0 = no audit).",
+                        lo=0)
+    audit_confidence: float = key(0.95, "Audit: joint confidence of the audit's bounds (the "
+                                  "three estimators, every observation and the whole run; "
+                                  "Bonferroni).", lo=0, hi=1, lo_open=True, hi_open=True)
     audit_guess_fraction: float = key(0.5, "Audit: share of canaries the auditor guesses on "
                                       "(the rest it abstains on), fixed before the run.", lo=0,
                                       hi=1, lo_open=True)
