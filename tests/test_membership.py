@@ -173,3 +173,13 @@ def test_reference_attacks_without_the_servers_own_data_are_refused(tmp_path):
     observed_run(tmp_path, {"leakage-rounds": "1", "attacks": "mia", "mia-candidates": 20})
     with pytest.raises(ConfigError, match="reference-fraction"):
         run_attacks(tmp_path, ["rmia"], echo=lambda line: None)
+
+
+def test_more_non_members_than_held_out_rows_are_refused_before_training(tmp_path):
+    from experiments.preflight.checks import preflight
+
+    cfg = validate({"num-clients": 5, "leakage-rounds": "1", "attacks": "mia,decompose",
+                    "observed-examples": 100, "mia-nonmembers": 1000,
+                    "results-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"mia-nonmembers = 1000.*only 700"):
+        preflight(cfg)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -158,16 +159,18 @@ class Attacker:
         if kind == "membership" and self.members < 2:
             return {"skipped": f"{self.members} member/non-member pairs: too few to score "
                                "(see observed-examples and leakage-holdout)"}
+        began = time.perf_counter()
         try:
             output = ATTACKS.load(name)(self.obs, self.context)
         except AttackSkipped as exc:
             return {"skipped": str(exc)}
+        seconds = time.perf_counter() - began
         want = OUTPUTS[kind]
         if not isinstance(output, want):
             raise TypeError(f"attack {name!r} is scored as {kind} and must return a "
                             f"{want.__name__}, not {type(output).__name__} (see "
                             "privacy.attacks.registry).")
-        return SCORERS[kind](self, name, output)
+        return {"seconds": seconds, **SCORERS[kind](self, name, output)}
 
     def score_labels(self, name: str, guess: LabelGuess) -> dict[str, Any]:
         return {"label-accuracy": label_accuracy(guess.labels.cpu(), self.truth.y),

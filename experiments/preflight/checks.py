@@ -22,6 +22,7 @@ from clients.anonymized import released_data
 from clients.local_dp import LocalDPError, new_ledger
 from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
+from privacy.attacks.registry import attacks_scored_as
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
@@ -84,14 +85,24 @@ def preflight(cfg: RunConfig) -> Preflight:
     sizes = [len(p) for p in parts]
     lk = cfg.leakage
     observed = ((lk.clients(len(parts)) or range(len(parts))) if lk.enabled else [])
+    membership = [a for a in lk.attack_list() if a in attacks_scored_as("membership")]
+    heldout = 0
     for pid in observed:
         trained = observed_rows(cfg, pid, len(parts), sizes[pid])
-        if "mia" in lk.attack_list() and trained == sizes[pid]:
+        if membership and trained == sizes[pid]:
             raise ConfigError(
-                f"attacks include 'mia' but observed client {pid} trains on all its "
-                f"{sizes[pid]} records, so none is left as a non-member to score the attack "
-                f"on. Use observed-examples below {sizes[pid]} or leakage-holdout > 0.")
+                f"attacks include {', '.join(membership)} but observed client {pid} trains on "
+                f"all its {sizes[pid]} records, so none is left as a non-member to score the "
+                f"attack on. Use observed-examples below {sizes[pid]} or leakage-holdout > 0.")
+        heldout += sizes[pid] - trained
         sizes[pid] = trained
+    if membership and lk.mia_nonmembers > heldout:
+        raise ConfigError(
+            f"mia-nonmembers = {lk.mia_nonmembers}, but the observed client(s) keep back only "
+            f"{heldout} records that they never train on (the non-members). Lower "
+            f"mia-nonmembers to at most {heldout} (TPR at 0.1% FPR needs 1,000), or leave "
+            "more rows out of training: a smaller observed-examples, fewer clients (larger "
+            "partitions) or a larger dataset.")
     _canaries_fit(cfg, model)
     labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
     if cfg.embeddings.enabled:  # train/load the backbone, embed every partition once

@@ -16,6 +16,7 @@ from tasks.results.ledger import outcome as run_outcome
 from tasks.results.ledger import read_ledger
 
 from ..leakage.sweep import sweep_rows, write_leakage_table
+from ..leakage.tables import write_attack_tables
 from .plots import sweep_plots
 from .spec import Cell
 from .table import REPORTED
@@ -64,6 +65,7 @@ def replot(out: Path) -> None:
     leaked = sweep_rows(cells)
     if leaked:  # the attacks may have been re-run since (fedpriv attack on a cell)
         write_leakage_table(out, leaked)
+        write_attack_tables(out, cells)
     wrote = sorted(p.name for p in (out / "plots").glob("*.png"))
     print(f"redrew {len(wrote)} plots in {out / 'plots'}"
           + (" and the leakage table (leakage.md, leakage.csv)" if leaked else ""))

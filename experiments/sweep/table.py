@@ -11,6 +11,7 @@ from typing import Any
 from tasks.results.ledger import headline_epsilon
 
 from ..leakage.sweep import sweep_rows, write_leakage_table
+from ..leakage.tables import write_attack_tables
 from .spec import Cell, SweepSpec
 from .stats import fmt_ci
 
@@ -85,8 +86,10 @@ def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     leaked = sweep_rows(cells)
     if leaked:
         write_leakage_table(out, leaked)
+        write_attack_tables(out, cells)
         md += ["## What leaked", "", "See [leakage.md](leakage.md) (one row per cell and "
-               "observed round; also leakage.csv).", ""]
+               "observed round; also leakage.csv; every membership attack and audit in "
+               "leakage_membership.csv and leakage_audit.csv).", ""]
     (out / "sweep.md").write_text("\n".join(md))
 
 

@@ -19,6 +19,7 @@ steps them together, on the GPU when the model is on one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -99,6 +100,7 @@ def train_references(model: nn.Module, sent: Mapping[str, torch.Tensor], x: torc
     names = [k for k, _ in model.named_parameters()]
     device = sent[names[0]].device
     total: dict[str, torch.Tensor] = {}
+    began = time.perf_counter()
     for start in range(0, len(flat), setup.chunk):
         idx = flat[start:start + setup.chunk]
         upd = local_training(model, sent, x[idx].to(device), y[idx].to(device), setup,
@@ -106,8 +108,10 @@ def train_references(model: nn.Module, sent: Mapping[str, torch.Tensor], x: torc
         for k in names:
             total[k] = torch.cat([total[k], upd[k]]) if k in total else upd[k]
         if progress:
-            progress(f"reference training: {min(start + setup.chunk, len(flat))}/{len(flat)} "
-                     "simulated clients")
+            done = min(start + setup.chunk, len(flat))
+            left = (time.perf_counter() - began) / done * (len(flat) - done)
+            progress(f"reference training: {done}/{len(flat)} simulated clients"
+                     + (f", about {left:.0f} s left" if done < len(flat) else ""))
     r, c = setup.references, setup.clients
     weights = {k: sent[k].unsqueeze(0) + total[k].reshape(r, c, *sent[k].shape).mean(1)
                for k in names}

@@ -144,17 +144,19 @@ class LeakageConfig(Section):
                                  "from their own distribution, that membership inference is "
                                  "scored on.", lo=0, hi=1, hi_open=True)
     mia_candidates: int = key(500, "Membership inference: at most this many members and as "
-                              "many held-out non-members are scored.", lo=10)
+                              "many held-out non-members (unless mia-nonmembers says) are scored.",
+                              lo=10)
     mia_nonmembers: int = key(0, "Membership inference: non-members scored (the observed "
                               "clients' held-out rows); 0: as many as members. TPR at 0.1% "
                               "FPR needs at least 1,000.", lo=0)
     reference_fraction: float = key(0.0, "Share of the training set the server keeps as its "
                                     "own auxiliary data (never a client's; same distribution)"
                                     ": the reference-model attacks (lira, rmia) train their "
-                                    "reference updates on it. 0: none.", lo=0, hi=0.9)
+                                    "reference updates on it. 0: none.", lo=0,
+                                    hi=0.9)
     mia_references: int = key(16, "Reference-model attacks: reference updates simulated per "
-                              "observation (online LiRA needs at least 8: each candidate is "
-                              "in about half).", lo=2)
+                              "observation (online LiRA needs each candidate in and out of "
+                              "at least two).", lo=2)
     canaries: int = key(0, "Audit: canaries (records with a crafted Dirac gradient on a "
                         "coordinate of their own, clipped and noised like any other) each "
                         "observed client inserts, each with probability 1/2; at most the "
