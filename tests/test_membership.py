@@ -4,6 +4,7 @@ the curve its claim allows — each checked against an independent computation."
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -153,7 +154,7 @@ def test_reference_and_decomposition_attacks_beat_the_loss_drop_on_an_update(tmp
 
 
 def test_a_local_dp_run_is_checked_against_its_claim_everywhere(tmp_path):
-    observed_run(tmp_path, {"leakage-rounds": "1", "attacks": "mia,decompose",
+    cfg = observed_run(tmp_path, {"leakage-rounds": "1", "attacks": "mia,decompose",
                             "observed-examples": 100, "batch-size": 16, "local-epochs": 3,
                             "dp": "local", "noise-multiplier": 1.0, "mia-candidates": 100,
                             "mia-nonmembers": 500})
@@ -165,6 +166,20 @@ def test_a_local_dp_run_is_checked_against_its_claim_everywhere(tmp_path):
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["claim-consistent"] is True
     assert "consistent with the run's DP claim" in (tmp_path / "summary.md").read_text()
+    # the sweep's table: every variant with its intervals and the verdict
+    from types import SimpleNamespace
+
+    from experiments.leakage.tables import write_attack_tables
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    assert write_attack_tables(out, [SimpleNamespace(index=1, run_dir=tmp_path, config=cfg)])
+    rows = list(csv.DictReader(open(out / "leakage_membership.csv")))
+    decomposition = next(r for r in rows if r["attack"] == "decompose: decomposition")
+    assert decomposition["defence"] == "local DP-SGD (sigma 1)"
+    assert decomposition["claim-consistent"] == "yes" and decomposition["nonmembers"] == "500"
+    assert "-" in decomposition["tpr-at-1%fpr-ci95"]
+    assert "## Membership inference" in (out / "leakage.md").read_text()
 
 
 def test_reference_attacks_without_the_servers_own_data_are_refused(tmp_path):
