@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .calibrated import LiRA, logit_confidence, true_probability
+from .calibrated import LiRA, class_centered, logit_confidence, true_probability
 from .calibrated import rmia as rmia_scores
 from .decomposition import decomposition_scores
 from .inversion import InversionConfig, Reconstruction
@@ -158,9 +158,10 @@ def lira(obs: Observation, ctx: AttackContext) -> MembershipScores:
     least two references, offline always (the headline: online when possible)."""
     r = _references(obs, ctx)
     y = ctx.candidates[1]  # type: ignore[index]
-    target, refs = r["x"]
-    lira_ = LiRA(logit_confidence(refs, y), r["refs"].included)
-    phi = logit_confidence(target, y)
+    (target, refs), (tz, rz), zy = r["x"], r["z"], r["zy"]
+    lira_ = LiRA(class_centered(logit_confidence(refs, y), y, logit_confidence(rz, zy), zy),
+                 r["refs"].included)
+    phi = class_centered(logit_confidence(target, y), y, logit_confidence(tz, zy), zy)
     scores = {"lira-offline": lira_.offline(phi)}
     if lira_.online_possible and r["refs"].included.any():
         scores["lira-online"] = lira_.online(phi)
@@ -177,7 +178,7 @@ def rmia(obs: Observation, ctx: AttackContext) -> MembershipScores:
     included = r["refs"].included
     online = LiRA(rx[..., 0], included).online_possible and bool(included.any())
     scores = rmia_scores(true_probability(tx, y), true_probability(rx, y), included,
-                         true_probability(tz, zy), true_probability(rz, zy), online)
+                         true_probability(tz, zy), true_probability(rz, zy), online, y, zy)
     return MembershipScores({"rmia": scores}, "rmia")
 
 
