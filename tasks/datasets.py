@@ -334,38 +334,39 @@ def dataset_meta(name: str) -> DatasetMeta:
     return DATASETS.load(name).meta
 
 
+def _without_public(raw: DatasetBundle, public_fraction: float) -> DatasetBundle:
+    """``raw`` less its backbone's public split (a stratified ``public_fraction``)."""
+    if public_fraction <= 0:
+        return raw
+    keep = ~public_mask(raw.y_train, public_fraction)
+    return replace(raw, source=raw.source + f"; {public_fraction:.0%} of its training set is "
+                   "the backbone's public split, held back from the clients",
+                   x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+
+
 @functools.lru_cache(maxsize=4)
 def client_dataset(name: str, data_dir: str = "", download: bool = False,
                    public_fraction: float = 0.0, reference_fraction: float = 0.0
                    ) -> DatasetBundle:
     """The dataset whose training set the clients split: all of it, or all but a public
-    ``public_fraction`` that is reserved (for a backbone) and a ``reference_fraction`` of
-    the rest that the server keeps as its own auxiliary data (:func:`reference_rows`);
-    neither is ever given to a client."""
-    raw = load_dataset(name, data_dir, download)
-    if public_fraction > 0:
-        keep = ~public_mask(raw.y_train, public_fraction)
-        raw = replace(raw, source=raw.source + f"; {public_fraction:.0%} of its training set "
-                      "is the backbone's public split, held back from the clients",
-                      x_train=raw.x_train[keep], y_train=raw.y_train[keep])
-    if reference_fraction > 0:
-        keep = ~public_mask(raw.y_train, reference_fraction)
-        raw = replace(raw, source=raw.source + f"; {reference_fraction:.0%} of the rest is the "
-                      "server's auxiliary data, held back from the clients",
-                      x_train=raw.x_train[keep], y_train=raw.y_train[keep])
-    return raw
+    ``public_fraction`` reserved for a backbone and a ``reference_fraction`` of the rest
+    that the server keeps as its own data (:func:`reference_rows`); neither is ever given
+    to a client."""
+    raw = _without_public(load_dataset(name, data_dir, download), public_fraction)
+    if reference_fraction <= 0:
+        return raw
+    keep = ~public_mask(raw.y_train, reference_fraction)
+    return replace(raw, source=raw.source + f"; {reference_fraction:.0%} of the rest is the "
+                   "server's auxiliary data, held back from the clients",
+                   x_train=raw.x_train[keep], y_train=raw.y_train[keep])
 
 
 def reference_rows(name: str, data_dir: str = "", download: bool = False,
                    public_fraction: float = 0.0, reference_fraction: float = 0.0
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of the server's auxiliary data: the stratified ``reference_fraction`` of the
-    training set (after any public split) that :func:`client_dataset` holds back. Same
-    distribution as the clients' data, never a client's record."""
-    raw = load_dataset(name, data_dir, download)
-    if public_fraction > 0:
-        keep = ~public_mask(raw.y_train, public_fraction)
-        raw = replace(raw, x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+    """(x, y) of the server's own data: the stratified ``reference_fraction`` that
+    :func:`client_dataset` holds back (same distribution, never a client's record)."""
+    raw = _without_public(load_dataset(name, data_dir, download), public_fraction)
     mine = public_mask(raw.y_train, reference_fraction)
     return raw.x_train[mine], raw.y_train[mine]
 

@@ -33,7 +33,6 @@ from privacy.analysis.leakage_metrics import (
     reconstruction_scores,
     to_pixels,
 )
-from privacy.analysis.membership_metrics import membership_scores
 from privacy.attacks.inversion import Reconstruction
 from privacy.attacks.observation import Observation, state_dict
 from privacy.attacks.registry import (
@@ -46,7 +45,6 @@ from privacy.attacks.registry import (
     MembershipScores,
 )
 from privacy.dp.dpfedavg import CentralAccountant
-from privacy.dp.tradeoff import Claim, check_roc
 from server.task import ServerTask
 from strategies.central_dp import central_params
 from strategies.protocols.secagg import quantization_slack
@@ -62,15 +60,13 @@ from tasks.splits import dataset_for, model_for, reference_split
 from tasks.training import resolve_device
 
 from .audit_run import AuditedRound, audit_line, family_size, whole_run_lines
-from .claims import RELEASED, membership_claim
 from .inputs import check, load, select
-from .plots import reconstruction_grid, roc_plot
+from .membership import UNSET, score_membership
+from .plots import reconstruction_grid
 from .report import claim_verdict, headline, record, summarize
 from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
-MEMBERSHIP_KEYS = ("auc", "auc-ci95", "tpr-at-1%fpr", "tpr-at-1%fpr-ci95", "tpr-at-0.1%fpr",
-                   "tpr-at-0.1%fpr-ci95")
 RECONSTRUCTIONS = "reconstructions"  # the attacks' reconstructions, in pixels (npz)
 Echo = Callable[[str], None]
 
@@ -96,6 +92,7 @@ class Attacker:
                                 else obs.client, 0xA7)
         self.audit_family = 1  # how many audits the run makes (.audit_run.family_size)
         self.audited: AuditedRound | None = None  # this observation's canary scores
+        self.claim: Any = UNSET  # the DP claim its membership attacks are checked against
         # membership candidates: members then held-out rows, shown to the attacks shuffled
         (mx, my), (hx, hy) = self.truth.members, self.truth.nonmembers
         self.members = len(my)
@@ -136,7 +133,7 @@ class Attacker:
         rows = len(dataset_for(self.cfg).y_train) // max(self.num_clients, 1)
         return clients, observed_rows(self.cfg, 0, self.num_clients, rows)
 
-    def _slack(self) -> float:
+    def slack(self) -> float:
         """How far SecAgg+'s quantization can lengthen an update (0 without it)."""
         if not self.cfg.secagg.enabled:
             return 0.0
@@ -197,58 +194,6 @@ class Attacker:
             out["pixels"] = str(pixels.relative_to(self.run_dir))
         return out
 
-    def score_membership(self, name: str, result: MembershipScores) -> dict[str, Any]:
-        k = self.members
-        curves, checks = {}, {}
-        claim = self.membership_claim()
-        for variant, shuffled in result.scores.items():
-            s = torch.empty_like(shuffled.cpu())
-            s[self.order] = shuffled.cpu()  # back to members first, then held-out rows
-            m, n = s[:k].double().numpy(), s[k:].double().numpy()
-            curves[variant] = membership_scores(m, n, seed=self.seed)
-            if claim is not None and self._covered(variant):
-                checks[variant] = check_roc(m, n, claim)
-        head = result.headline
-        nonmembers = curves[head]["nonmembers"]
-        plot = roc_plot(self.run_dir / "plots" / "leakage" / f"{self.obs.name}-{name}.png",
-                        curves, f"{self.obs.name}: membership inference ({k} members, "
-                                f"{nonmembers} held out)", claim)
-        roc = curves[head]["roc"]
-        keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
-                         .astype(int))
-        out = {"attack-used": head, "members": k, "nonmembers": nonmembers,
-               **{key: curves[head][key] for key in MEMBERSHIP_KEYS},
-               "roc-curve": {"fpr": [roc["fpr"][i] for i in keep],
-                             "tpr": [roc["tpr"][i] for i in keep]},
-               "attacks": {n: {k2: v for k2, v in c.items() if k2 != "roc"}
-                           for n, c in curves.items()},
-               "roc": str(plot.relative_to(self.run_dir))}
-        if checks:
-            violated = [v for v, c in checks.items() if not c["consistent"]]
-            out.update({"claim": {key: checks[next(iter(checks))][key] for key in
-                                  ("epsilon", "delta", "claimed-by", "confidence")},
-                        "claim-consistent": not violated, "claim-violated-by": violated,
-                        "claim-checks": {v: c["points"] for v, c in checks.items()}})
-        return out
-
-    def membership_claim(self) -> Claim | None:
-        """The DP claim this observation's membership attacks are checked against."""
-        if not hasattr(self, "_claim"):
-            central = None
-            if self.cfg.privacy.dp == "central":
-                releases = sum(1 for r in read_ledger(self.run_dir)
-                               if r.round <= self.obs.round and r.privacy)
-                central = (central_params(self.cfg, self.num_clients, self._slack()), releases)
-            self._claim = membership_claim(self.cfg, self.obs, read_ledger(self.run_dir),
-                                           central)
-        return self._claim
-
-    def _covered(self, variant: str) -> bool:
-        """Whether the claim covers what this variant attacked: under central DP only the
-        released model is (the server holds each raw update before it adds noise)."""
-        return (self.cfg.privacy.dp != "central" or self.obs.client is None
-                or variant in RELEASED)
-
     def score_audit(self, name: str, canary: CanaryScores) -> dict[str, Any]:
         """The three audit bounds of this observation (:mod:`.audit_run`); its scores are
         kept for the whole-run audit (``self.audited``)."""
@@ -273,7 +218,7 @@ class Attacker:
             # a canary changes one record of a client that stays: record-level accounting
             releases = sum(1 for r in read_ledger(self.run_dir)
                            if r.round <= self.obs.round and r.privacy)
-            params = central_params(self.cfg, self.num_clients, self._slack())
+            params = central_params(self.cfg, self.num_clients, self.slack())
             return {"epsilon-claimed": CentralAccountant(params).record_epsilon_after(releases),
                     "delta": params.target_delta,
                     "claimed-by": "DP-FedAvg's noise, accounted record-level (sensitivity 2C "
@@ -290,7 +235,7 @@ def _float(value: Any) -> float | None:
 SCORERS: dict[str, Callable[[Attacker, str, Any], dict[str, Any]]] = {
     "labels": Attacker.score_labels,
     "reconstruction": Attacker.score_reconstruction,
-    "membership": Attacker.score_membership,
+    "membership": score_membership,
     "audit": Attacker.score_audit,
 }
 OUTPUTS: dict[str, type] = {"labels": LabelGuess, "reconstruction": Reconstruction,

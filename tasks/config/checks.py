@@ -14,6 +14,7 @@ from privacy.attacks.registry import (
 from privacy.dp.accounting import clients_per_round
 
 from .sections import AnonymizationConfig, RunConfig, parse_hidden, parse_sigmas
+from .study import LeakageConfig
 
 
 def cross_checks(cfg: RunConfig) -> list[str]:
@@ -204,12 +205,7 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
             errors.append(f"attacks {per_client} need one client's update and how many "
                           f"examples made it; on the aggregate only {', '.join(whole)} "
                           "runs. Remove them or observe clients.")
-    needs_data = [a for a in chosen if a in reference_attacks()]
-    if needs_data and lk.reference_fraction <= 0:
-        errors.append(f"attacks {needs_data} train reference updates on the server's own "
-                      "auxiliary data, and reference-fraction = 0 keeps none. Set e.g. "
-                      "reference-fraction = 0.2 (that share of the training set is held back "
-                      "from every client), or remove them.")
+    errors += _reference_data(lk, chosen)
     audits = attacks_scored_as("audit")
     if any(a in audits for a in chosen) != (lk.canaries > 0):
         errors.append("the audit needs canaries and canaries need the audit: set both "
@@ -222,3 +218,14 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
                       "and scored for records that are not its data. Audit in a run of its "
                       "own (attacks = 'mia,audit'), or set canaries = 0.")
     return errors
+
+
+def _reference_data(lk: LeakageConfig, chosen: list[str]) -> list[str]:
+    """The reference-model attacks need data of the server's own."""
+    needs_data = [a for a in chosen if a in reference_attacks()]
+    if needs_data and lk.reference_fraction <= 0:
+        return [f"attacks {needs_data} train reference updates on the server's own "
+                "auxiliary data, and reference-fraction = 0 keeps none. Set e.g. "
+                "reference-fraction = 0.2 (that share of the training set is held back "
+                "from every client), or remove them."]
+    return []
