@@ -26,10 +26,11 @@ from tasks.models import SmallCNN
 N, EPOCHS, BATCH = 100, 3, 16
 
 
-def _loop(model: nn.Module, sent: dict, x: torch.Tensor, y: torch.Tensor, t: LocalTraining,
+def _loop(sent: dict, x: torch.Tensor, y: torch.Tensor, t: LocalTraining,
           dp: bool) -> None:
     """The baseline: each reference trained alone with torch.optim (Opacus for DP)."""
     for k in range(len(x)):
+        model = SmallCNN((1, 28, 28), 10).to(x.device)  # Opacus wraps each model once
         model.load_state_dict(sent)
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum)
         data = torch.utils.data.TensorDataset(x[k], y[k])
@@ -76,9 +77,8 @@ def main() -> None:
         together = time.perf_counter() - start
         x = pool_x[: r * N].reshape(r, N, 1, 28, 28).to(device)
         y = pool_y[: r * N].reshape(r, N).to(device)
-        base = SmallCNN((1, 28, 28), 10).to(device)
         start = time.perf_counter()
-        _loop(base, sent, x, y, t, dp)
+        _loop(sent, x, y, t, dp)
         alone = time.perf_counter() - start
         what = "DP-SGD" if dp else "SGD"
         print(f"{what:6s}: together (torch.func) {together:6.2f} s   plain loop {alone:6.2f} s"
