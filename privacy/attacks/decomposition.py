@@ -25,29 +25,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+
+from .membership import per_record_gradients
 
 Progress = Callable[[str], None]
-
-
-def per_record_gradients(model: nn.Module, weights: Mapping[str, torch.Tensor],
-                         x: torch.Tensor, y: torch.Tensor, batch: int = 256) -> torch.Tensor:
-    """[N, parameters]: each record's loss gradient at ``weights`` (model order)."""
-    names = [k for k, _ in model.named_parameters()]
-    buffers = dict(model.named_buffers())
-    params = {k: weights[k].detach() for k in names}
-    device = params[names[0]].device
-
-    def loss(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
-        return nn.functional.cross_entropy(out, yi.unsqueeze(0))
-
-    per_record = vmap(grad(loss), in_dims=(None, 0, 0))
-    rows = []
-    for i in range(0, len(y), batch):
-        g = per_record(params, x[i:i + batch].to(device), y[i:i + batch].to(device))
-        rows.append(torch.cat([g[k].reshape(len(g[k]), -1) for k in names], dim=1))
-    return torch.cat(rows)
 
 
 def decomposition_scores(model: nn.Module, sent: Mapping[str, torch.Tensor],

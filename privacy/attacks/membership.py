@@ -49,24 +49,33 @@ def loss_drop_scores(model: nn.Module, sent: Mapping[str, torch.Tensor],
     return losses(model, sent, x, y) - losses(model, received, x, y)
 
 
-def alignment_scores(model: nn.Module, sent: Mapping[str, torch.Tensor],
-                     update: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                     batch: int = 256) -> torch.Tensor:
-    """cosine(-per-record gradient at the sent weights, the observed update)."""
+def per_record_gradients(model: nn.Module, weights: Mapping[str, torch.Tensor],
+                         x: torch.Tensor, y: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """[N, parameters]: each record's loss gradient at ``weights`` (model order)."""
     names = [k for k, _ in model.named_parameters()]
-    params = {k: sent[k].detach() for k in names}
     buffers = dict(model.named_buffers())
-    target = torch.cat([update[k].reshape(-1) for k in names])
-    device = target.device
+    params = {k: weights[k].detach() for k in names}
+    device = params[names[0]].device
 
     def loss_of(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (p, buffers), (xi.unsqueeze(0),))
         return nn.functional.cross_entropy(out, yi.unsqueeze(0))
 
     per_record = vmap(grad(loss_of), in_dims=(None, 0, 0))
-    scores = []
+    rows = []
     for i in range(0, len(y), batch):
         g = per_record(params, x[i:i + batch].to(device), y[i:i + batch].to(device))
-        flat = torch.cat([g[k].reshape(len(y[i:i + batch]), -1) for k in names], dim=1)
-        scores.append(nn.functional.cosine_similarity(-flat, target.unsqueeze(0), dim=1).cpu())
+        rows.append(torch.cat([g[k].reshape(len(g[k]), -1) for k in names], dim=1))
+    return torch.cat(rows) if rows else torch.zeros(0, sum(params[k].numel() for k in names))
+
+
+def alignment_scores(model: nn.Module, sent: Mapping[str, torch.Tensor],
+                     update: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                     batch: int = 256) -> torch.Tensor:
+    """cosine(-per-record gradient at the sent weights, the observed update)."""
+    names = [k for k, _ in model.named_parameters()]
+    target = torch.cat([update[k].reshape(-1) for k in names])
+    scores = [nn.functional.cosine_similarity(  # a batch at a time: N x parameters is big
+        -per_record_gradients(model, sent, x[i:i + batch], y[i:i + batch]),
+        target.unsqueeze(0), dim=1).cpu() for i in range(0, len(y), batch)]
     return torch.cat(scores) if scores else torch.zeros(0)
