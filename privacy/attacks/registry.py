@@ -62,12 +62,16 @@ class AttackSettings:
     """The run's attack settings (the leakage keys an attack reads), as plain values."""
 
     invert_iterations: int = 2000
-    invert_restarts: int = 2
+    invert_restarts: int = 8
     invert_lr: float = 0.1
     invert_tv: float = 0.01
     invert_labels: str = "recovered"
     invert_max_examples: int = 64
     dp: str = "none"  # the run's DP mode: public, like the architecture
+    invert_keep: int = 2
+    invert_refine: int = 2000
+    invert_refine_tv: float = 0.001
+    dlg_iterations: int = 300
 
 
 @dataclass
