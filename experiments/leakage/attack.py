@@ -62,6 +62,7 @@ from tasks.training import resolve_device
 from .inputs import check, load, select
 from .plots import reconstruction_grid, roc_plot
 from .report import headline, record, summarize
+from .spread import run_spread_plots
 from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
@@ -100,7 +101,10 @@ class Attacker:
             seed=self.seed,
             settings=AttackSettings(lk.invert_iterations, lk.invert_restarts, lk.invert_lr,
                                     lk.invert_tv, lk.invert_labels, lk.invert_max_examples,
-                                    cfg.privacy.dp),
+                                    cfg.privacy.dp, invert_keep=lk.invert_keep,
+                                    invert_refine=lk.invert_refine,
+                                    invert_refine_tv=lk.invert_refine_tv,
+                                    dlg_iterations=lk.dlg_iterations),
             candidates=(torch.cat([mx, hx])[self.order], torch.cat([my, hy])[self.order]),
             canaries=None if self.truth.canaries is None else self.truth.canaries[0],
             given_labels=self.truth.y if lk.invert_labels == "given" else None,
@@ -277,6 +281,7 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     summary = summarize(lines)
     (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
     record(run_dir, summary)
+    run_spread_plots(run_dir, lines)  # with several inverted updates: their spread
     return summary
 
 
