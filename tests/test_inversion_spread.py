@@ -95,3 +95,5 @@ def test_a_sweeps_seeds_are_pooled_per_cell_and_round():
     md = "\n".join(pooled_markdown(pools))
     assert "| none | 8 ex, batch 8, 1 ep | 1 | 5 | 5 | 16.8 (95% CI" in md
     assert "12.0 (n = 1: no interval)" in md
+    # a single update per cell: nothing to pool (the table's rows say it all)
+    assert pooled(rows[:1] + rows[5:]) == []

@@ -140,7 +140,7 @@ def _grid(path: Path, pictures: Sequence[tuple[str, np.ndarray, np.ndarray]], ti
 def _pictures(run_dir: Path, lines: Sequence[dict[str, Any]], prefix: str = ""
               ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     out = []
-    for x in lines:
+    for x in sorted(lines, key=lambda x: (x["round"], str(x["client"]).zfill(9))):
         if x.get("pixels") and (run_dir / x["pixels"]).is_file():
             with np.load(run_dir / x["pixels"]) as f:
                 out.append((f"{prefix}c{x['client']} r{x['round']}: {x['psnr']:.1f} dB",
@@ -189,7 +189,9 @@ def row_spread(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def pooled(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of the same cell (``group``: the cell without its seed) and round, their
-    updates pooled: PSNR and SSIM as mean, 95% interval and n over every update."""
+    updates pooled: PSNR and SSIM as mean, 95% interval and n over every update. None
+    when no cell and round has two or more updates (nothing to spread: the leakage
+    table's row says it all)."""
     keys: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("psnr-values"):
@@ -201,7 +203,7 @@ def pooled(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"defence": mine[0]["defence"], "setting": mine[0]["setting"],
                     "group": group, "round": rnd, "runs": len(mine), "updates": psnr["n"],
                     "psnr": psnr, "ssim": ssim, "rows": mine})
-    return out
+    return out if any(p["updates"] >= 2 for p in out) else []
 
 
 def pooled_markdown(pools: Sequence[dict[str, Any]]) -> list[str]:
