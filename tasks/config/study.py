@@ -132,10 +132,10 @@ class LeakageConfig(Section):
                            "7/8).", lo=0, lo_open=True)
     invert_tv: float = key(0.01, "Inverting Gradients: weight of the total-variation prior.",
                            lo=0)
-    invert_refine: int = key(2000, "Inverting Gradients: iterations refining the best "
-                             "restart with the weaker invert-refine-tv prior and 0.3x the "
-                             "step size, kept only if it matches the update better (0: no "
-                             "refinement).", lo=0)
+    invert_refine: int = key(2000, "Inverting Gradients on a one-example update: iterations "
+                             "refining the best restart with the weaker invert-refine-tv prior "
+                             "and 0.3x the step size, kept only if it matches the update "
+                             "better (0: no refinement; batches are not refined).", lo=0)
     invert_refine_tv: float = key(0.001, "Inverting Gradients: the refinement's "
                                   "total-variation weight.", lo=0)
     dlg_iterations: int = key(300, "DLG: L-BFGS iterations per restart (restarts: "
