@@ -28,7 +28,8 @@ def test_a_run_attacks_what_its_server_saw_and_fedpriv_attack_reproduces_it(tmp_
                   cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "round 1: observed client 0 (observations/)" in res.stdout
-    assert "inverting: restart 2/2, iteration 1000/1000" in res.stdout  # progress
+    assert "inverting: continuing the 2. closest of 8 restarts, iteration 1000/1000" \
+        in res.stdout  # progress
     run = only_run(results)
     first = _lines(run)
     assert first["labels"]["label-accuracy"] == 1.0

@@ -64,6 +64,7 @@ from .inputs import check, load, select
 from .membership import UNSET, score_membership
 from .plots import reconstruction_grid
 from .report import claim_verdict, headline, record, summarize
+from .spread import run_spread_plots
 from .truth import truth_for
 
 LEDGER = "leakage.jsonl"
@@ -108,7 +109,10 @@ class Attacker:
                                     cfg.privacy.dp, lk.mia_references,
                                     float(obs.disclosed.get("noise-multiplier")
                                           or cfg.privacy.noise_multiplier),
-                                    cfg.privacy.max_grad_norm),
+                                    cfg.privacy.max_grad_norm, invert_keep=lk.invert_keep,
+                                    invert_refine=lk.invert_refine,
+                                    invert_refine_tv=lk.invert_refine_tv,
+                                    dlg_iterations=lk.dlg_iterations),
             candidates=(torch.cat([mx, hx])[self.order], torch.cat([my, hy])[self.order]),
             canaries=None if self.truth.canaries is None else self.truth.canaries[0],
             given_labels=self.truth.y if lk.invert_labels == "given" else None,
@@ -295,6 +299,7 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
         echo(claim_verdict(summary["claim-violations"]).replace("**", ""))
     (run_dir / "leakage.json").write_text(json.dumps(summary, indent=2, default=float))
     record(run_dir, summary)
+    run_spread_plots(run_dir, lines)  # with several inverted updates: their spread
     return summary
 
 

@@ -11,6 +11,8 @@ import numpy as np
 from privacy.attacks.registry import ATTACKS
 from tasks.results.folder import RunFolder, read_run_info
 
+from .spread import describe, reconstruction_spread
+
 
 def _kind(attack: str) -> str | None:
     """How the attack is scored (None: not registered in this process)."""
@@ -110,7 +112,8 @@ def _audit_headline(line: dict[str, Any]) -> str:
 
 
 def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per attack, the mean over observations (the worst case for the audit)."""
+    """Per attack, the mean over observations (the worst case for the audit); for
+    reconstructions also n, the 95% interval and the per-update spread (:mod:`.spread`)."""
     out: dict[str, Any] = {"observations": len({(x["round"], x["client"]) for x in lines})}
     for attack in dict.fromkeys(x["attack"] for x in lines):
         done = [x for x in lines if x["attack"] == attack and "skipped" not in x]
@@ -128,6 +131,8 @@ def summarize(lines: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         out[attack] = {k: float(np.mean([x[k] for x in done if x.get(k) is not None]))
                        for k in MEANS[kind] if any(x.get(k) is not None for x in done)}
+        if kind == "reconstruction":
+            out[attack].update(reconstruction_spread(done))
         checked = [x for x in done if "claim-consistent" in x]
         if checked:
             out[attack]["claim-consistent"] = all(x["claim-consistent"] for x in checked)
@@ -178,7 +183,7 @@ def claim_verdict(found: list[dict[str, Any]]) -> str:
 
 
 def _reconstruction(s: dict[str, Any]) -> str:
-    return (f"PSNR **{s['psnr']:.2f} dB**" + (f", SSIM {s['ssim']:.3f}" if "ssim" in s else "")
+    return (describe(s)
             + (f" (random images: {s['psnr-random']:.2f} dB)" if "psnr-random" in s else "")
             + (f", labels {s['label-accuracy']:.0%} right" if "label-accuracy" in s else ""))
 

@@ -25,9 +25,11 @@ from tasks.results.ledger import headline_epsilon, read_ledger
 
 from ..sweep.pareto import pareto_front
 from .roc import draw_roc
+from .spread import pooled, pooled_markdown, row_spread, sweep_spread_plots
 
 COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",
-           "epsilon-audited", "psnr", "ssim", "psnr-random", "label-accuracy", "mia-auc",
+           "epsilon-audited", "psnr", "psnr-ci95", "inverted", "ssim", "psnr-random",
+           "label-accuracy", "mia-auc",
            "mia-auc-ci95", "mia-members", "tpr-at-1%fpr", "tpr-at-0.1%fpr", "mia-attack",
            "note", "run-dir")
 
@@ -60,9 +62,10 @@ def setting(cfg: RunConfig) -> str:
     return f"{n}, batch {t.batch_size}, {t.local_epochs} ep"
 
 
-def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
-             ) -> list[dict[str, Any]]:
-    """The leakage table's rows of one finished cell (none if nothing was attacked)."""
+def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None,
+             group: str | None = None) -> list[dict[str, Any]]:
+    """The leakage table's rows of one finished cell (none if nothing was attacked);
+    ``group``: the cell without its seed (rows of one group are pooled over seeds)."""
     path = run_dir / "leakage.jsonl"
     if not path.exists():
         return []
@@ -99,7 +102,7 @@ def rows_for(index: int, cfg: RunConfig, run_dir: Path, accuracy: float | None
             if len(mias) == 1 and "auc-ci95" in mias[0] else None,
             "mia-attack": mias[0].get("attack-used") if mias else None,
             "note": None if mine or not skipped else f"not attacked: {skipped[0]}",
-            "run-dir": str(run_dir)})
+            "run-dir": str(run_dir), "group": group, **row_spread(mine)})
     return rows
 
 
@@ -111,7 +114,7 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
             continue
         cfg = c.config if c.config is not None else _read_config(c.run_dir)
         rows += rows_for(c.index, cfg, c.run_dir,
-                         (c.result.get("final") or {}).get("accuracy"))
+                         (c.result.get("final") or {}).get("accuracy"), c.group)
     return rows
 
 
@@ -147,6 +150,7 @@ def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
            "![accuracy vs PSNR](plots/accuracy_vs_psnr.png)", "",
            "![ROC per defence](plots/roc_by_defence.png)", "",
            "![reconstructions](plots/reconstructions.png)", ""]
+    md += pooled_markdown(pooled(rows))
     (out / "leakage.md").write_text("\n".join(md))
 
 
@@ -179,7 +183,7 @@ def leakage_plots(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> list[
     grids = _reconstructions(out, name, inverted)
     if grids:
         drawn.append(grids)
-    return drawn
+    return drawn + sweep_spread_plots(out, name, pooled(inverted))
 
 
 def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str:

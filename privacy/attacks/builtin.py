@@ -59,23 +59,25 @@ def _inputs(obs: Observation, ctx: AttackContext) -> tuple[int, torch.Tensor, bo
 
 
 def invert(obs: Observation, ctx: AttackContext) -> Reconstruction:
-    """Inverting Gradients on the observed update."""
+    """Inverting Gradients on the observed update: restarts, then the best one refined."""
     _, y, given = _inputs(obs, ctx)
     s = ctx.settings
     return invert_attack(ctx.model, ctx.sent, ctx.update, y, obs.training, obs.input_shape,
                          InversionConfig(s.invert_iterations, s.invert_restarts, s.invert_lr,
-                                         s.invert_tv, ctx.seed),
+                                         s.invert_tv, ctx.seed, refine=s.invert_refine,
+                                         keep=s.invert_keep,
+                                         refine_tv=s.invert_refine_tv),
                          mean=obs.mean, std=obs.std,
                          labels_source="given" if given else "recovered",
                          progress=ctx.progress)
 
 
 def dlg(obs: Observation, ctx: AttackContext) -> Reconstruction:
-    """DLG on the observed update (at most 300 L-BFGS iterations)."""
+    """DLG on the observed update: dlg-iterations L-BFGS iterations per restart (no cap)."""
     n, y, given = _inputs(obs, ctx)
     s = ctx.settings
     return dlg_attack(ctx.model, ctx.sent, ctx.update, n, obs.num_classes, obs.training,
-                      obs.input_shape, iterations=min(s.invert_iterations, 300),
+                      obs.input_shape, iterations=s.dlg_iterations,
                       labels=y if given else None, seed=ctx.seed, restarts=s.invert_restarts,
                       progress=ctx.progress)
 

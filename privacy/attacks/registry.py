@@ -64,7 +64,7 @@ class AttackSettings:
     """The run's attack settings (the leakage keys an attack reads), as plain values."""
 
     invert_iterations: int = 2000
-    invert_restarts: int = 2
+    invert_restarts: int = 8
     invert_lr: float = 0.1
     invert_tv: float = 0.01
     invert_labels: str = "recovered"
@@ -73,6 +73,10 @@ class AttackSettings:
     mia_references: int = 16
     dp_noise: float = 0.0  # local DP-SGD's noise multiplier and clipping norm (public)
     dp_clip: float = 0.0
+    invert_keep: int = 2
+    invert_refine: int = 2000
+    invert_refine_tv: float = 0.001
+    dlg_iterations: int = 300
 
 
 @dataclass

@@ -123,12 +123,23 @@ class LeakageConfig(Section):
                        "register.", registry=ATTACKS, listing=True)
     invert_iterations: int = key(2000, "Inverting Gradients: optimisation steps per restart.",
                                  lo=1)
-    invert_restarts: int = key(2, "Inverting Gradients: random restarts (the best is kept).",
-                               lo=1)
+    invert_restarts: int = key(8, "Inverting Gradients (and DLG): random restarts (the one "
+                               "matching the update best is kept).", lo=1)
+    invert_keep: int = key(2, "Inverting Gradients: with more restarts than this, every "
+                           "restart runs the first 3/8 of the iterations and only this many, "
+                           "the closest to the update, run on (successive halving).", lo=1)
     invert_lr: float = key(0.1, "Inverting Gradients: Adam's step size (decayed at 3/8, 5/8, "
                            "7/8).", lo=0, lo_open=True)
     invert_tv: float = key(0.01, "Inverting Gradients: weight of the total-variation prior.",
                            lo=0)
+    invert_refine: int = key(2000, "Inverting Gradients on a one-example update: iterations "
+                             "refining the best restart with the weaker invert-refine-tv prior "
+                             "and 0.3x the step size, kept only if it matches the update "
+                             "better (0: no refinement; batches are not refined).", lo=0)
+    invert_refine_tv: float = key(0.001, "Inverting Gradients: the refinement's "
+                                  "total-variation weight.", lo=0)
+    dlg_iterations: int = key(300, "DLG: L-BFGS iterations per restart (restarts: "
+                              "invert-restarts).", lo=1)
     invert_labels: str = key("recovered", "Labels the inversion uses: recovered from the "
                              "update (iDLG / counts), or given (the attacker is told them).",
                              choices=INVERT_LABELS)
@@ -177,8 +188,10 @@ class LeakageConfig(Section):
     # before it: choosing them after seeing the scores would void the bound); plugins, to
     # run an attack a plugin registers on a run made without it.
     ATTACK_SETTINGS = ("plugins", "attacks", "invert-iterations", "invert-restarts",
-                       "invert-lr", "invert-tv", "invert-labels", "invert-max-examples",
-                       "mia-candidates", "mia-nonmembers", "mia-references")
+                       "invert-lr", "invert-tv", "invert-keep", "invert-refine",
+                       "invert-refine-tv", "dlg-iterations", "invert-labels",
+                       "invert-max-examples", "mia-candidates", "mia-nonmembers",
+                       "mia-references")
 
     def rounds(self, num_rounds: int) -> list[int]:
         """The observed rounds."""
