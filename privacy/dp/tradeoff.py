@@ -11,7 +11,7 @@ claim supports is the lower envelope of those lines over delta. Here eps(delta) 
 from the privacy-loss-distribution accountant of Google's dp-accounting (Koskela et al.
 2020; Doroshenko et al. 2022) for the mechanism actually run — a Poisson-subsampled
 Gaussian composed over DP-SGD's steps, or central DP's Gaussian releases — which is the
-composed f-DP curve up to the delta grid. For a plain Gaussian mechanism with
+composed f-DP curve up to the grid of epsilons it is read at. For a plain Gaussian mechanism with
 mu = sensitivity / noise the exact curve is the Gaussian trade-off Phi(Phi^-1(FPR) + mu)
 (:func:`gaussian_curve`).
 
