@@ -50,6 +50,7 @@ from .loop import LoopOutcome, RoundHook, StopAfter, StopBefore, run_rounds, tar
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
 from .summary import write_summary
+from .tamper import Tamper
 from .task import ServerTask, discover
 
 VERSIONS = ("flwr", "torch", "ray", "opacus", "numpy")
@@ -70,6 +71,7 @@ class Federation:
     start: int  # the first round to run (> 1 on a resume)
     stop_before: list[StopBefore]
     stop_after: list[StopAfter]
+    tamper: Tamper | None = None  # server = "malicious": trap weights in observed rounds
 
 
 def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
@@ -88,7 +90,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     result = run_rounds(fed.runner, fed.initial, cfg.federation.num_server_rounds,
                         fed.evaluator, fed.recorder, hooks=fed.hooks,
                         stop_before=fed.stop_before, stop_after=fed.stop_after,
-                        start=fed.start)
+                        start=fed.start, tamper=fed.tamper)
     return finish(cfg, run, info, fed, result, t0)
 
 
@@ -149,7 +151,8 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
         checkpoint.round + 1 if checkpoint is not None else 1,
         [central.stop_reason] if central is not None else [],
         [lambda r: privacy.stop_reason(r.round),
-         target_accuracy_reached(cfg.federation.target_accuracy)])
+         target_accuracy_reached(cfg.federation.target_accuracy)],
+        Tamper(cfg, task) if cfg.leakage.server == "malicious" else None)
 
 
 def federation_grid(grid: Grid, cfg: RunConfig, run: RunFolder, clients: list[ClientInfo],

@@ -20,6 +20,8 @@ from .recorder import RoundRecorder
 Evaluate = Callable[[ArrayRecord], dict[str, float]]
 StopBefore = Callable[[int], "str | None"]  # round about to run -> why not, or None
 StopAfter = Callable[[RoundRecord], "str | None"]  # round just recorded -> why stop, or None
+# a malicious server's weights for a round (and the attack's name), or None: send the model
+Tamper = Callable[[int, ArrayRecord], "tuple[ArrayRecord, str] | None"]
 
 
 class RoundHook(Protocol):
@@ -40,11 +42,14 @@ class LoopOutcome:
 def run_rounds(runner: RoundRunner, initial: ArrayRecord, num_rounds: int,
                evaluate: Evaluate, recorder: RoundRecorder, *,
                hooks: Sequence[RoundHook] = (), stop_before: Sequence[StopBefore] = (),
-               stop_after: Sequence[StopAfter] = (), start: int = 1) -> LoopOutcome:
+               stop_after: Sequence[StopAfter] = (), start: int = 1,
+               tamper: Tamper | None = None) -> LoopOutcome:
     """Evaluate the initial model, then run, evaluate and record rounds until done or stopped.
 
     ``start`` > 1: a resumed run, ``initial`` being the checkpointed model of round
-    ``start - 1`` (already evaluated and recorded)."""
+    ``start - 1`` (already evaluated and recorded). ``tamper``: in the rounds it answers,
+    the clients are sent its weights instead, and the round's result is discarded (the
+    federation keeps the honest model; the hooks see the round's result)."""
     arrays = initial
     if start == 1:
         recorder.initial(evaluate(arrays))
@@ -55,8 +60,12 @@ def run_rounds(runner: RoundRunner, initial: ArrayRecord, num_rounds: int,
         for rnd in range(start, num_rounds + 1):
             if reason := _first(stop(rnd) for stop in stop_before):
                 break
-            result = runner.run_round(rnd, arrays)
-            arrays = result.arrays or arrays
+            trap = tamper(rnd, arrays) if tamper is not None else None
+            result = runner.run_round(rnd, arrays if trap is None else trap[0])
+            if trap is None:
+                arrays = result.arrays or arrays
+            else:
+                result.log.tampered = trap[1]
             start = time.perf_counter()
             test = evaluate(arrays)
             record = recorder.record(result.log, test, time.perf_counter() - start)

@@ -55,7 +55,7 @@ class ObservationHook:
         if record.round not in self.rounds or result.sent is None or record.refused:
             return  # a refused round made no aggregate to observe
         sent = _numpy(result.sent)
-        released = _numpy(arrays)
+        released = _numpy(result.arrays if result.arrays is not None else arrays)
         saved = []
         if self.clients is None:
             Observation(record.round, None, sent, released, num_examples=None,

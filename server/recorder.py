@@ -75,7 +75,7 @@ class RoundRecorder:
                   "elapsed-s": self.elapsed_before + now - self.t_first_round},
             privacy=self.privacy.update(log.round, log),
             anonymization=self.anonymization.entry(log.clients), skipped=log.skipped,
-            refused=log.refused)
+            refused=log.refused, tampered=log.tampered)
         if record.anonymization is not None:
             self.info.anonymization = {k: v for k, v in record.anonymization.items()
                                        if k != "clients"}
@@ -98,6 +98,9 @@ class RoundRecorder:
                 f"skipped: {[c['partition-id'] for c in log.skipped]}")
         if log.refused:
             say(f"  round {log.round}: refused, the model is unchanged: {log.refused}")
+        if log.tampered:
+            say(f"  round {log.round}: the server sent trap weights ({log.tampered}); the "
+                "global model is the honest one of the round before (accuracy as before)")
         if log.failures:
             say(f"  round {log.round}: {len(log.failures)} client error(s), e.g. client "
                 f"{log.failures[0]['partition-id']}: {short_reason(log.failures[0]['error'])}")

@@ -56,6 +56,7 @@ class RoundLog:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # e.g. DP budget exhausted
     evaluated: list[dict[str, Any]] = field(default_factory=list)
     refused: str | None = None  # why no aggregate was made though clients replied (HE)
+    tampered: str | None = None  # the malicious server's attack, when it sent trap weights
 
     def check_not_all_failed(self, min_replies: int = 1) -> None:
         """Raise :class:`RoundFailed` when failures left fewer than ``min_replies``

@@ -18,6 +18,7 @@ from server.evaluation import CentralEvaluator
 from server.loop import run_rounds
 from server.privacy_log import AnonymizationLog, PrivacyLog
 from server.recorder import RoundRecorder
+from server.tamper import Tamper
 from server.task import ServerTask
 from strategies.build import build_runner
 from tasks.config import ConfigError, validate
@@ -48,7 +49,8 @@ def observed_run(path, values, rounds=1):
                              AnonymizationLog("none"))
     run_rounds(runner, ArrayRecord(task.model.state_dict()), rounds,
                CentralEvaluator(task.model, task.test, 512, resolve_device("cpu")), recorder,
-               hooks=[task.observer(cfg, run, n)])
+               hooks=[task.observer(cfg, run, n)],
+               tamper=Tamper(cfg, task) if cfg.leakage.server == "malicious" else None)
     run.write_json("run.json", {**json.loads((path / "run.json").read_text()),
                                 "num-clients": n, "status": "finished"})
     return cfg

@@ -14,6 +14,8 @@ from privacy.attacks.imprint import recover, trap_weights
 from tasks.datasets import load_dataset
 from tasks.models import mlp_net
 
+from .test_strategies import _task_identity  # noqa: F401  (fixture)
+
 CLIENTS, BATCH, MEAN, STD = 8, 32, 0.1307, 0.3081
 
 
@@ -77,3 +79,52 @@ def test_a_model_without_a_linear_first_layer_is_refused():
     conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(2704, 10))
     with pytest.raises(ValueError, match="first layer is linear"):
         trap_weights(conv, conv.state_dict(), torch.zeros(4, 1, 28, 28))
+
+
+def test_a_malicious_run_reads_the_cohorts_records_out_of_the_aggregate(tmp_path):
+    import json
+
+    from experiments.leakage.attack import run_attacks
+    from tasks.results.ledger import read_ledger
+
+    from .test_leakage import observed_run
+
+    observed_run(tmp_path, {"num-clients": 8, "model": "mlp", "mlp-hidden": "1024,64",
+                            "server": "malicious", "reference-fraction": 0.1,
+                            "leakage-rounds": "1", "leakage-clients": "aggregate",
+                            "attacks": "imprint", "observed-examples": 32,
+                            "batch-size": 32}, rounds=2)
+    ledger = read_ledger(tmp_path)
+    assert [r.tampered for r in ledger] == ["imprint", None]
+    initial = json.loads((tmp_path / "run.json").read_text())["initial"]
+    assert ledger[0].test == initial  # the tampered round's result was thrown away
+    summary = run_attacks(tmp_path, echo=lambda line: None)["imprint"]
+    assert summary["recovered-above-30db"] > 0.45  # of the 8 x 32 records
+    assert "label-accuracy" not in summary  # the trap recovers images, not labels
+
+
+@pytest.mark.parametrize("values, why", [
+    ({"model": "small-cnn"}, "cannot be tampered with"),
+    ({"reference-fraction": 0.0}, "reference-fraction = 0 keeps none"),
+    ({"leakage-rounds": ""}, "tampers only with observed rounds"),
+    ({"strategy": "fedadam"}, "strategy = 'fedavg'"),
+], ids=["cnn", "no-own-data", "unobserved", "fedadam"])
+def test_malicious_settings_that_cannot_work_are_refused_before_anything_runs(values, why):
+    from tasks.config import ConfigError, validate
+
+    base = {"model": "mlp", "server": "malicious", "reference-fraction": 0.1,
+            "leakage-rounds": "1", "leakage-clients": "aggregate", "attacks": "imprint"}
+    with pytest.raises(ConfigError, match=why):
+        validate({**base, **values})
+
+
+def test_a_malicious_server_is_refused_on_a_deployment():
+    from experiments.api import run_deployed
+    from tasks.config import ConfigError, validate
+
+    cfg = validate({"model": "mlp", "server": "malicious", "reference-fraction": 0.1,
+                    "leakage-rounds": "1", "leakage-clients": "aggregate",
+                    "attacks": "imprint"})
+    with pytest.raises(ConfigError, match="runs only in simulation"):
+        run_deployed(cfg, None, echo=lambda line: None)  # refused before any connection
+

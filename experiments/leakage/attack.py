@@ -181,7 +181,8 @@ class Attacker:
         o = self.obs
         scores = reconstruction_scores(rec.x, rec.y, self.truth.x, self.truth.y, o.mean, o.std)
         out = {"seconds": rec.seconds, "labels": rec.labels, "objective": rec.loss,
-               **{k: v for k, v in scores.items() if k != "matched"}}
+               **{k: v for k, v in scores.items() if k != "matched"
+                  and not (k == "label-accuracy" and rec.labels == "none")}}
         if o.kind == "image":
             out["psnr-random"] = random_image_psnr(self.truth.x, o.mean, o.std, self.seed)
             grid = reconstruction_grid(

@@ -30,8 +30,12 @@ def headline(line: dict[str, Any]) -> str:
     if kind == "reconstruction":
         extra = f", SSIM {line['ssim']:.3f}" if "ssim" in line else ""
         base = f" (random images: {line['psnr-random']:.1f} dB)" if "psnr-random" in line else ""
-        return (f"PSNR {line['psnr']:.2f} dB{extra}{base}, label accuracy "
-                f"{line['label-accuracy']:.2f} ({line['labels']} labels), {line['seconds']:.0f} s")
+        labels = (f", label accuracy {line['label-accuracy']:.2f} ({line['labels']} labels)"
+                  if "label-accuracy" in line else "")
+        share = (f", {line['recovered-above-30db']:.0%} of the records above 30 dB"
+                 if "recovered-above-30db" in line else "")
+        return (f"PSNR {line['psnr']:.2f} dB{extra}{base}{share}{labels}, "
+                f"{line['seconds']:.0f} s")
     if kind == "labels":
         return f"label accuracy {line['label-accuracy']:.2f} ({line['method']})"
     if kind == "membership":
@@ -86,7 +90,8 @@ def _violation_words(v: dict[str, Any]) -> str:
 
 
 # Per kind of attack, the numbers the summary averages over observations.
-MEANS = {"reconstruction": ("psnr", "ssim", "cosine", "psnr-random", "label-accuracy",
+MEANS = {"reconstruction": ("psnr", "ssim", "cosine", "psnr-random", "recovered-above-30db",
+                            "label-accuracy",
                             "seconds"),
          "labels": ("label-accuracy",),
          "membership": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr")}

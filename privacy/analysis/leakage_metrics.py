@@ -48,6 +48,8 @@ def reconstruction_scores(recon: torch.Tensor, recon_labels: torch.Tensor,
     out: dict[str, Any] = {
         "psnr": float(psnr[rows, cols].mean()),
         "psnr-max": float(psnr[rows, cols].max()),
+        # the share of the originals some reconstruction matches above 30 dB (exactly)
+        "recovered-above-30db": float((psnr[rows, cols] > 30).sum() / max(len(b), 1)),
         "label-accuracy": label_accuracy(recon_labels, labels),
         "matched": [int(c) for c in cols],
     }

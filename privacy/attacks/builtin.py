@@ -3,12 +3,15 @@ the server holds of one observation and returns what the scoring side scores."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from .calibrated import LiRA, class_centered, logit_confidence, true_probability
 from .calibrated import rmia as rmia_scores
 from .decomposition import decomposition_scores
+from .imprint import recover, trap_of
 from .inversion import InversionConfig, Reconstruction
 from .inversion import dlg as dlg_attack
 from .inversion import invert as invert_attack
@@ -108,6 +111,22 @@ def decompose(obs: Observation, ctx: AttackContext) -> MembershipScores:
         for k, v in state_dict(obs.released or obs.received).items()}
     return MembershipScores({"decomposition": decomposition_scores(
         ctx.model, ctx.sent, update, x, y, progress=ctx.progress)}, "decomposition")
+
+
+def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
+    """The records that fell alone into a bin of the trap the server sent (only on
+    weights a malicious server sent: :mod:`.imprint`)."""
+    start = time.perf_counter()
+    trap = trap_of(ctx.model, ctx.sent)
+    if trap is None:
+        raise AttackSkipped("the weights sent hold no trap (run with server = 'malicious')")
+    update = ctx.update if obs.client is not None else {
+        k: v.to(ctx.sent[k].device) - ctx.sent[k]
+        for k, v in state_dict(obs.released or obs.received).items()}
+    rows = recover(update, trap)
+    x = rows.reshape(len(rows), *obs.input_shape)
+    return Reconstruction(x, torch.zeros(len(rows), dtype=torch.long), 0.0,
+                          time.perf_counter() - start, "imprint", "none")
 
 
 POPULATION = 1000  # RMIA's population records z, kept out of every reference's data

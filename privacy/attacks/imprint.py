@@ -82,3 +82,16 @@ def recover(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float = 
     db = torch.cat([b[:-1] - b[1:], b[-1:]])
     held = db.abs() > min_weight * max(float(b.abs().max()), 1e-30)
     return (dw[held] / db[held].unsqueeze(1)).float()
+
+
+def trap_of(model: nn.Module, sent: Mapping[str, torch.Tensor]) -> Trap | None:
+    """The trap in weights a server sent, if they hold one: a first linear layer whose
+    rows are all equal with distinct increasing thresholds (an honest layer never is)."""
+    layers = linear_layers(model)
+    if len(layers) < 2 or f"{layers[0]}.weight" not in sent:
+        return None
+    w, b = sent[f"{layers[0]}.weight"], sent[f"{layers[0]}.bias"]
+    if not (bool(torch.allclose(w, w[:1].expand_as(w))) and bool((b[:-1] >= b[1:]).all())):
+        return None
+    return Trap(layers[0], layers[1], -b.detach().double().cpu())
+

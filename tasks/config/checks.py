@@ -186,6 +186,10 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
         if lk.canaries:
             errors.append("canaries are for the audit of observed rounds: set leakage-rounds "
                           "(e.g. '1') and add 'audit' to attacks, or canaries = 0.")
+        if lk.server == "malicious":
+            errors.append("server = 'malicious' tampers only with observed rounds, and "
+                          "leakage-rounds is empty: name them (e.g. leakage-rounds = '1', "
+                          "leakage-clients = 'aggregate', attacks = 'imprint').")
         return errors
     if clients == [] or not lk.attack_list():
         what = "leakage-clients" if clients == [] else "attacks"
@@ -206,6 +210,7 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
                           f"examples made it; on the aggregate only {', '.join(whole)} "
                           "runs. Remove them or observe clients.")
     errors += _reference_data(lk, chosen)
+    errors += _malicious(cfg)
     audits = attacks_scored_as("audit")
     if any(a in audits for a in chosen) != (lk.canaries > 0):
         errors.append("the audit needs canaries and canaries need the audit: set both "
@@ -229,3 +234,25 @@ def _reference_data(lk: LeakageConfig, chosen: list[str]) -> list[str]:
                 "reference-fraction = 0.2 (that share of the training set is held back "
                 "from every client), or remove them."]
     return []
+
+
+def _malicious(cfg: RunConfig) -> list[str]:
+    """What a malicious server's trap needs: a model it can tamper with, its own data."""
+    lk = cfg.leakage
+    if lk.server != "malicious":
+        return []
+    errors = []
+    if cfg.training.model != "mlp" or cfg.embeddings.enabled:
+        errors.append(f"server = 'malicious' sends trap weights for the mlp's first linear "
+                      f"layer (Fowl et al. 2022); model = {cfg.training.model!r}"
+                      + (" on embeddings" if cfg.embeddings.enabled else "") + " cannot be "
+                      "tampered with that way. Use model = 'mlp' on raw features.")
+    if lk.reference_fraction <= 0:
+        errors.append("server = 'malicious' sets its traps from data of its own, and "
+                      "reference-fraction = 0 keeps none: set e.g. reference-fraction = 0.1.")
+    if cfg.federation.strategy != "fedavg":
+        errors.append(f"server = 'malicious' with strategy = {cfg.federation.strategy!r}: the "
+                      "discarded tampered round would still move its server-side state; use "
+                      "strategy = 'fedavg'.")
+    return errors
+

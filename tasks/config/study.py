@@ -168,6 +168,11 @@ class LeakageConfig(Section):
     mia_references: int = key(16, "Reference-model attacks: reference updates simulated per "
                               "observation (online LiRA needs each candidate in and out of "
                               "at least two).", lo=2)
+    server: str = key("honest", "The server's behaviour in the observed rounds: honest (it "
+                      "only looks) or malicious (it sends trap weights, Fowl et al. 2022, "
+                      "and recovers records even from a secure aggregate; the round's result "
+                      "is then discarded). Malicious needs the mlp and reference-fraction.",
+                      choices=("honest", "malicious"))
     canaries: int = key(0, "Audit: canaries (records with a crafted Dirac gradient on a "
                         "coordinate of their own, clipped and noised like any other) each "
                         "observed client inserts, each with probability 1/2; at most the "

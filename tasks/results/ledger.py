@@ -34,6 +34,7 @@ class RoundRecord:
     skipped: list[dict[str, Any]] = field(default_factory=list)  # out of DP budget
     client_eval: dict[str, Any] | None = None  # federated evaluation on clients' own data
     refused: str | None = None  # why the round made no aggregate (HE: below the minimum cohort)
+    tampered: str | None = None  # the server sent trap weights (server = malicious)
 
     def to_json(self) -> dict[str, Any]:
         out = {}
