@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord
 from experiments.leakage.attack import run_attacks
 from experiments.leakage.inputs import load
 from experiments.preflight.checks import preflight
+from privacy.attacks.registry import aggregate_attacks
 from server.evaluation import CentralEvaluator
 from server.loop import run_rounds
 from server.privacy_log import AnonymizationLog, PrivacyLog
@@ -179,7 +180,7 @@ def test_leakage_settings_that_cannot_work_are_refused_up_front(tmp_path):
     for protocol in ("secagg+", "he"):
         assert "server never sees one client's update" in error(
             {"leakage-rounds": "1", "secure-aggregation": protocol, "num-clients": 4})
-    assert "on the aggregate only mia, decompose, lira, rmia runs" in error(
+    assert f"on the aggregate only {', '.join(aggregate_attacks())} runs" in error(
         {"leakage-rounds": "1", "leakage-clients": "aggregate", "attacks": "invert"})
     assert "the audit needs canaries" in error({"leakage-rounds": "1", "attacks": "audit"})
     assert "canaries are for the audit" in error({"canaries": 10})
