@@ -334,14 +334,18 @@ def dataset_meta(name: str) -> DatasetMeta:
     return DATASETS.load(name).meta
 
 
-def _without_public(raw: DatasetBundle, public_fraction: float) -> DatasetBundle:
-    """``raw`` less its backbone's public split (a stratified ``public_fraction``)."""
-    if public_fraction <= 0:
+def _held_back(raw: DatasetBundle, fraction: float, what: str) -> DatasetBundle:
+    """``raw`` less a stratified ``fraction`` of its training set (``what`` it is for)."""
+    if fraction <= 0:
         return raw
-    keep = ~public_mask(raw.y_train, public_fraction)
-    return replace(raw, source=raw.source + f"; {public_fraction:.0%} of its training set is "
-                   "the backbone's public split, held back from the clients",
-                   x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+    keep = ~public_mask(raw.y_train, fraction)
+    return replace(raw, source=raw.source + f"; {fraction:.0%} of {what}, held back from the "
+                   "clients", x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+
+
+def _without_public(raw: DatasetBundle, public_fraction: float) -> DatasetBundle:
+    """``raw`` less its backbone's public split."""
+    return _held_back(raw, public_fraction, "its training set is the backbone's public split")
 
 
 @functools.lru_cache(maxsize=4)
@@ -353,12 +357,7 @@ def client_dataset(name: str, data_dir: str = "", download: bool = False,
     that the server keeps as its own data (:func:`reference_rows`); neither is ever given
     to a client."""
     raw = _without_public(load_dataset(name, data_dir, download), public_fraction)
-    if reference_fraction <= 0:
-        return raw
-    keep = ~public_mask(raw.y_train, reference_fraction)
-    return replace(raw, source=raw.source + f"; {reference_fraction:.0%} of the rest is the "
-                   "server's auxiliary data, held back from the clients",
-                   x_train=raw.x_train[keep], y_train=raw.y_train[keep])
+    return _held_back(raw, reference_fraction, "the rest is the server's auxiliary data")
 
 
 def reference_rows(name: str, data_dir: str = "", download: bool = False,
