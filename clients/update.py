@@ -16,6 +16,7 @@ import torch
 from flwr.app import Context
 
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
+from privacy.screening import screen
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
@@ -158,7 +159,8 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
                  ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """Train the global model received (``state``) on this client's data.
 
-    Returns the new state dict (None when the client declines: its DP budget is spent)
+    Returns the new state dict (None when the client declines: its DP budget is spent,
+    or its ``client-screen`` refuses the weights)
     and the metrics to report (the disclosure mod decides which of them leave the
     client). With ``dp = "local"`` training is DP-SGD and the metrics carry the client's
     cumulative epsilon; then the run's update steps apply (:mod:`clients.postprocess`:
@@ -171,6 +173,10 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     torch.manual_seed(seed)
 
     model = client.model(state)
+    if screen(cfg.privacy.client_screen, model) is not None:
+        # the weights look like a trap: no training, no update (the screen's reason is a
+        # function of the weights, which the server holds)
+        return None, {"partition-id": client.partition_id, "screen-refused": 1}
     x, y, release_scores = training_data(client, context)
     audit = audit_canaries(cfg, client.partition_id, client.num_partitions,
                            sum(p.numel() for p in model.parameters()))

@@ -152,7 +152,7 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
         [central.stop_reason] if central is not None else [],
         [lambda r: privacy.stop_reason(r.round),
          target_accuracy_reached(cfg.federation.target_accuracy)],
-        Tamper(cfg, task) if cfg.leakage.server == "malicious" else None)
+        Tamper(cfg, task, runner.describe()) if cfg.leakage.server == "malicious" else None)
 
 
 def federation_grid(grid: Grid, cfg: RunConfig, run: RunFolder, clients: list[ClientInfo],

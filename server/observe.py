@@ -52,14 +52,19 @@ class ObservationHook:
 
     def after_round(self, record: RoundRecord, arrays: ArrayRecord,
                     result: RoundResult) -> None:
-        if record.round not in self.rounds or result.sent is None or record.refused:
-            return  # a refused round made no aggregate to observe
+        if (record.round not in self.rounds or result.sent is None or record.refused
+                or not record.clients):
+            return  # a refused round, or one no client trained in, made nothing to observe
         sent = _numpy(result.sent)
         released = _numpy(result.arrays if result.arrays is not None else arrays)
         saved = []
         if self.clients is None:
-            Observation(record.round, None, sent, released, num_examples=None,
-                        released=released, **self.common).save(self.folder)
+            # a malicious server reads what it held, before central DP's clip and noise
+            held = (_numpy(result.collected.held(result.sent))
+                    if record.tampered and result.collected is not None else released)
+            Observation(record.round, None, sent, held, num_examples=None,
+                        released=released, tampered=record.tampered,
+                        **self.common).save(self.folder)
             saved.append("the aggregate")
         for reply in result.replies if self.clients is not None else []:
             if reply.partition_id in self.clients and reply.arrays is not None:
@@ -67,7 +72,7 @@ class ObservationHook:
                 Observation(record.round, reply.partition_id, sent, _numpy(reply.arrays),
                             num_examples=None if n is None else int(n),
                             disclosed=dict(reply.metrics), released=released,
-                            **self.common).save(self.folder)
+                            tampered=record.tampered, **self.common).save(self.folder)
                 saved.append(f"client {reply.partition_id}")
         if saved:
             say(f"  round {record.round}: observed {', '.join(saved)} (observations/)")

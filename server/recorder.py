@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from privacy.dp.disclosure import declined
 from strategies.rounds import RoundLog, short_reason
 from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
@@ -93,9 +94,11 @@ class RoundRecorder:
         say(table_row(record.round, record.test, record.train,
                       f"{len(log.clients)}/{len(log.sampled)}", record.time["round-s"],
                       headline_epsilon(record.privacy)))
-        if log.skipped:
-            say(f"  round {log.round}: {len(log.skipped)} client(s) out of privacy budget, "
-                f"skipped: {[c['partition-id'] for c in log.skipped]}")
+        why: dict[str, list[int]] = {}
+        for c in log.skipped:
+            why.setdefault(declined(c) or "skipped", []).append(c["partition-id"])
+        for reason, ids in why.items():
+            say(f"  round {log.round}: {len(ids)} client(s) sent no update, {reason}: {ids}")
         if log.refused:
             say(f"  round {log.round}: refused, the model is unchanged: {log.refused}")
         if log.tampered:

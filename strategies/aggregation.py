@@ -46,6 +46,18 @@ class Collected:
     weight: float = 0.0
     count: int = 0
 
+    def held(self, sent: ArrayRecord) -> ArrayRecord:
+        """``sent`` plus the mean update the server holds before its aggregation's own
+        processing (central DP's clipping and noise): what a malicious server reads."""
+        current = sent.to_numpy_ndarrays()
+        if self.total is not None:
+            mean = [np.asarray(t, dtype=np.float64) / self.weight for t in self.total]
+        else:
+            news = [r.content["arrays"].to_numpy_ndarrays() for r in self.replies]
+            mean = [np.mean([np.asarray(n[i], dtype=np.float64) - c for n in news], axis=0)
+                    for i, c in enumerate(current)]
+        return with_arrays(sent, [c + m for c, m in zip(current, mean, strict=True)])
+
 
 class Aggregation(Protocol):
     """The server's rule for a round: its cohort, what clients are told, the next model."""

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
+from privacy.dp.disclosure import declined
+
 from .grid import FederationGrid
 
 
@@ -65,7 +67,7 @@ def split_replies(grid: FederationGrid, partition_of: Mapping[int, int],
         node = grid.node_of(msg)
         pid = partition_of.get(node, -1)
         bad = None
-        if not msg.has_error() and not metrics_of(msg).get("dp-skipped"):
+        if not msg.has_error() and not declined(metrics_of(msg)):
             if sent is not None:
                 bad = update_problem(msg.content.array_records.get("arrays"), sent)
             if bad is None and check is not None:
@@ -74,7 +76,7 @@ def split_replies(grid: FederationGrid, partition_of: Mapping[int, int],
             failures.append({"partition-id": pid, "node-id": node,
                              "error": msg.error.reason if msg.has_error()
                              else f"UpdateRejected: {bad}"})
-        elif metrics_of(msg).get("dp-skipped"):
+        elif declined(metrics_of(msg)):
             skipped.append({"partition-id": pid, **metrics_of(msg)})
         else:
             ok.append(msg)

@@ -92,3 +92,4 @@ class RoundResult:
     log: RoundLog
     sent: ArrayRecord | None = None  # the global model the clients were sent
     replies: list[Reply] = field(default_factory=list)  # empty: nothing per client (SecAgg+)
+    collected: Any = None  # the protocol's Collected (what the server held), for the observer

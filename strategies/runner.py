@@ -62,7 +62,7 @@ class RoundRunner:
         replies = [] if got is None else [
             Reply(pid.get(m.metadata.src_node_id, -1), m.content.array_records.get("arrays"),
                   metrics_of(m)) for m in got.replies]
-        return RoundResult(new, log, arrays, replies)
+        return RoundResult(new, log, arrays, replies, got)
 
     def state(self) -> State:
         """What the next round needs besides the global model (for checkpoints)."""

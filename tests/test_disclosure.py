@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 import clients.app as client_app
 import clients.update as client_update
-from privacy.dp.disclosure import IDENTITY, RECORD_COUNT, policy
+from privacy.dp.disclosure import IDENTITY, RECORD_COUNT, SENT_WEIGHTS, policy
 from tasks import messages
 from tasks.config import validate
 from tasks.splits import Split, client_split, model_for
@@ -77,9 +77,11 @@ def _sent(reply):
 def test_every_reply_key_is_covered_or_identity(settings):
     cfg = _cfg(**settings)
     allowed = policy(cfg.privacy.dp, cfg.secagg.enabled, False).allowed
-    assert allowed is not None and allowed <= IDENTITY | RECORD_COUNT
+    assert allowed is not None and allowed <= IDENTITY | SENT_WEIGHTS | RECORD_COUNT
     if cfg.privacy.dp != "local":
-        assert allowed == IDENTITY  # SecAgg+ alone: nothing per client but who it is
+        # SecAgg+ alone: nothing per client but who it is (and whether its screen
+        # refused the weights, a function of what the server sent)
+        assert allowed == IDENTITY | SENT_WEIGHTS
     for kind, reply in _replies(cfg).items():
         assert not reply.has_error(), reply.error
         keys = {k for _, k in _sent(reply)}

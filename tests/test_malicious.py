@@ -19,14 +19,16 @@ from .test_strategies import _task_identity  # noqa: F401  (fixture)
 CLIENTS, BATCH, MEAN, STD = 8, 32, 0.1307, 0.3081
 
 
-def _cohort_update(width: int, dp_sigma: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _cohort_update(width: int, dp_sigma: float | None, disguise: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the cohort's images, what the attack recovers from the mean of their updates)."""
     torch.manual_seed(0)
     data = load_dataset("mnist")
     x, y = data.to_tensor(data.x_train[:1500]), torch.from_numpy(data.y_train[:1500])
     model = mlp_net(784, (width, 64), 10)
     honest = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    sent, trap = trap_weights(model, honest, x[CLIENTS * BATCH:])  # server's own rows
+    sent, trap = trap_weights(model, honest, x[CLIENTS * BATCH:],  # server's own rows
+                              disguise=disguise)
     total = {k: torch.zeros_like(v) for k, v in sent.items()}
     for c in range(CLIENTS):  # one local step on a batch of 32, as FedAvg's clients do
         xb, yb = x[c * BATCH:(c + 1) * BATCH], y[c * BATCH:(c + 1) * BATCH]
@@ -128,3 +130,49 @@ def test_a_malicious_server_is_refused_on_a_deployment():
     with pytest.raises(ConfigError, match="runs only in simulation"):
         run_deployed(cfg, None, echo=lambda line: None)  # refused before any connection
 
+
+
+def test_the_rank_one_screen_refuses_the_trap_passes_honest_weights_and_is_evaded():
+    """The client's screen (privacy.screening) against the server it names (the
+    published trap) and against one that knows the screen (the disguised trap)."""
+    from privacy.screening import rank_one, top_direction_share
+
+    torch.manual_seed(0)
+    data = load_dataset("mnist")
+    x, y = data.to_tensor(data.x_train[:1200]), torch.from_numpy(data.y_train[:1200])
+    model = mlp_net(784, (1024, 64), 10)
+    assert rank_one(model) is None  # freshly initialised
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):  # three epochs of honest training
+        for i in range(0, 1000, 32):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+            opt.step()
+    assert top_direction_share(model[1].weight) < 0.1 and rank_one(model) is None
+    honest = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for disguise, refused in ((None, True), (0, False)):
+        sent, _ = trap_weights(model, honest, x[1000:], disguise=disguise)
+        trapped = mlp_net(784, (1024, 64), 10)
+        trapped.load_state_dict(sent)
+        assert (rank_one(trapped) is not None) == refused
+    # the disguise costs the attack nothing: the same bins, the same records recovered
+    originals, found = _cohort_update(1024, None, disguise=0)
+    assert _recovered_share(originals, found) > 0.45
+
+
+def test_clients_that_refuse_the_weights_send_nothing_and_the_ledger_says_why(tmp_path):
+    from tasks.results.ledger import read_ledger
+
+    from .test_leakage import observed_run
+
+    observed_run(tmp_path, {"num-clients": 4, "model": "mlp", "mlp-hidden": "256,32",
+                            "server": "malicious", "reference-fraction": 0.1,
+                            "leakage-rounds": "1", "leakage-clients": "aggregate",
+                            "attacks": "imprint", "observed-examples": 32,
+                            "batch-size": 32, "client-screen": "rank-one"}, rounds=2)
+    first, second = read_ledger(tmp_path)
+    assert first.tampered == "imprint" and first.clients == []
+    assert [c["partition-id"] for c in first.skipped] == [0, 1, 2, 3]
+    assert first.skipped[0]["screen-refused"] == 1
+    assert not (tmp_path / "observations").exists()  # nothing came back to attack
+    assert second.tampered is None and len(second.clients) == 4  # honest weights pass

@@ -47,6 +47,8 @@ def defence(cfg: RunConfig) -> str:
         parts.append("SecAgg+" if cfg.secagg.protocol == "secagg+" else "HE (CKKS)")
     if cfg.leakage.prune_update:
         parts.append(f"pruning {cfg.leakage.prune_update:.0%}")
+    if cfg.privacy.client_screen != "none":
+        parts.append(f"client screen ({cfg.privacy.client_screen})")
     if cfg.anonymization.enabled:
         what = "embeddings" if cfg.embeddings.enabled else "inputs"
         parts.append(f"{what}: {cfg.anonymization.anonymizer}")
@@ -277,13 +279,16 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
 
 
 def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
-                     per_row: int = 8, file: str = "reconstructions.png") -> str | None:
-    """For each cell and observed round, originals above their reconstructions."""
+                     per_row: int = 8, file: str = "reconstructions.png",
+                     attack: str = "invert",
+                     title: str = "reconstructions per defence (Inverting Gradients)"
+                     ) -> str | None:
+    """For each cell and observed round, originals above ``attack``'s reconstructions."""
     pictures = []
     for r in rows:
-        for x in map(json.loads, (Path(r["run-dir"]) / "leakage.jsonl").read_text()
-                     .splitlines()):
-            if x["attack"] == "invert" and x["round"] == r["round"] and x.get("pixels"):
+        lines = Path(r["run-dir"]) / "leakage.jsonl"
+        for x in map(json.loads, lines.read_text().splitlines() if lines.exists() else []):
+            if x["attack"] == attack and x["round"] == r["round"] and x.get("pixels"):
                 with np.load(Path(r["run-dir"]) / x["pixels"]) as f:
                     pictures.append((_label(r), f["original"][:per_row],
                                      f["reconstruction"][:per_row], x["psnr"]))
@@ -310,7 +315,6 @@ def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
         axes[0, 0].set_ylabel("original", fontsize=7)
         axes[1, 0].set_ylabel(f"{psnr:.1f} dB", fontsize=7)
         sub.suptitle(label, fontsize=8, x=0.01, ha="left")
-    fig.suptitle(f"reconstructions per defence (Inverting Gradients) — sweep {name}",
-                 fontsize=10)
+    fig.suptitle(f"{title} — sweep {name}", fontsize=10)
     fig.savefig(out / file, dpi=90)
     return file

@@ -15,6 +15,7 @@ from tasks.results.folder import read_run_info
 from tasks.results.ledger import outcome as run_outcome
 from tasks.results.ledger import read_ledger
 
+from ..leakage.malicious import write_malicious_table
 from ..leakage.sweep import sweep_rows, write_leakage_table
 from ..leakage.tables import write_attack_tables
 from .plots import sweep_plots
@@ -66,6 +67,7 @@ def replot(out: Path) -> None:
     if leaked:  # the attacks may have been re-run since (fedpriv attack on a cell)
         write_leakage_table(out, leaked)
         write_attack_tables(out, cells)
+    write_malicious_table(out, cells)
     wrote = sorted(p.name for p in (out / "plots").glob("*.png"))
     print(f"redrew {len(wrote)} plots in {out / 'plots'}"
           + (" and the leakage table (leakage.md, leakage.csv)" if leaked else ""))

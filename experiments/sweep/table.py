@@ -10,6 +10,7 @@ from typing import Any
 
 from tasks.results.ledger import headline_epsilon
 
+from ..leakage.malicious import write_malicious_table
 from ..leakage.sweep import sweep_rows, write_leakage_table
 from ..leakage.tables import write_attack_tables
 from .spec import Cell, SweepSpec
@@ -90,6 +91,10 @@ def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
         md += ["## What leaked", "", "See [leakage.md](leakage.md) (one row per cell and "
                "observed round; also leakage.csv; every membership attack and audit in "
                "leakage_membership.csv and leakage_audit.csv).", ""]
+    if write_malicious_table(out, cells):
+        md += ["## A malicious server", "", "See [leakage.md](leakage.md#a-malicious-server) "
+               "(also malicious.csv): per defence, the share of the cohort's records the "
+               "trap recovered.", ""]
     (out / "sweep.md").write_text("\n".join(md))
 
 

@@ -11,7 +11,7 @@ import torch
 from .calibrated import LiRA, class_centered, logit_confidence, true_probability
 from .calibrated import rmia as rmia_scores
 from .decomposition import decomposition_scores
-from .imprint import recover, trap_of
+from .imprint import recover, trap_layers
 from .inversion import InversionConfig, Reconstruction
 from .inversion import dlg as dlg_attack
 from .inversion import invert as invert_attack
@@ -117,12 +117,13 @@ def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
     """The records that fell alone into a bin of the trap the server sent (only on
     weights a malicious server sent: :mod:`.imprint`)."""
     start = time.perf_counter()
-    trap = trap_of(ctx.model, ctx.sent)
-    if trap is None:
-        raise AttackSkipped("the weights sent hold no trap (run with server = 'malicious')")
+    if obs.tampered != "imprint":
+        raise AttackSkipped("the server sent no trap in this round (run with server = "
+                            "'malicious')")
+    trap = trap_layers(ctx.model)
+    # the aggregate the server held (``received``), before central DP's noise if any
     update = ctx.update if obs.client is not None else {
-        k: v.to(ctx.sent[k].device) - ctx.sent[k]
-        for k, v in state_dict(obs.released or obs.received).items()}
+        k: v.to(ctx.sent[k].device) - ctx.sent[k] for k, v in state_dict(obs.received).items()}
     rows = recover(update, trap)
     x = rows.reshape(len(rows), *obs.input_shape)
     return Reconstruction(x, torch.zeros(len(rows), dtype=torch.long), 0.0,

@@ -17,7 +17,14 @@ Weights-only version for fedpriv's MLP (the client builds the architecture itsel
 
 A FedAvg update of one local SGD step is -lr times that gradient, and an aggregate a
 weighted sum of such updates, so the ratio is unchanged by either (lr and each client's
-weight cancel within a bin that holds one record). More local steps move the trap a
+weight cancel within a bin that holds one record).
+
+**Gain.** Dividing the first layer by g and multiplying the next layer's columns by g
+leaves every forward pass as it was but multiplies the first layer's gradient by g. The
+server picks g so that a client's update is as large as the aggregation carries
+(:func:`calibrate_gain`, on its own data): SecAgg+ rounds each coordinate to a grid of
+step 2r/L after scaling it by the client's weight, and a record's signal far below that
+step is lost in the sum; scaled up, it survives. More local steps move the trap a
 little between steps; bins then mix records. Bins are at most the layer's width: with
 h units and n records in all (the whole cohort under secure aggregation), a record is
 alone in its bin with probability about (1 - 1/h)^(n - 1).
@@ -31,14 +38,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .observation import LocalTraining
+from .simulate import replay
+
+TRAPS = ("binning", "binning-disguised")
+DISGUISE = 1.5  # the disguise's norm per row, relative to the row's own
+BLIND = 32  # inputs the disguise uses
+
 
 @dataclass(frozen=True)
 class Trap:
-    """Which parameters the server tampered with, and the bins it set."""
+    """Which parameters the server tampered with."""
 
     first: str  # the first linear layer's parameter name prefix ("1" in nn.Sequential)
     second: str  # the next linear layer's prefix
-    thresholds: torch.Tensor  # c_1 < ... < c_h
 
 
 def linear_layers(model: nn.Module) -> list[str]:
@@ -46,35 +59,89 @@ def linear_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: torch.Tensor
-                 ) -> tuple[dict[str, torch.Tensor], Trap]:
-    """The weights the malicious server sends: ``honest`` with its first linear layer set to
-    equal-mass bins of the mean input value over ``aux_x`` (the server's own data) and the
-    next layer's columns made equal. Raises ValueError for a model with no two linear
-    layers in a row after the input (the attack needs the first layer to see the input)."""
+def trap_layers(model: nn.Module) -> Trap:
+    """The two layers the trap uses. Raises ValueError for a model whose first layer is not
+    linear on the (flattened) input, followed by another linear layer."""
     layers = linear_layers(model)
     if len(layers) < 2 or not isinstance(next(iter(model.children()), None),
                                          (nn.Flatten, nn.Linear)):
         raise ValueError("the binning trap needs a model whose first layer is linear on "
                          "the (flattened) input and is followed by another linear layer "
                          "(fedpriv's mlp)")
-    first, second = layers[0], layers[1]
-    w1 = honest[f"{first}.weight"]
+    return Trap(layers[0], layers[1])
+
+
+def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: torch.Tensor,
+                 gain: float = 1.0, disguise: int | None = None
+                 ) -> tuple[dict[str, torch.Tensor], Trap]:
+    """The weights the malicious server sends: ``honest`` with its first linear layer set to
+    equal-mass bins of the mean input value over ``aux_x`` (the server's own data) and the
+    next layer's columns made equal, the first layer divided by ``gain`` and the next
+    multiplied by it (see the module docstring).
+
+    ``disguise`` (a seed): hide the trap from a client that screens the weights for
+    duplicate rows (:mod:`privacy.screening`). Each row gets a large random component on
+    the inputs that are constant over the server's data (MNIST's border pixels), its
+    bias compensating the constant: every unit fires for the same records as before, so
+    the attack reads exactly as much, while the rows look unrelated."""
+    trap = trap_layers(model)
+    w1 = honest[f"{trap.first}.weight"]
     h, d = w1.shape
-    stat = aux_x.reshape(len(aux_x), -1).double().mean(1)
+    flat = aux_x.reshape(len(aux_x), -1).double()
+    stat = flat.mean(1)
     levels = torch.quantile(stat, torch.linspace(0, 1, h + 2, dtype=torch.float64)[1:-1])
+    rows = torch.full((h, d), 1.0 / d, dtype=torch.float64)
+    bias = -levels
+    if disguise is not None:
+        hidden = _blind_inputs(aux_x)
+        gen = torch.Generator().manual_seed(disguise)
+        noise = torch.randn(h, len(hidden), generator=gen, dtype=torch.float64)
+        noise *= DISGUISE / (d ** 0.5 * len(hidden) ** 0.5)  # relative to the row's norm
+        rows[:, hidden] += noise
+        bias = bias - noise @ flat[:, hidden].mean(0)
     out = {k: v.clone() for k, v in honest.items()}
-    out[f"{first}.weight"] = torch.full_like(w1, 1.0 / d)
-    out[f"{first}.bias"] = (-levels).to(w1.dtype)
-    w2 = honest[f"{second}.weight"]
-    out[f"{second}.weight"] = w2[:, :1].expand_as(w2).clone()  # equal outgoing weights
-    return out, Trap(first, second, levels)
+    out[f"{trap.first}.weight"] = (rows / gain).to(w1.dtype)
+    out[f"{trap.first}.bias"] = (bias / gain).to(w1.dtype)
+    w2 = honest[f"{trap.second}.weight"]
+    out[f"{trap.second}.weight"] = w2[:, :1].expand_as(w2) * gain  # equal outgoing weights
+    return out, trap
 
 
-def recover(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float = 1e-12
+def _blind_inputs(aux_x: torch.Tensor) -> torch.Tensor:
+    """The inputs the disguise hides in: the least varying over the server's data, and
+    among those constant there, for images the farthest from the centre (a stray stroke
+    of a client's record in a corner would move its bin)."""
+    flat = aux_x.reshape(len(aux_x), -1).double()
+    spread = flat.std(0)
+    order = torch.argsort(spread)
+    constant = order[spread[order] == 0]
+    if len(constant) < BLIND or aux_x.dim() < 3:
+        return order[:BLIND]
+    h, w = aux_x.shape[-2:]
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    far = ((rows - (h - 1) / 2) ** 2 + (cols - (w - 1) / 2) ** 2).double().flatten()
+    far = far.repeat(flat.shape[1] // (h * w))  # the same for every channel
+    return constant[torch.argsort(far[constant], descending=True)[:BLIND]]
+
+
+def calibrate_gain(model: nn.Module, sent: Mapping[str, torch.Tensor], trap: Trap,
+                   x: torch.Tensor, y: torch.Tensor, t: LocalTraining, limit: float) -> float:
+    """The gain that brings the largest coordinate of one client's update of the trapped
+    layer to ``limit``: the server replays a client's round on its own records ``(x, y)``
+    from the weights ``sent`` (built with gain 1). With one local step the update grows
+    linearly with the gain, the forward pass being unchanged."""
+    update = replay(model, sent, x, y, t, create_graph=False)
+    largest = max(float(update[f"{trap.first}.{p}"].detach().abs().max())
+                  for p in ("weight", "bias"))
+    return limit / largest if largest > 0 else 1.0
+
+
+def recover(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float = 1e-4
             ) -> torch.Tensor:
     """The records that fell alone (or together, averaged) into a bin, from an update
-    (or an aggregate of updates) of the trapped layer: [bins that held records, d]."""
+    (or an aggregate of updates) of the trapped layer: [bins that held records, d]. A bin
+    whose bias difference is below ``min_weight`` times the largest is taken as empty
+    (under SecAgg+ an empty bin holds quantization noise, not a record)."""
     w = update[f"{trap.first}.weight"].double()
     b = update[f"{trap.first}.bias"].double()
     # unit i fires for records above c_i: differences of neighbours isolate one bin
@@ -82,16 +149,3 @@ def recover(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float = 
     db = torch.cat([b[:-1] - b[1:], b[-1:]])
     held = db.abs() > min_weight * max(float(b.abs().max()), 1e-30)
     return (dw[held] / db[held].unsqueeze(1)).float()
-
-
-def trap_of(model: nn.Module, sent: Mapping[str, torch.Tensor]) -> Trap | None:
-    """The trap in weights a server sent, if they hold one: a first linear layer whose
-    rows are all equal with distinct increasing thresholds (an honest layer never is)."""
-    layers = linear_layers(model)
-    if len(layers) < 2 or f"{layers[0]}.weight" not in sent:
-        return None
-    w, b = sent[f"{layers[0]}.weight"], sent[f"{layers[0]}.bias"]
-    if not (bool(torch.allclose(w, w[:1].expand_as(w))) and bool((b[:-1] >= b[1:]).all())):
-        return None
-    return Trap(layers[0], layers[1], -b.detach().double().cpu())
-

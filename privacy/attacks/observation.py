@@ -49,6 +49,7 @@ class Observation:
     kind: str = "image"  # image | vector
     disclosed: dict[str, Any] = field(default_factory=dict)  # other values the client sent
     released: dict[str, np.ndarray] | None = None  # the round's new global model
+    tampered: str | None = None  # the trap a malicious server sent this round, if any
 
     @property
     def name(self) -> str:

@@ -11,6 +11,8 @@ Every value in a client's reply is one of:
   ``dp-steps``, ``dp-skipped``, ``train-steps``). DP-SGD's accounting treats n as public
   (the sampling rate q = B / n is part of the mechanism, as in Abadi et al. 2016 and
   Opacus), so under local DP these are disclosed and documented as such.
+- **a function of the weights the server sent**: ``screen-refused`` (the client's
+  ``client-screen`` refused them, :mod:`privacy.screening`): the server could compute it.
 - **data-dependent** (everything else: training loss and accuracy, evaluation results,
   label histograms, update norms and clipping bits, timings, release scores): computed
   on private records and covered by no epsilon.
@@ -31,6 +33,7 @@ from typing import Any
 
 IDENTITY = frozenset({"partition-id", "num-partitions", "own-data", "keeps-state",
                       "has-state"})
+SENT_WEIGHTS = frozenset({"screen-refused"})
 RECORD_COUNT = frozenset({"num-examples", "train-steps", "epsilon", "delta",
                           "noise-multiplier", "sample-rate", "dp-steps", "dp-skipped"})
 
@@ -64,14 +67,24 @@ def policy(dp: str, secure_aggregation: bool, report_all: bool) -> Disclosure:
         return Disclosure(None, "report-client-metrics = true: clients send all their metrics; "
                                 "values computed on their data are covered by no epsilon")
     if secure_aggregation:
-        allowed = IDENTITY | (RECORD_COUNT if dp == "local" else frozenset())
+        allowed = IDENTITY | SENT_WEIGHTS | (RECORD_COUNT if dp == "local" else frozenset())
         return Disclosure(allowed, "secure aggregation: the server learns only the sum and who "
                           "took part" + (" (and, with local DP, each client's DP status, a "
                                         "function of its record count)" if dp == "local" else ""))
     if dp == "local":
-        return Disclosure(IDENTITY | RECORD_COUNT,
+        return Disclosure(IDENTITY | SENT_WEIGHTS | RECORD_COUNT,
                           "local DP: only the DP-SGD update and values derived from the record "
                           "count (treated as public, as DP-SGD's accounting does)")
     return Disclosure(None, "no client-side privacy claim, so clients send all their metrics"
                       + ("; central DP protects the released model, and the server sees raw "
                          "updates" if dp == "central" else ""))
+
+
+def declined(metrics: Mapping[str, Any]) -> str | None:
+    """Why a client sent no update although it answered (its DP budget is spent, or its
+    screen refused the weights), or None when it trained."""
+    if metrics.get("dp-skipped"):
+        return "out of privacy budget"
+    if metrics.get("screen-refused"):
+        return "refused the weights (client-screen)"
+    return None

@@ -39,6 +39,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp.strategy import Strategy
 
+from privacy.dp.disclosure import declined
 from tasks.config import RunConfig, SecAggConfig
 
 from ..aggregation import Aggregation, Collected
@@ -137,9 +138,10 @@ class SecAggProtocol:
         assert self._round is not None
         log = self._round[3]
         replied = sorted(clients, key=lambda c: c.get("partition-id", -1))
-        # A local-DP client out of budget replied with weight 0: it is in no sum.
-        log.clients = [c for c in replied if not c.get("dp-skipped")]
-        log.skipped = [c for c in replied if c.get("dp-skipped")]
+        # A client out of DP budget, or whose screen refused the weights, replied with
+        # weight 0: it is in no sum.
+        log.clients = [c for c in replied if not declined(c)]
+        log.skipped = [c for c in replied if declined(c)]
         log.failures = [{"partition-id": -1, "error": f} for f in failures]
         if not log.clients:
             return  # nobody trained (the workflow divided by a total weight of 0)

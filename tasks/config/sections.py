@@ -9,6 +9,7 @@ from typing import Any
 
 from privacy.dp.accounting import ACCOUNTANTS
 from privacy.dp.modes import CENTRAL_CLIPPINGS, CLIENT_SAMPLINGS, GRAD_SAMPLE_MODES
+from privacy.screening import SCREENS
 
 from ..registry import DATASETS, MODELS, PARTITIONERS
 from .keys import Section, key
@@ -155,6 +156,12 @@ class PrivacyConfig(Section):
                                "amplification claimed); poisson: each client independently "
                                "with probability fraction-train (McMahan et al. 2018; epsilon "
                                "is amplified by the sampling).", choices=CLIENT_SAMPLINGS)
+    client_screen: str = key("none", "What each client checks in the weights it receives "
+                             "before training on them (privacy.screening): none, or "
+                             "rank-one (refuse a first linear layer whose top direction "
+                             "carries over half its norm: the binning trap of a malicious "
+                             "server). A refusing client sends no update. Stops a careless "
+                             "server only; see docs/LEAKAGE.md.", choices=tuple(SCREENS))
     max_epsilon: float = key(0.0, "dp = central: stop the run before a round would exceed "
                              "this client-level epsilon. 0 = no limit.", lo=0)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from privacy.anonymize.density import OUTLIER_HANDLING
 from privacy.anonymize.registry import ANONYMIZERS
+from privacy.attacks.imprint import TRAPS
 from privacy.attacks.registry import ATTACKS
 
 from ..registry import BACKBONES, DATASETS
@@ -173,6 +174,11 @@ class LeakageConfig(Section):
                       "and recovers records even from a secure aggregate; the round's result "
                       "is then discarded). Malicious needs the mlp and reference-fraction.",
                       choices=("honest", "malicious"))
+    server_trap: str = key("binning", "server = malicious: the trap it sends. binning (Fowl "
+                           "et al. 2022: every first-layer row equal, biases at quantiles of "
+                           "its own data) or binning-disguised (the same bins, the rows made "
+                           "to look unrelated on inputs constant over its data, to pass a "
+                           "client's client-screen).", choices=TRAPS)
     canaries: int = key(0, "Audit: canaries (records with a crafted Dirac gradient on a "
                         "coordinate of their own, clipped and noised like any other) each "
                         "observed client inserts, each with probability 1/2; at most the "

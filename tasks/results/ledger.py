@@ -31,7 +31,7 @@ class RoundRecord:
     time: dict[str, float]  # round-s, train-s, central-eval-s, elapsed-s
     privacy: dict[str, Any] | None = None  # epsilon spent so far (strategies/clients)
     anonymization: dict[str, Any] | None = None  # release scores so far
-    skipped: list[dict[str, Any]] = field(default_factory=list)  # out of DP budget
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # declined: DP budget, screen
     client_eval: dict[str, Any] | None = None  # federated evaluation on clients' own data
     refused: str | None = None  # why the round made no aggregate (HE: below the minimum cohort)
     tampered: str | None = None  # the server sent trap weights (server = malicious)
