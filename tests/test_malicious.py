@@ -1,10 +1,13 @@
-"""A malicious server's trap weights (issue 25, first piece): records fall out of the
-*aggregate* of 8 clients' updates verbatim, and local DP-SGD stops it. The clients train
-as PyTorch (and Opacus, for DP-SGD) train; the attack reads only the summed update."""
+"""A malicious server's trap weights (issue 25): records fall out of the *aggregate* of 8
+clients' updates verbatim, through SecAgg+ in a real federation; local DP-SGD stops it; a
+client screen stops the published trap and not a disguised one. The clients train as
+PyTorch (and Opacus, for DP-SGD) train; the attack reads only the summed update."""
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +179,63 @@ def test_clients_that_refuse_the_weights_send_nothing_and_the_ledger_says_why(tm
     assert first.skipped[0]["screen-refused"] == 1
     assert not (tmp_path / "observations").exists()  # nothing came back to attack
     assert second.tampered is None and len(second.clients) == 4  # honest weights pass
+
+
+@pytest.mark.slow
+def test_a_malicious_server_reads_the_cohort_through_secagg_in_a_real_federation(tmp_path):
+    """Flower's simulation runtime with SecAgg+ (real masking and quantization): the
+    trap reads most of 8 clients' 256 images out of the secure sum, a client screen
+    stops the published trap, the disguised trap passes the screen, and `fedpriv attack`
+    reproduces the number from the saved observation."""
+    import csv
+
+    from .conftest import run_cli
+
+    results = tmp_path / "results"
+    sweep = tmp_path / "malicious.toml"
+    sweep.write_text(f"""name = "malicious-test"
+preset = "mnist"
+[fixed]
+num-clients = 8
+fraction-train = 1.0
+num-server-rounds = 1
+model = "mlp"
+mlp-hidden = "1024,64"
+server = "malicious"
+reference-fraction = 0.1
+leakage-rounds = "1"
+leakage-clients = "aggregate"
+attacks = "imprint"
+observed-examples = 32
+batch-size = 32
+secure-aggregation = "secagg+"
+results-dir = "{results}"
+[[cells]]
+client-screen = "none"
+[[cells]]
+client-screen = "rank-one"
+[[cells]]
+client-screen = "rank-one"
+server-trap = "binning-disguised"
+""")
+    res = run_cli("sweep", str(sweep), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = next((results / "sweeps").iterdir())
+    rows = list(csv.DictReader(open(out / "malicious.csv")))
+    assert [r["defence"] for r in rows] == ["SecAgg+"] + ["SecAgg+ + client screen "
+                                                          "(rank-one)"] * 2
+    plain, screened, disguised = rows
+    assert float(plain["recovered-above-30db"]) > 0.5 and plain["holds"] == "**NO**"
+    assert screened["trained"] == "0" and screened["declined"] == "8"
+    assert screened["holds"] == "yes"
+    assert float(disguised["recovered-above-30db"]) > 0.5
+    assert "8 client(s) sent no update, refused the weights (client-screen)" in res.stdout
+    assert (out / "plots" / "malicious_reconstructions.png").is_file()
+
+    run = Path(plain["run-dir"])
+    first = json.loads((run / "leakage.jsonl").read_text().splitlines()[0])
+    again = run_cli("attack", str(run), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    second = json.loads((run / "leakage.jsonl").read_text().splitlines()[0])
+    for key in ("recovered-above-30db", "psnr", "ssim"):
+        assert second[key] == first[key], key
