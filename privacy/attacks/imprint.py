@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from .observation import LocalTraining
 from .simulate import replay
@@ -50,8 +51,9 @@ BLIND = 32  # inputs the disguise uses
 class Trap:
     """Which parameters the server tampered with."""
 
-    first: str  # the first linear layer's parameter name prefix ("1" in nn.Sequential)
-    second: str  # the next linear layer's prefix
+    first: str  # the first linear layer's name ("1" in the MLP, "classifier.0" in a CNN)
+    second: str  # the next linear layer's
+    raw: bool  # whether the first layer reads the (flattened) input itself
 
 
 def linear_layers(model: nn.Module) -> list[str]:
@@ -60,15 +62,39 @@ def linear_layers(model: nn.Module) -> list[str]:
 
 
 def trap_layers(model: nn.Module) -> Trap:
-    """The two layers the trap uses. Raises ValueError for a model whose first layer is not
-    linear on the (flattened) input, followed by another linear layer."""
+    """The two layers the trap uses: the first linear layer, which a ReLU must follow,
+    and the next linear layer. Raises ValueError for a model without them."""
+    leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    at = next((i for i, (_, m) in enumerate(leaves) if isinstance(m, nn.Linear)), None)
     layers = linear_layers(model)
-    if len(layers) < 2 or not isinstance(next(iter(model.children()), None),
-                                         (nn.Flatten, nn.Linear)):
-        raise ValueError("the binning trap needs a model whose first layer is linear on "
-                         "the (flattened) input and is followed by another linear layer "
-                         "(fedpriv's mlp)")
-    return Trap(layers[0], layers[1])
+    if (at is None or len(layers) < 2 or at + 1 >= len(leaves)
+            or not isinstance(leaves[at + 1][1], nn.ReLU)):
+        raise ValueError("the binning trap needs a linear layer followed by a ReLU and "
+                         "another linear layer (fedpriv's mlp, mcmahan-cnn, small-cnn)")
+    raw = all(isinstance(m, nn.Flatten) for _, m in leaves[:at])
+    return Trap(layers[0], layers[1], raw)
+
+
+class _Reached(Exception):
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+def layer_input(model: nn.Module, weights: Mapping[str, torch.Tensor], layer: str,
+                x: torch.Tensor) -> torch.Tensor:
+    """What ``layer`` reads when the model with ``weights`` runs on ``x``, flattened
+    (differentiable in ``x``; the rest of the forward pass is skipped)."""
+    def stop(module: nn.Module, args: tuple) -> None:
+        raise _Reached(args[0])
+
+    handle = dict(model.named_modules())[layer].register_forward_pre_hook(stop)
+    try:
+        functional_call(model, dict(weights), (x,))
+    except _Reached as reached:
+        return reached.value.flatten(1)
+    finally:
+        handle.remove()
+    raise ValueError(f"layer {layer!r} is not reached by the model's forward pass")
 
 
 def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: torch.Tensor,
@@ -87,13 +113,14 @@ def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: to
     trap = trap_layers(model)
     w1 = honest[f"{trap.first}.weight"]
     h, d = w1.shape
-    flat = aux_x.reshape(len(aux_x), -1).double()
+    with torch.no_grad():
+        flat = layer_input(model, honest, trap.first, aux_x).double()
     stat = flat.mean(1)
     levels = torch.quantile(stat, torch.linspace(0, 1, h + 2, dtype=torch.float64)[1:-1])
     rows = torch.full((h, d), 1.0 / d, dtype=torch.float64)
     bias = -levels
     if disguise is not None:
-        hidden = _blind_inputs(aux_x)
+        hidden = _blind_inputs(aux_x if trap.raw else flat)
         gen = torch.Generator().manual_seed(disguise)
         noise = torch.randn(h, len(hidden), generator=gen, dtype=torch.float64)
         noise *= DISGUISE / (d ** 0.5 * len(hidden) ** 0.5)  # relative to the row's norm
