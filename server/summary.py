@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from privacy.dp.disclosure import declined
 from strategies.rounds import short_reason
 from tasks.config import RunConfig
 from tasks.results.folder import RunFolder
@@ -77,6 +78,19 @@ def failure_lines(records: Sequence[RoundRecord], info: RunInfo,
                   for rnd, f in failures[:most]]
         if len(failures) > most:
             lines.append(f"  - ... {len(failures) - most} more in metrics.jsonl")
+    tampered = [r for r in records if r.tampered]
+    if tampered:
+        rounds = ", ".join(str(r.round) for r in tampered)
+        lines.append(f"- **malicious server**: in round(s) {rounds} the server sent trap "
+                     f"weights ({tampered[0].tampered}) instead of the "
+                     "global model, kept what came back, and threw the round's result away: "
+                     "the accuracy shown for those rounds is the honest model's of the round "
+                     "before (see What leaked).")
+    silent = [(r.round, c) for r in records for c in r.skipped]
+    if silent:
+        rnd, client = silent[0]
+        lines.append(f"- clients that sent no update: {len(silent)}, e.g. round {rnd}, "
+                     f"client {client.get('partition-id')}: {declined(client)}")
     refused = [r for r in records if r.refused]
     if refused:
         lines.append(f"- rounds refused (no aggregate, the model unchanged): "
@@ -141,8 +155,8 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
     for r in records:
         train_loss = r.train.get("loss")
         lines.append(
-            f"| {r.round} | {r.test['accuracy']:.4f} | {r.test['loss']:.4f} | "
-            f"{'-' if train_loss is None else f'{train_loss:.4f}'} | "
+            f"| {r.round}{' (tampered)' if r.tampered else ''} | {r.test['accuracy']:.4f} | "
+            f"{r.test['loss']:.4f} | {'-' if train_loss is None else f'{train_loss:.4f}'} | "
             f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
     return lines
 

@@ -234,6 +234,10 @@ server-trap = "binning-disguised"
     assert float(disguised["recovered-above-30db"]) > 0.5
     assert "8 client(s) sent no update, refused the weights (client-screen)" in res.stdout
     assert (out / "plots" / "malicious_reconstructions.png").is_file()
+    summary = (Path(screened["run-dir"]) / "summary.md").read_text()
+    assert "**malicious server**: in round(s) 1 the server sent trap weights" in summary
+    assert "| 1 (tampered) |" in summary
+    assert "client 0: refused the weights (client-screen)" in summary
 
     run = Path(plain["run-dir"])
     first = json.loads((run / "leakage.jsonl").read_text().splitlines()[0])

@@ -47,7 +47,8 @@ def malicious_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
             share = (got or {}).get("recovered-above-30db", 0.0 if not trained else None)
             rows.append({
                 "cell": c.index, "defence": defence(cfg), "trap": cfg.leakage.server_trap,
-                "setting": setting(cfg), "round": record.round, "trained": trained,
+                "setting": f"{cfg.leakage.server_trap} trap, {setting(cfg)}",
+                "round": record.round, "trained": trained,
                 "declined": len(record.skipped),
                 "records": trained * cfg.leakage.observed_examples or None,
                 "recovered-above-30db": share,
@@ -69,7 +70,8 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
         writer.writeheader()
         writer.writerows({k: _show(r.get(k)) for k in COLUMNS} for r in rows)
     shown = [c for c in COLUMNS if c != "run-dir"]
-    grid = _reconstructions(out / "plots", out.name, rows, attack="imprint",
+    name = out.name.split("-", 2)[-1]  # the sweep's folder: <date>-<time>-<name>
+    grid = _reconstructions(out / "plots", name, rows, per_row=6, attack="imprint",
                             file="malicious_reconstructions.png",
                             title="records the trap recovered per defence (binning)")
     md = [SECTION.strip(), "",

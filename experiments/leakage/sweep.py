@@ -42,7 +42,7 @@ def defence(cfg: RunConfig) -> str:
         parts.append(f"local DP-SGD (sigma {p.noise_multiplier:g})" if not p.target_epsilon
                      else f"local DP-SGD (eps {p.target_epsilon:g})")
     elif p.dp == "central":
-        parts.append(f"central DP (z {p.noise_multiplier:g})")
+        parts.append(f"central DP (z {p.noise_multiplier:g}, S {p.clipping_norm:g})")
     if cfg.secagg.enabled:
         parts.append("SecAgg+" if cfg.secagg.protocol == "secagg+" else "HE (CKKS)")
     if cfg.leakage.prune_update:
