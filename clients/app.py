@@ -164,6 +164,8 @@ def describe(msg: Message, context: Context) -> Message:
     return _reply(msg, {"partition-id": client.partition_id,
                         "num-partitions": client.num_partitions,
                         "own-data": int(bool(context.node_config.get(messages.DATA_PATH))),
+                        "accepts-trap-weights": int(bool(
+                            context.node_config.get(messages.ACCEPT_TRAPS))),
                         "keeps-state": int(state_file(context.node_config,
                                                       context.run_config) is not None),
                         "num-examples": len(client.data),

@@ -227,11 +227,6 @@ def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
     """Submit ``cfg`` to a running deployment (``fedpriv deploy superlink``) and wait for
     it; the ServerApp writes the usual results folder on the SuperLink's host (run this
     there, or give a results-dir that exists there)."""
-    if cfg.leakage.server == "malicious":
-        raise ConfigError(
-            "server = 'malicious' sends real clients trap weights that read their records "
-            "out of their updates; it runs only in simulation, where the clients are yours. "
-            "On a deployment its hosts' operators have not agreed to it: use `fedpriv run`.")
     echo(f"fedpriv deploy run · {link.address} · {cfg.data.dataset} · "
          f"{cfg.federation.num_server_rounds} rounds · seed {cfg.training.seed}")
     given = given_run_dir(cfg.results)

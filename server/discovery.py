@@ -35,6 +35,7 @@ class ClientInfo:
     label_counts: list[int] | None
     own_data: bool = False  # the host serves its own data (data-path), not a partition
     keeps_state: bool = False  # the node keeps its state (state-dir) for a resume
+    accepts_traps: bool = False  # its operator agreed to a malicious-server study
 
     def as_json(self) -> dict:
         out: dict = {"partition-id": self.partition_id, "node-id": self.node_id}
@@ -64,7 +65,8 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
         labels = [int(c) for c in m["label-counts"]] if "label-counts" in m else None
         infos.append(ClientInfo(reply.metadata.src_node_id, int(m["partition-id"]),
                                 int(m["num-partitions"]), size, labels,
-                                bool(m.get("own-data", 0)), bool(m.get("keeps-state", 0))))
+                                bool(m.get("own-data", 0)), bool(m.get("keeps-state", 0)),
+                                bool(m.get("accepts-trap-weights", 0))))
     if errors:
         raise DiscoveryError(f"{len(errors)} client(s) failed to load their data. First "
                              f"error: {errors[0]}")

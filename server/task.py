@@ -26,7 +26,13 @@ from tasks.splits import (
 from tasks.training import resolve_device
 
 from .console import say
-from .discovery import ClientInfo, assign_partitions, discover_clients, simulated
+from .discovery import (
+    ClientInfo,
+    DiscoveryError,
+    assign_partitions,
+    discover_clients,
+    simulated,
+)
 from .evaluation import CentralEvaluator
 from .observe import ObservationHook
 
@@ -85,6 +91,15 @@ def discover(grid: Grid, cfg: RunConfig, task: ServerTask, run: RunFolder, title
         clients = assign_partitions(grid, fed.num_clients, fed.round_timeout)
     else:
         clients = discover_clients(grid, fed.round_timeout)
+        refused = [c.partition_id for c in clients if not c.accepts_traps]
+        if cfg.leakage.server == "malicious" and refused:
+            raise DiscoveryError(
+                f"server = 'malicious' sends every client trap weights that read its records "
+                f"out of its update, and the operators of client(s) "
+                f"{', '.join(map(str, sorted(refused)))} have not agreed to it: no round "
+                "was run. Each host that takes part starts its SuperNode with `fedpriv "
+                "deploy supernode ... --accept-trap-weights`; or run the study in "
+                "simulation (`fedpriv run`), where every client is yours.")
         if len(clients) != fed.num_clients:
             say(f"note: the federation has {len(clients)} clients (num-partitions of its "
                 f"nodes) but num-clients = {fed.num_clients}; using {len(clients)}.")

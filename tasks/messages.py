@@ -26,6 +26,9 @@ NODE_RECORD = "fedpriv.node"  # {"partition-id", "num-partitions", "state-dir"}:
 CELL_RECORD = "fedpriv.cell"  # {"cell": index, key: value...}: a sweep cell's config
 STATE_DIR = "state-dir"  # node_config key: where a client keeps its state (clients.state_store)
 DATA_PATH = "data-path"  # node_config key: a host's own data (tasks.local_data)
+# node_config key: the host's operator agrees to take part in a malicious-server study
+# (server = "malicious" sends this node trap weights); never set by the server
+ACCEPT_TRAPS = "accept-trap-weights"
 # node_config keys a real SuperNode reads instead of the run config's keys of the same
 # name (clients.host_config): where the shared dataset lives, whether to download it, and
 # the backbone weights file; the server's run config never names a path on a host

@@ -126,62 +126,76 @@ def test_malicious_settings_that_cannot_work_are_refused_before_anything_runs(va
         validate({**base, **values})
 
 
-def test_a_malicious_server_is_refused_on_a_deployment():
-    from experiments.api import run_deployed
-    from tasks.config import ConfigError, validate
+@pytest.mark.slow
+def test_a_deployment_whose_operators_have_not_agreed_is_refused_before_any_round(tmp_path):
+    """Real SuperNodes behind TLS and authentication on loopback: host 0 started its
+    SuperNode with --accept-trap-weights, host 1 did not. `fedpriv deploy run` with
+    server = 'malicious' names host 1, runs no round, and sends no trap weights."""
+    import subprocess
+    import sys
+    import uuid
 
-    cfg = validate({"model": "mlp", "server": "malicious", "reference-fraction": 0.1,
-                    "leakage-rounds": "1", "leakage-clients": "aggregate",
-                    "attacks": "imprint"})
-    with pytest.raises(ConfigError, match="runs only in simulation"):
-        run_deployed(cfg, None, echo=lambda line: None)  # refused before any connection
-
-
-
-def test_the_rank_one_screen_refuses_the_trap_passes_honest_weights_and_is_evaded():
-    """The client's screen (privacy.screening) against the server it names (the
-    published trap) and against one that knows the screen (the disguised trap)."""
-    from privacy.screening import rank_one, top_direction_share
-
-    torch.manual_seed(0)
-    data = load_dataset("mnist")
-    x, y = data.to_tensor(data.x_train[:1200]), torch.from_numpy(data.y_train[:1200])
-    model = mlp_net(784, (1024, 64), 10)
-    assert rank_one(model) is None  # freshly initialised
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):  # three epochs of honest training
-        for i in range(0, 1000, 32):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
-            opt.step()
-    assert top_direction_share(model[1].weight) < 0.1 and rank_one(model) is None
-    honest = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for disguise, refused in ((None, True), (0, False)):
-        sent, _ = trap_weights(model, honest, x[1000:], disguise=disguise)
-        trapped = mlp_net(784, (1024, 64), 10)
-        trapped.load_state_dict(sent)
-        assert (rank_one(trapped) is not None) == refused
-    # the disguise costs the attack nothing: the same bins, the same records recovered
-    originals, found = _cohort_update(1024, None, disguise=0)
-    assert _recovered_share(originals, found) > 0.45
-
-
-def test_clients_that_refuse_the_weights_send_nothing_and_the_ledger_says_why(tmp_path):
     from tasks.results.ledger import read_ledger
 
-    from .test_leakage import observed_run
+    from .conftest import REPO, only_run
+    from .test_cli import _processes_with
+    from .test_deploy import (
+        SERVING,
+        _fedpriv,
+        _free_port,
+        _free_ports,
+        _online,
+        _stop_all,
+        _wait_for,
+    )
 
-    observed_run(tmp_path, {"num-clients": 4, "model": "mlp", "mlp-hidden": "256,32",
-                            "server": "malicious", "reference-fraction": 0.1,
-                            "leakage-rounds": "1", "leakage-clients": "aggregate",
-                            "attacks": "imprint", "observed-examples": 32,
-                            "batch-size": 32, "client-screen": "rank-one"}, rounds=2)
-    first, second = read_ledger(tmp_path)
-    assert first.tampered == "imprint" and first.clients == []
-    assert [c["partition-id"] for c in first.skipped] == [0, 1, 2, 3]
-    assert first.skipped[0]["screen-refused"] == 1
-    assert not (tmp_path / "observations").exists()  # nothing came back to attack
-    assert second.tampered is None and len(second.clients) == 4  # honest weights pass
+    marker = uuid.uuid4().hex
+    started: list[subprocess.Popen] = []
+    deploy = [sys.executable, "-m", "experiments.cli", "deploy"]
+    subprocess.run([*deploy, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
+                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run([*deploy, "keys", str(tmp_path / "keys"), "--nodes", "2"], cwd=REPO,
+                   check=True, capture_output=True)
+    port, internal = _free_ports(2)
+    ca = str(tmp_path / "certs" / "ca.crt")
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]
+    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]
+    try:
+        started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
+                                "--state", str(tmp_path / "state"), "--port", str(port),
+                                "--internal-port", str(internal), marker=marker,
+                                log=tmp_path / "superlink.log"))
+        _wait_for(tmp_path / "superlink.log", SERVING)
+        reg = subprocess.run([*deploy, "register", *[str(tmp_path / "keys" / f"supernode-{i}.pub")
+                                                     for i in range(2)], *op],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert reg.returncode == 0, reg
+        for i in range(2):
+            agree = ["--accept-trap-weights"] if i == 0 else []
+            started.append(_fedpriv(
+                "deploy", "supernode", *link, "--key", str(tmp_path / "keys" / f"supernode-{i}"),
+                "--partition-id", str(i), "--num-partitions", "2", "--port", str(_free_port()),
+                *agree, marker=marker, log=tmp_path / f"supernode-{i}.log"))
+        _online(op, 2)
+        results = tmp_path / "results"
+        res = subprocess.run(
+            [*deploy, "run", *op, "--set", "num-clients=2", "--set", "model=mlp",
+             "--set", "server=malicious", "--set", "reference-fraction=0.1",
+             "--set", "leakage-rounds=1", "--set", "leakage-clients=aggregate",
+             "--set", "attacks=imprint", "--set", "observed-examples=32",
+             "--set", f"results-dir={results}"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+            env={**__import__("os").environ, "FEDPRIV_TEST_MARKER": marker})
+        out = res.stdout + res.stderr
+        assert res.returncode != 0, out
+        assert "operators of client(s) 1 have not agreed to it: no round was run" in out
+        assert "--accept-trap-weights" in out and "Traceback" not in out
+        folder = only_run(results)
+        assert read_ledger(folder) == []  # no round, so no trap was ever sent
+        assert not (folder / "observations").exists()
+    finally:
+        _stop_all(started, marker)
+    assert _processes_with(marker) == []
 
 
 @pytest.mark.slow

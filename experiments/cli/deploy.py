@@ -130,6 +130,11 @@ def _add_supernode(cmds: argparse._SubParsersAction) -> None:
     node.add_argument("--backbone-weights", type=Path,
                       help="this host's copy of the run's backbone weights file (features = "
                            "embeddings with backbone-weights)")
+    node.add_argument("--accept-trap-weights", action="store_true",
+                      help="this host agrees to take part in a malicious-server study "
+                           "(server = 'malicious' sends it trap weights that read its "
+                           "records out of its update); without it such a run is refused "
+                           "before any round")
     node.add_argument("--port", type=int, default=9094,
                       help="local port of this SuperNode's ClientApp API (default 9094)")
     node.add_argument("--rejoin-wait", type=float, default=90.0, metavar="SECONDS",
@@ -261,6 +266,8 @@ def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:
     if args.state_dir is not None:
         args.state_dir.mkdir(parents=True, exist_ok=True)
         config["state-dir"] = str(args.state_dir.resolve())
+    if args.accept_trap_weights:
+        config["accept-trap-weights"] = True
     config.update(_host_data(args))
     return config
 

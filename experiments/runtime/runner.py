@@ -69,7 +69,9 @@ class LogFilter:
             self.echo(own)
         elif self.verbose:
             self.echo(line)
-        elif ERROR_LINE.search(line.strip()):
+        elif ERROR_LINE.search(line.strip()) and self.last_error is None:
+            # once the ServerApp has said what went wrong, Flower's report of the same
+            # exception (its traceback's first line, the exit code) stays in flwr.log
             self.errors_shown += 1
             if self.errors_shown <= MAX_ERROR_LINES:
                 self.echo("  | " + line.strip()[:400])

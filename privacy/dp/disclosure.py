@@ -4,7 +4,8 @@ Every value in a client's reply is one of:
 
 - **identity**: which partition the node holds (``partition-id``, ``num-partitions``),
   whether it serves its own data (``own-data``), keeps state for a resume
-  (``keeps-state``) and found it (``has-state``): node configuration, not data; the
+  (``keeps-state``) and found it (``has-state``), and whether its operator agreed to a
+  malicious-server study (``accepts-trap-weights``): node configuration, not data; the
   server knows whom it talks to.
 - **a function of the record count n and the config**: ``num-examples`` and what local
   DP-SGD derives from n (``epsilon``, ``delta``, ``noise-multiplier``, ``sample-rate``,
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 IDENTITY = frozenset({"partition-id", "num-partitions", "own-data", "keeps-state",
-                      "has-state"})
+                      "has-state", "accepts-trap-weights"})
 SENT_WEIGHTS = frozenset({"screen-refused"})
 RECORD_COUNT = frozenset({"num-examples", "train-steps", "epsilon", "delta",
                           "noise-multiplier", "sample-rate", "dp-steps", "dp-skipped"})
