@@ -19,20 +19,26 @@ local DP bounds what any server learns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the config reads SCREENS without importing torch
+    import torch
+    from torch import nn
 
 RANK_ONE_LIMIT = 0.5
 
 
 def first_linear(model: nn.Module) -> nn.Linear | None:
     """The model's first linear layer, if it has one."""
+    from torch import nn
+
     return next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
 
 
 def top_direction_share(weight: torch.Tensor) -> float:
     """sigma_1^2 / ||W||_F^2: the share of the layer's energy in its top direction."""
+    import torch
+
     w = weight.detach().double()
     total = float((w ** 2).sum())
     if total == 0:

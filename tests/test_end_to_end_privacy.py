@@ -13,7 +13,7 @@ import torch
 from dp_accounting import GaussianDpEvent, NeighboringRelation
 from dp_accounting.rdp import RdpAccountant
 
-from privacy.dp.disclosure import IDENTITY, RECORD_COUNT
+from privacy.dp.disclosure import IDENTITY, RECORD_COUNT, SENT_WEIGHTS
 from tasks.results.folder import read_run_info
 from tasks.seeding import sampling_seed
 
@@ -197,8 +197,9 @@ def _secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
         if sec != "off":
             assert info["aggregation"]["protocol"] == (
                 "SecAgg+" if sec == "secagg+" else "CKKS homomorphic encryption (TenSEAL)")
-            # only identity (and, with local DP, the record-count-derived DP status)
-            allowed = IDENTITY | (RECORD_COUNT if dp == "local" else set())
+            # only identity and whether a client refused the weights (a function of what
+            # the server sent), and with local DP the record-count-derived DP status
+            allowed = IDENTITY | SENT_WEIGHTS | (RECORD_COUNT if dp == "local" else set())
             assert set(info["aggregation"]["client-values-in-clear"]) == allowed
             for record in ledger_json(out / row["run-dir"]):
                 for client in record["clients"]:  # (upload-bytes: measured by the server)

@@ -42,7 +42,6 @@ from torch.func import functional_call
 from .observation import LocalTraining
 from .simulate import replay
 
-TRAPS = ("binning", "binning-disguised")
 DISGUISE = 1.5  # the disguise's norm per row, relative to the row's own
 BLIND = 32  # inputs the disguise uses
 

@@ -158,6 +158,7 @@ ATTACKS.register("decompose", "privacy.attacks.builtin:decompose", scored_as="me
                  aggregate=True, title="membership inference (update decomposition)",
                  description="white-box: the update solved as a combination of the "
                              "candidates' gradients along the local-training path")
+TRAPS = ("binning", "binning-disguised")  # what server = 'malicious' sends (imprint.py)
 ATTACKS.register("imprint", "privacy.attacks.builtin:imprint", scored_as="reconstruction",
                  aggregate=True, title="records from trap weights (malicious server)",
                  description="with server = 'malicious': read the records out of the trapped "

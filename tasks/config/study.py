@@ -9,8 +9,7 @@ from typing import Any
 
 from privacy.anonymize.density import OUTLIER_HANDLING
 from privacy.anonymize.registry import ANONYMIZERS
-from privacy.attacks.imprint import TRAPS
-from privacy.attacks.registry import ATTACKS
+from privacy.attacks.registry import ATTACKS, TRAPS
 
 from ..registry import BACKBONES, DATASETS
 from .keys import Section, key
