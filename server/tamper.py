@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-from privacy.attacks.imprint import calibrate_gain, trap_weights
+from privacy.attacks.feature_inversion import invertible_trunk
+from privacy.attacks.imprint import calibrate_gain, trap_layers, trap_weights
 from tasks.config import RunConfig
 from tasks.splits import reference_split
 
@@ -28,6 +29,7 @@ from .observe import local_training
 from .task import ServerTask
 
 ATTACK = "imprint"
+PROBE = 256  # the server's records that set the invertible trunk's biases
 
 
 class Tamper:
@@ -44,6 +46,7 @@ class Tamper:
         # the records a client trains on in an observed round, as the server configured it
         self.records = cfg.leakage.observed_examples or cfg.training.batch_size
         self.limit = carried(protocol or {}, cfg.leakage.observed_examples)
+        self.seed = cfg.training.seed
         self.disguise = (cfg.training.seed if cfg.leakage.server_trap == "binning-disguised"
                          else None)
 
@@ -51,6 +54,9 @@ class Tamper:
         if rnd not in self.rounds:
             return None
         honest = {k: torch.as_tensor(v) for k, v in arrays.to_torch_state_dict().items()}
+        if not trap_layers(self.model).raw:  # behind convolutions: make them invertible
+            honest = invertible_trunk(self.model, honest, probe=self.aux.x[:PROBE],
+                                      seed=self.seed)
         plain, trap = trap_weights(self.model, honest, self.aux.x)
         n = min(self.records, len(self.aux.x))
         gain = calibrate_gain(self.model, plain, trap, self.aux.x[:n], self.aux.y[:n],

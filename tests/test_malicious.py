@@ -83,6 +83,17 @@ def test_local_dp_sgd_stops_the_trap_and_it_is_the_noise_not_the_clipping():
     assert _recovered_share(originals, found) > 0.45
 
 
+def test_a_model_without_a_trap_layer_is_refused_before_anything_runs():
+    from experiments.preflight.checks import preflight
+    from tasks.config import ConfigError, validate
+
+    cfg = validate({"model": "resnet18", "server": "malicious", "reference-fraction": 0.1,
+                    "leakage-rounds": "1", "leakage-clients": "aggregate",
+                    "attacks": "imprint", "num-clients": 2})
+    with pytest.raises(ConfigError, match="resnet18.*cannot be tampered with that way"):
+        preflight(cfg)
+
+
 def test_a_model_without_two_linear_layers_is_refused():
     conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(2704, 10))
     with pytest.raises(ValueError, match="followed by a ReLU and another linear layer"):
@@ -112,11 +123,11 @@ def test_a_malicious_run_reads_the_cohorts_records_out_of_the_aggregate(tmp_path
 
 
 @pytest.mark.parametrize("values, why", [
-    ({"model": "small-cnn"}, "cannot be tampered with"),
+    ({"features": "embeddings"}, "a frozen backbone's outputs"),
     ({"reference-fraction": 0.0}, "reference-fraction = 0 keeps none"),
     ({"leakage-rounds": ""}, "tampers only with observed rounds"),
     ({"strategy": "fedadam"}, "strategy = 'fedavg'"),
-], ids=["cnn", "no-own-data", "unobserved", "fedadam"])
+], ids=["embeddings", "no-own-data", "unobserved", "fedadam"])
 def test_malicious_settings_that_cannot_work_are_refused_before_anything_runs(values, why):
     from tasks.config import ConfigError, validate
 
@@ -260,3 +271,18 @@ server-trap = "binning-disguised"
     second = json.loads((run / "leakage.jsonl").read_text().splitlines()[0])
     for key in ("recovered-above-30db", "psnr", "ssim"):
         assert second[key] == first[key], key
+
+
+def test_behind_a_cnns_convolutions_the_trap_returns_features_and_they_invert(tmp_path):
+    """The McMahan CNN: the server sends an invertible trunk and the trap in the first
+    fully-connected layer; the bins give back exact features, which invert to images."""
+    from experiments.leakage.attack import run_attacks
+
+    from .test_leakage import observed_run
+
+    observed_run(tmp_path, {"num-clients": 2, "model": "cnn", "server": "malicious",
+                            "reference-fraction": 0.1, "leakage-rounds": "1",
+                            "leakage-clients": "aggregate", "attacks": "imprint",
+                            "observed-examples": 16, "batch-size": 16})
+    summary = run_attacks(tmp_path, echo=lambda line: None)["imprint"]
+    assert summary["recovered-above-30db"] > 0.6  # of 2 x 16 records, 512 bins

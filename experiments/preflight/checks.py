@@ -22,6 +22,7 @@ from clients.anonymized import released_data
 from clients.local_dp import LocalDPError, new_ledger
 from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
+from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from strategies.central_dp import central_params
@@ -104,6 +105,7 @@ def preflight(cfg: RunConfig) -> Preflight:
             "more rows out of training: a smaller observed-examples, fewer clients (larger "
             "partitions) or a larger dataset.")
     _canaries_fit(cfg, model)
+    _trap_fits(cfg, model, name)
     labels = [np.bincount(data.y_train[p], minlength=data.num_classes).tolist() for p in parts]
     if cfg.embeddings.enabled:  # train/load the backbone, embed every partition once
         splits = [client_split(cfg, pid, len(parts)) for pid in range(len(parts))]
@@ -123,6 +125,20 @@ def _canaries_fit(cfg: RunConfig, model: torch.nn.Module) -> None:
             "each audit canary is a Dirac gradient on a coordinate of its own, so there can "
             f"be at most one per parameter. Use canaries <= {params} (a few thousand make "
             "a tight whole-run audit; see docs/LEAKAGE.md) or a larger model.")
+
+
+def _trap_fits(cfg: RunConfig, model: torch.nn.Module, name: str) -> None:
+    """A malicious server needs a layer its trap can sit in: refuse a model without one."""
+    if cfg.leakage.server != "malicious":
+        return
+    try:
+        trap = trap_layers(model)
+        if not trap.raw:
+            cnn_trunk(model, model.state_dict())
+    except ValueError as exc:
+        raise ConfigError(
+            f"server = 'malicious' with model = {name!r}: {exc}, so its weights cannot be "
+            "tampered with that way. Use model = 'mlp', 'cnn' or 'small-cnn'.") from None
 
 
 def _mlp_fits(cfg: RunConfig) -> None:

@@ -11,7 +11,8 @@ import torch
 from .calibrated import LiRA, class_centered, logit_confidence, true_probability
 from .calibrated import rmia as rmia_scores
 from .decomposition import decomposition_scores
-from .imprint import recover, trap_layers
+from .feature_inversion import invert_features
+from .imprint import cnn_trunk, recover, trap_layers
 from .inversion import InversionConfig, Reconstruction
 from .inversion import dlg as dlg_attack
 from .inversion import invert as invert_attack
@@ -113,6 +114,9 @@ def decompose(obs: Observation, ctx: AttackContext) -> MembershipScores:
         ctx.model, ctx.sent, update, x, y, progress=ctx.progress)}, "decomposition")
 
 
+FEATURE_STEPS = 600  # feature inversion converges in a few hundred (feature_inversion.py)
+
+
 def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
     """The records that fell alone into a bin of the trap the server sent (only on
     weights a malicious server sent: :mod:`.imprint`)."""
@@ -125,7 +129,14 @@ def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
     update = ctx.update if obs.client is not None else {
         k: v.to(ctx.sent[k].device) - ctx.sent[k] for k, v in state_dict(obs.received).items()}
     rows = recover(update, trap)
-    x = rows.reshape(len(rows), *obs.input_shape)
+    if trap.raw:
+        x = rows.reshape(len(rows), *obs.input_shape)
+    else:  # the bins hold the trunk's features: images whose features match them
+        ctx.progress(f"    inverting {len(rows)} recovered feature vectors through the trunk")
+        x = invert_features(cnn_trunk(ctx.model, ctx.sent).cpu(), rows.cpu(), obs.input_shape,
+                            mean=obs.mean, std=obs.std,
+                            iterations=min(ctx.settings.invert_iterations, FEATURE_STEPS),
+                            seed=ctx.seed)
     return Reconstruction(x, torch.zeros(len(rows), dtype=torch.long), 0.0,
                           time.perf_counter() - start, "imprint", "none")
 

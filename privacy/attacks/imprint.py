@@ -15,6 +15,11 @@ Weights-only version for fedpriv's MLP (the client builds the architecture itsel
   bin (c_i, c_(i+1)], and the bias gradients sum gamma(x): their ratio is the mean of
   the bin's records, *exactly one record* when the bin holds one.
 
+Behind a CNN's convolutions (fedpriv's cnn and small-cnn) the first linear layer reads
+the trunk's features, so the bins return *features*; the server sends conv weights
+chosen to make them invertible (:func:`.feature_inversion.invertible_trunk`) and
+inverts them (:func:`.feature_inversion.invert_features`).
+
 A FedAvg update of one local SGD step is -lr times that gradient, and an aggregate a
 weighted sum of such updates, so the ratio is unchanged by either (lr and each client's
 weight cancel within a bin that holds one record).
@@ -32,6 +37,7 @@ alone in its bin with probability about (1 - 1/h)^(n - 1).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -148,6 +154,19 @@ def _blind_inputs(aux_x: torch.Tensor) -> torch.Tensor:
     far = ((rows - (h - 1) / 2) ** 2 + (cols - (w - 1) / 2) ** 2).double().flatten()
     far = far.repeat(flat.shape[1] // (h * w))  # the same for every channel
     return constant[torch.argsort(far[constant], descending=True)[:BLIND]]
+
+
+def cnn_trunk(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn.Module:
+    """A copy of the model's convolutional trunk (``model.features``) holding
+    ``weights``: what :func:`.feature_inversion.invert_features` inverts."""
+    trunk = getattr(model, "features", None)
+    if not isinstance(trunk, nn.Sequential):
+        raise ValueError("the trap's first linear layer reads features, and the model has "
+                         "no nn.Sequential trunk (model.features) to invert them through")
+    local = copy.deepcopy(trunk)
+    local.load_state_dict({k.removeprefix("features."): v for k, v in weights.items()
+                           if k.startswith("features.")})
+    return local
 
 
 def calibrate_gain(model: nn.Module, sent: Mapping[str, torch.Tensor], trap: Trap,

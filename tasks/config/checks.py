@@ -242,11 +242,10 @@ def _malicious(cfg: RunConfig) -> list[str]:
     if lk.server != "malicious":
         return []
     errors = []
-    if cfg.training.model != "mlp" or cfg.embeddings.enabled:
-        errors.append(f"server = 'malicious' sends trap weights for the mlp's first linear "
-                      f"layer (Fowl et al. 2022); model = {cfg.training.model!r}"
-                      + (" on embeddings" if cfg.embeddings.enabled else "") + " cannot be "
-                      "tampered with that way. Use model = 'mlp' on raw features.")
+    if cfg.embeddings.enabled:
+        errors.append("server = 'malicious' sends trap weights that read the model's inputs "
+                      "back (Fowl et al. 2022); with features = embeddings they are a frozen "
+                      "backbone's outputs, not the records. Use raw inputs.")
     if lk.reference_fraction <= 0:
         errors.append("server = 'malicious' sets its traps from data of its own, and "
                       "reference-fraction = 0 keeps none: set e.g. reference-fraction = 0.1.")
