@@ -3,13 +3,15 @@
 In every round listed in ``leakage-rounds`` the ServerApp sends the clients weights
 chosen by an attack instead of the global model (:mod:`privacy.attacks.imprint`: the
 binning trap of Fowl et al. 2022, built from the server's own data,
-``reference-fraction``); what comes back is observed as usual, and the round's result is
-then thrown away, so the federation goes on from the honest model and no accuracy of a
-tampered model is reported as the federation's. The ledger marks the round
-(``tampered``). Threat model: an active server, which chooses the weights it sends but
-not the clients' code or architecture. It also knows the round's aggregation protocol
-(it runs it), and scales the trap so that a client's update fills what that protocol
-carries: for SecAgg+, half the clipping range after the client's weight scaling.
+``reference-fraction``; behind a CNN's convolutions, with conv weights that make the
+trunk's features invertible: :func:`privacy.attacks.feature_inversion.invertible_trunk`).
+What comes back is observed as usual, and the round's result is then thrown away, so the
+federation goes on from the honest model and no accuracy of a tampered model is reported
+as the federation's. The ledger marks the round (``tampered``). Threat model: an active
+server, which chooses the weights it sends but not the clients' code or architecture.
+It also knows the round's aggregation protocol (it runs it), and scales the trap so that
+a client's update fills what that protocol carries: for SecAgg+, half the clipping range
+after the client's weight scaling.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tasks.results.ledger import headline_epsilon, read_ledger
 
 from .sweep import _cell, _read_config, _reconstructions, defence, setting
 
-COLUMNS = ("cell", "defence", "trap", "round", "trained", "declined", "records",
+COLUMNS = ("cell", "defence", "model", "trap", "round", "trained", "declined", "records",
            "recovered-above-30db", "psnr", "ssim", "epsilon-claimed", "holds", "run-dir")
 HELD = 0.01  # a defence holds when under 1% of the records are recovered
 SECTION = "\n## A malicious server\n"
@@ -46,8 +46,9 @@ def malicious_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
             trained = len(record.clients)
             share = (got or {}).get("recovered-above-30db", 0.0 if not trained else None)
             rows.append({
-                "cell": c.index, "defence": defence(cfg), "trap": cfg.leakage.server_trap,
-                "setting": f"{cfg.leakage.server_trap} trap, {setting(cfg)}",
+                "cell": c.index, "defence": defence(cfg), "model": _model(cfg),
+                "trap": cfg.leakage.server_trap,
+                "setting": f"{_model(cfg)}, {cfg.leakage.server_trap} trap, {setting(cfg)}",
                 "round": record.round, "trained": trained,
                 "declined": len(record.skipped),
                 "records": trained * cfg.leakage.observed_examples or None,
@@ -90,6 +91,11 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
     text = page.read_text() if page.exists() else "# What leaked\n"
     page.write_text(text.split(SECTION)[0].rstrip() + "\n\n" + "\n".join(md) + "\n")
     return True
+
+
+def _model(cfg: Any) -> str:
+    t = cfg.training
+    return f"mlp {t.mlp_hidden}" if t.model == "mlp" else t.model
 
 
 def _show(x: Any) -> str:
