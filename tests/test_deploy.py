@@ -301,6 +301,32 @@ def test_kill_9_of_fedpriv_deploy_leaves_no_flower_process(tmp_path):
     assert _processes_with(marker) == []
 
 
+def secured_superlink(tmp_path: Path, marker: str, started: list[subprocess.Popen],
+                      keys: int, register: int) -> tuple[list[str], list[str]]:
+    """A CA and certificates, ``keys`` SuperNode key pairs, a SuperLink with TLS and node
+    authentication on loopback (appended to ``started``) and the first ``register`` keys
+    registered: (the SuperNodes' connection arguments, the operator's)."""
+    run = [sys.executable, "-m", "experiments.cli", "deploy"]
+    subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
+                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", str(keys)], cwd=REPO,
+                   check=True, capture_output=True)
+    port, internal = _free_ports(2)
+    ca = str(tmp_path / "certs" / "ca.crt")
+    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]  # the gateway, for SuperNodes
+    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]  # the operator's loopback
+    started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
+                            "--state", str(tmp_path / "state"), "--port", str(port),
+                            "--internal-port", str(internal),
+                            marker=marker, log=tmp_path / "superlink.log"))
+    _wait_for(tmp_path / "superlink.log", SERVING)
+    pubs = [str(tmp_path / "keys" / f"supernode-{i}.pub") for i in range(register)]
+    reg = subprocess.run([*run, "register", *pubs, *op], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert reg.returncode == 0 and reg.stdout.count("registered successfully") == register, reg
+    return link, op
+
+
 def _stop_all(started: list[subprocess.Popen], marker: str) -> None:
     for proc in reversed(started):
         if proc.poll() is None:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,18 +21,17 @@ import pytest
 
 from experiments.deploy import supernode as deploy
 from experiments.deploy.connection import Connection
-from experiments.deploy.superlink import SERVING
 from experiments.deploy.supernode import serve_supernode
 from tasks.results.folder import read_run_info
 
-from .conftest import REPO, ledger_json, only_run
+from .conftest import ledger_json, only_run
 from .test_deploy import (
     _fedpriv,
     _free_port,
-    _free_ports,
     _processes_with,
     _stop_all,
     _wait_for,
+    secured_superlink,
 )
 
 STILL_ONLINE = "still counts this node's previous session as online"
@@ -118,15 +116,7 @@ def _node_id(log: Path) -> str:
 def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_path):
     marker = uuid.uuid4().hex
     started: list[subprocess.Popen] = []
-    run = [sys.executable, "-m", "experiments.cli", "deploy"]
-    subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
-                   cwd=REPO, check=True, capture_output=True)
-    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "3"], cwd=REPO,
-                   check=True, capture_output=True)
-    port, internal = _free_ports(2)
-    ca = str(tmp_path / "certs" / "ca.crt")
-    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]  # the gateway, for SuperNodes
-    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]  # the operator's loopback
+    link: list[str] = []
 
     def supernode(key: int, partition: int, log: str) -> subprocess.Popen:
         started.append(_fedpriv(
@@ -136,15 +126,8 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
         return started[-1]
 
     try:
-        started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
-                                "--state", str(tmp_path / "state"), "--port", str(port),
-                                "--internal-port", str(internal),
-                                marker=marker, log=tmp_path / "superlink.log"))
-        _wait_for(tmp_path / "superlink.log", SERVING)
-        keys = [str(tmp_path / "keys" / f"supernode-{i}.pub") for i in range(2)]
-        reg = subprocess.run([*run, "register", *keys, *op], cwd=REPO, capture_output=True,
-                             text=True, timeout=120)
-        assert reg.returncode == 0 and reg.stdout.count("registered successfully") == 2, reg
+        gateway, op = secured_superlink(tmp_path, marker, started, keys=3, register=2)
+        link.extend(gateway)
         supernode(0, 0, "node-0.log")
         node1 = supernode(1, 1, "node-1.log")
         results = tmp_path / "results"

@@ -150,37 +150,13 @@ def test_a_deployment_whose_operators_have_not_agreed_is_refused_before_any_roun
 
     from .conftest import REPO, only_run
     from .test_cli import _processes_with
-    from .test_deploy import (
-        SERVING,
-        _fedpriv,
-        _free_port,
-        _free_ports,
-        _online,
-        _stop_all,
-        _wait_for,
-    )
+    from .test_deploy import _fedpriv, _free_port, _online, _stop_all, secured_superlink
 
     marker = uuid.uuid4().hex
     started: list[subprocess.Popen] = []
     deploy = [sys.executable, "-m", "experiments.cli", "deploy"]
-    subprocess.run([*deploy, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
-                   cwd=REPO, check=True, capture_output=True)
-    subprocess.run([*deploy, "keys", str(tmp_path / "keys"), "--nodes", "2"], cwd=REPO,
-                   check=True, capture_output=True)
-    port, internal = _free_ports(2)
-    ca = str(tmp_path / "certs" / "ca.crt")
-    link = ["--superlink", f"127.0.0.1:{port}", "--ca", ca]
-    op = ["--superlink", f"127.0.0.1:{internal}", "--ca", ca]
     try:
-        started.append(_fedpriv("deploy", "superlink", "--certs", str(tmp_path / "certs"),
-                                "--state", str(tmp_path / "state"), "--port", str(port),
-                                "--internal-port", str(internal), marker=marker,
-                                log=tmp_path / "superlink.log"))
-        _wait_for(tmp_path / "superlink.log", SERVING)
-        reg = subprocess.run([*deploy, "register", *[str(tmp_path / "keys" / f"supernode-{i}.pub")
-                                                     for i in range(2)], *op],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert reg.returncode == 0, reg
+        link, op = secured_superlink(tmp_path, marker, started, keys=2, register=2)
         for i in range(2):
             agree = ["--accept-trap-weights"] if i == 0 else []
             started.append(_fedpriv(
