@@ -3,7 +3,8 @@
 Fowl, Geiping, Czaja, Goldblum & Goldstein (ICLR 2022) show that a server choosing the
 weights of a linear layer followed by a ReLU can make each record of a batch fall out of
 the update verbatim, and through secure aggregation, since the attack reads only sums.
-Weights-only version for fedpriv's MLP (the client builds the architecture itself):
+Weights-only version for fedpriv's MLP and CNNs (the client builds the architecture
+itself):
 
 - every unit i of the first layer measures the same statistic, w_i = v (here the mean
   input value, v = 1/d), with bias -c_i, where c_1 < ... < c_h are quantiles of
@@ -75,7 +76,7 @@ def trap_layers(model: nn.Module) -> Trap:
     if (at is None or len(layers) < 2 or at + 1 >= len(leaves)
             or not isinstance(leaves[at + 1][1], nn.ReLU)):
         raise ValueError("the binning trap needs a linear layer followed by a ReLU and "
-                         "another linear layer (fedpriv's mlp, mcmahan-cnn, small-cnn)")
+                         "another linear layer (fedpriv's mlp, cnn, small-cnn)")
     raw = all(isinstance(m, nn.Flatten) for _, m in leaves[:at])
     return Trap(layers[0], layers[1], raw)
 
@@ -110,8 +111,8 @@ def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: to
     next layer's columns made equal, the first layer divided by ``gain`` and the next
     multiplied by it (see the module docstring).
 
-    ``disguise`` (a seed): hide the trap from a client that screens the weights for
-    duplicate rows (:mod:`privacy.screening`). Each row gets a large random component on
+    ``disguise`` (a seed): hide the trap from a client that screens the weights for a
+    rank-one first layer (:mod:`privacy.screening`). Each row gets a large random component on
     the inputs that are constant over the server's data (MNIST's border pixels), its
     bias compensating the constant: every unit fires for the same records as before, so
     the attack reads exactly as much, while the rows look unrelated."""
