@@ -22,7 +22,8 @@ from tasks.results.ledger import headline_epsilon, read_ledger
 from .sweep import _cell, _read_config, _reconstructions, defence, setting
 
 COLUMNS = ("cell", "defence", "model", "trap", "round", "trained", "declined", "records",
-           "recovered-above-30db", "psnr", "ssim", "epsilon-claimed", "holds", "run-dir")
+           "recovered-above-30db", "labels-right", "psnr", "ssim", "epsilon-claimed", "holds",
+           "run-dir")
 HELD = 0.01  # a defence holds when under 1% of the records are recovered
 SECTION = "\n## A malicious server\n"
 
@@ -53,6 +54,7 @@ def malicious_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
                 "declined": len(record.skipped),
                 "records": trained * cfg.leakage.observed_examples or None,
                 "recovered-above-30db": share,
+                "labels-right": (got or {}).get("label-accuracy-recovered"),
                 "psnr": (got or {}).get("psnr"), "ssim": (got or {}).get("ssim"),
                 "epsilon-claimed": headline_epsilon(record.privacy),
                 "holds": None if share is None else share < HELD,
@@ -80,7 +82,9 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
           "scaled to what the aggregation carries) and read records out of what it held: "
           "the plain aggregate, the SecAgg+ sum or the HE-decrypted sum, before central "
           "DP's noise. recovered-above-30db: share of the cohort's records (the clients "
-          "that trained x their records) that some recovered row matches above 30 dB PSNR. "
+          "that trained x their records) that some recovered row matches above 30 dB PSNR; "
+          "labels-right: of those, the share whose label the server inferred right (from "
+          "each bin's bias scale). "
           f"holds: under {HELD:.0%} recovered. declined: clients that sent no update "
           "(their client-screen refused the weights).", "",
           "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]

@@ -34,6 +34,8 @@ def headline(line: dict[str, Any]) -> str:
                   if "label-accuracy" in line else "")
         share = (f", {line['recovered-above-30db']:.0%} of the records above 30 dB"
                  if "recovered-above-30db" in line else "")
+        if line.get("label-accuracy-recovered") is not None and line["attack"] == "imprint":
+            share += f" ({line['label-accuracy-recovered']:.0%} of them with the right label)"
         return (f"PSNR {line['psnr']:.2f} dB{extra}{base}{share}{labels}, "
                 f"{line['seconds']:.0f} s")
     if kind == "labels":
@@ -91,8 +93,7 @@ def _violation_words(v: dict[str, Any]) -> str:
 
 # Per kind of attack, the numbers the summary averages over observations.
 MEANS = {"reconstruction": ("psnr", "ssim", "cosine", "psnr-random", "recovered-above-30db",
-                            "label-accuracy",
-                            "seconds"),
+                            "label-accuracy", "label-accuracy-recovered", "seconds"),
          "labels": ("label-accuracy",),
          "membership": ("auc", "tpr-at-1%fpr", "tpr-at-0.1%fpr")}
 AUDIT_KEYS = ("epsilon-lower-bound", "mu-lower-bound-fdp", "epsilon-lower-bound-fdp",

@@ -51,6 +51,9 @@ def reconstruction_scores(recon: torch.Tensor, recon_labels: torch.Tensor,
         # the share of the originals some reconstruction matches above 30 dB (exactly)
         "recovered-above-30db": float((psnr[rows, cols] > 30).sum() / max(len(b), 1)),
         "label-accuracy": label_accuracy(recon_labels, labels),
+        # of the records recovered above 30 dB, the share whose label came back right
+        "label-accuracy-recovered": _paired_labels(recon_labels[rows], labels[cols],
+                                                   psnr[rows, cols] > 30),
         "matched": [int(c) for c in cols],
     }
     if images:
@@ -60,6 +63,14 @@ def reconstruction_scores(recon: torch.Tensor, recon_labels: torch.Tensor,
         out["cosine"] = float(torch.nn.functional.cosine_similarity(
             a[rows], b[cols], dim=1).mean())
     return out
+
+
+def _paired_labels(predicted: torch.Tensor, true: torch.Tensor, mask: np.ndarray
+                   ) -> float | None:
+    if not mask.any():
+        return None
+    keep = torch.from_numpy(np.asarray(mask))
+    return float((predicted[keep] == true[keep]).double().mean())
 
 
 def label_accuracy(predicted: torch.Tensor, true: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ from .calibrated import LiRA, class_centered, logit_confidence, true_probability
 from .calibrated import rmia as rmia_scores
 from .decomposition import decomposition_scores
 from .feature_inversion import invert_features
-from .imprint import cnn_trunk, recover, trap_layers
+from .imprint import cnn_trunk, recover, trap_labels, trap_layers
 from .inversion import InversionConfig, Reconstruction
 from .inversion import dlg as dlg_attack
 from .inversion import invert as invert_attack
@@ -137,8 +137,10 @@ def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
                             mean=obs.mean, std=obs.std,
                             iterations=min(ctx.settings.invert_iterations, FEATURE_STEPS),
                             seed=ctx.seed)
-    return Reconstruction(x, torch.zeros(len(rows), dtype=torch.long), 0.0,
-                          time.perf_counter() - start, "imprint", "none")
+    device = next(iter(ctx.sent.values())).device
+    labels = trap_labels(ctx.model, ctx.sent, trap, update, x.to(device), obs.num_classes)
+    return Reconstruction(x.cpu(), labels.cpu(), 0.0, time.perf_counter() - start, "imprint",
+                          "recovered")
 
 
 POPULATION = 1000  # RMIA's population records z, kept out of every reference's data

@@ -182,16 +182,69 @@ def calibrate_gain(model: nn.Module, sent: Mapping[str, torch.Tensor], trap: Tra
     return limit / largest if largest > 0 else 1.0
 
 
+def _bins(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per bin that held records: the weight rows' and the biases' difference of
+    neighbouring units (unit i fires for the records above c_i)."""
+    w = update[f"{trap.first}.weight"].double()
+    b = update[f"{trap.first}.bias"].double()
+    dw = torch.cat([w[:-1] - w[1:], w[-1:]])
+    db = torch.cat([b[:-1] - b[1:], b[-1:]])
+    held = db.abs() > min_weight * max(float(b.abs().max()), 1e-30)
+    return dw[held], db[held]
+
+
 def recover(update: Mapping[str, torch.Tensor], trap: Trap, min_weight: float = 1e-4
             ) -> torch.Tensor:
     """The records that fell alone (or together, averaged) into a bin, from an update
     (or an aggregate of updates) of the trapped layer: [bins that held records, d]. A bin
     whose bias difference is below ``min_weight`` times the largest is taken as empty
     (under SecAgg+ an empty bin holds quantization noise, not a record)."""
-    w = update[f"{trap.first}.weight"].double()
-    b = update[f"{trap.first}.bias"].double()
-    # unit i fires for records above c_i: differences of neighbours isolate one bin
-    dw = torch.cat([w[:-1] - w[1:], w[-1:]])
-    db = torch.cat([b[:-1] - b[1:], b[-1:]])
-    held = db.abs() > min_weight * max(float(b.abs().max()), 1e-30)
-    return (dw[held] / db[held].unsqueeze(1)).float()
+    dw, db = _bins(update, trap, min_weight)
+    return (dw / db.unsqueeze(1)).float()
+
+
+def trap_labels(model: nn.Module, sent: Mapping[str, torch.Tensor], trap: Trap,
+                update: Mapping[str, torch.Tensor], x: torch.Tensor, num_classes: int,
+                min_weight: float = 1e-4, tolerance: float = 0.02) -> torch.Tensor:
+    """The label of each recovered record ``x`` (rows of :func:`recover`, in order).
+
+    A bin's bias difference is k * gamma_c(x): gamma_c the loss gradient at the trap's
+    units for the record with label c under the weights sent (the same for every unit it
+    fires, the outgoing weights being equal), k = -lr * (the client's weight) / batch,
+    common to every record when clients weigh the same. The server computes gamma_c for
+    every class, finds the k most records agree on, and gives each record the class
+    whose ratio is nearest to it."""
+    _, db = _bins(update, trap, min_weight)
+    layer = dict(model.named_modules())[trap.first]
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        got["z"] = out.detach().requires_grad_()  # differentiate from here on
+        return got["z"]
+
+    handle = layer.register_forward_hook(keep)
+    gammas = []
+    try:
+        for c in range(num_classes):
+            with torch.enable_grad():
+                logits = functional_call(model, dict(sent), (x.detach(),))
+                loss = nn.functional.cross_entropy(
+                    logits, torch.full((len(x),), c, dtype=torch.long, device=x.device),
+                    reduction="sum")
+                (grad,) = torch.autograd.grad(loss, got["z"])
+            fired = (got["z"] > 0).double()
+            gammas.append((grad.double() * fired).sum(1) / fired.sum(1).clamp(min=1))
+    finally:
+        handle.remove()
+    ratio = db.unsqueeze(1) / torch.stack(gammas, 1)  # [records, classes]
+    logs = torch.where(ratio < 0, (-ratio).clamp(min=1e-300).log(),
+                       torch.full_like(ratio, float("inf")))
+    candidates = logs[torch.isfinite(logs)]
+    if not len(candidates):
+        return torch.zeros(len(x), dtype=torch.long)
+    near = (logs.unsqueeze(0) - candidates.view(-1, 1, 1)).abs() < tolerance
+    k = candidates[near.any(2).sum(1).argmax()]
+    return (logs - k).abs().argmin(1)
+
+
