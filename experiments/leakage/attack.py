@@ -182,7 +182,7 @@ class Attacker:
         scores = reconstruction_scores(rec.x, rec.y, self.truth.x, self.truth.y, o.mean, o.std)
         out = {"seconds": rec.seconds, "labels": rec.labels, "objective": rec.loss,
                **{k: v for k, v in scores.items() if k != "matched"
-                  and not (k == "label-accuracy" and rec.labels == "none")}}
+                  and not (k == "label-accuracy" and rec.labels in ("none", "per-record"))}}
         if o.kind == "image":
             out["psnr-random"] = random_image_psnr(self.truth.x, o.mean, o.std, self.seed)
             grid = reconstruction_grid(

@@ -140,7 +140,7 @@ def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
     device = next(iter(ctx.sent.values())).device
     labels = trap_labels(ctx.model, ctx.sent, trap, update, x.to(device), obs.num_classes)
     return Reconstruction(x.cpu(), labels.cpu(), 0.0, time.perf_counter() - start, "imprint",
-                          "recovered")
+                          "per-record")
 
 
 POPULATION = 1000  # RMIA's population records z, kept out of every reference's data

@@ -86,7 +86,9 @@ class Reconstruction:
     loss: float  # the attack's own objective at the end (lower: a better match)
     seconds: float
     method: str
-    labels: str  # "recovered" or "given"
+    # "recovered" (a multiset, from the update), "given", "per-record" (each row's own,
+    # scored only on the records recovered), or "none"
+    labels: str
 
 
 def _bounds(mean: tuple[float, ...], std: tuple[float, ...], ndim: int
