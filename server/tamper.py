@@ -23,7 +23,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from privacy.attacks.feature_inversion import invertible_trunk
-from privacy.attacks.imprint import calibrate_gain, trap_layers, trap_weights
+from privacy.attacks.imprint import calibrate_gain, trap_layers, trap_weights, with_gain
 from tasks.config import RunConfig
 from tasks.splits import reference_split
 
@@ -59,12 +59,13 @@ class Tamper:
         if not trap_layers(self.model).raw:  # behind convolutions: make them invertible
             honest = invertible_trunk(self.model, honest, probe=self.aux.x[:PROBE],
                                       seed=self.seed)
-        plain, trap = trap_weights(self.model, honest, self.aux.x)
+        # built once at gain 1 (the disguise leaves every unit's records, so the gradient,
+        # as it was), then scaled to what the protocol carries
+        plain, trap = trap_weights(self.model, honest, self.aux.x, disguise=self.disguise)
         n = min(self.records, len(self.aux.x))
         gain = calibrate_gain(self.model, plain, trap, self.aux.x[:n], self.aux.y[:n],
                               self.training, self.limit)
-        trapped, _ = trap_weights(self.model, honest, self.aux.x, gain, self.disguise)
-        return ArrayRecord(trapped), ATTACK
+        return ArrayRecord(with_gain(plain, trap, gain)), ATTACK
 
 
 def carried(protocol: Mapping[str, Any], records: int) -> float:

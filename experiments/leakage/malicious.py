@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scipy.stats import binomtest
+
 from tasks.results.ledger import headline_epsilon, read_ledger
 
 from .sweep import _cell, _read_config, _reconstructions, defence, setting
 
 COLUMNS = ("cell", "defence", "model", "trap", "round", "trained", "declined", "records",
-           "recovered-above-30db", "labels-right", "psnr", "ssim", "epsilon-claimed", "holds",
-           "run-dir")
+           "recovered-above-30db", "recovered-ci95", "labels-right", "psnr", "ssim",
+           "epsilon-claimed", "holds", "run-dir")
 HELD = 0.01  # a defence holds when under 1% of the records are recovered
 SECTION = "\n## A malicious server\n"
 
@@ -54,6 +56,7 @@ def malicious_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
                 "declined": len(record.skipped),
                 "records": trained * cfg.leakage.observed_examples or None,
                 "recovered-above-30db": share,
+                "recovered-ci95": _interval(share, trained * cfg.leakage.observed_examples),
                 "labels-right": (got or {}).get("label-accuracy-recovered"),
                 "psnr": (got or {}).get("psnr"), "ssim": (got or {}).get("ssim"),
                 "epsilon-claimed": headline_epsilon(record.privacy),
@@ -82,7 +85,8 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
           "scaled to what the aggregation carries) and read records out of what it held: "
           "the plain aggregate, the SecAgg+ sum or the HE-decrypted sum, before central "
           "DP's noise. recovered-above-30db: share of the cohort's records (the clients "
-          "that trained x their records) that some recovered row matches above 30 dB PSNR; "
+          "that trained x their records) that some recovered row matches above 30 dB PSNR, "
+          "with its 95% Clopper-Pearson interval over those records (one run); "
           "labels-right: of those, the share whose label the server inferred right (from "
           "each bin's bias scale). "
           f"holds: under {HELD:.0%} recovered. declined: clients that sent no update "
@@ -95,6 +99,14 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
     text = page.read_text() if page.exists() else "# What leaked\n"
     page.write_text(text.split(SECTION)[0].rstrip() + "\n\n" + "\n".join(md) + "\n")
     return True
+
+
+def _interval(share: float | None, records: int) -> str | None:
+    """95% Clopper-Pearson interval on the share of ``records`` recovered."""
+    if share is None or not records:
+        return None
+    ci = binomtest(round(share * records), records).proportion_ci(0.95)
+    return f"{ci.low:.2f}-{ci.high:.2f}"
 
 
 def _model(cfg: Any) -> str:

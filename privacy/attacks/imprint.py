@@ -133,11 +133,22 @@ def trap_weights(model: nn.Module, honest: Mapping[str, torch.Tensor], aux_x: to
         rows[:, hidden] += noise
         bias = bias - noise @ flat[:, hidden].mean(0)
     out = {k: v.clone() for k, v in honest.items()}
-    out[f"{trap.first}.weight"] = (rows / gain).to(w1.dtype)
-    out[f"{trap.first}.bias"] = (bias / gain).to(w1.dtype)
+    out[f"{trap.first}.weight"] = rows.to(w1.dtype)
+    out[f"{trap.first}.bias"] = bias.to(w1.dtype)
     w2 = honest[f"{trap.second}.weight"]
-    out[f"{trap.second}.weight"] = w2[:, :1].expand_as(w2) * gain  # equal outgoing weights
-    return out, trap
+    out[f"{trap.second}.weight"] = w2[:, :1].expand_as(w2).clone()  # equal outgoing weights
+    return with_gain(out, trap, gain), trap
+
+
+def with_gain(weights: Mapping[str, torch.Tensor], trap: Trap, gain: float
+              ) -> dict[str, torch.Tensor]:
+    """``weights`` with the trapped layer divided by ``gain`` and the next layer multiplied
+    by it: the same forward pass, the trapped layer's gradient times ``gain``."""
+    out = dict(weights)
+    for p in ("weight", "bias"):
+        out[f"{trap.first}.{p}"] = weights[f"{trap.first}.{p}"] / gain
+    out[f"{trap.second}.weight"] = weights[f"{trap.second}.weight"] * gain
+    return out
 
 
 def _blind_inputs(aux_x: torch.Tensor) -> torch.Tensor:
