@@ -40,6 +40,7 @@ from privacy.dp.disclosure import policy
 from tasks import messages
 from tasks.config import validate
 from tasks.encrypted_updates import from_record as signed_updates
+from tasks.seeding import derive_seed
 from tasks.training import evaluate, resolve_device
 
 from . import encrypted
@@ -81,10 +82,22 @@ def disclosure_mod(msg: Message, context: Context, call_next: ClientAppCallable)
     return reply
 
 
+_IN_PROCESS = False  # set by the in-process runtime (experiments.runtime.inprocess)
+
+
+def serve_in_process() -> None:
+    """Mark this process as the in-process runtime's: its nodes are simulated."""
+    global _IN_PROCESS
+    _IN_PROCESS = True
+
+
 def in_simulation() -> bool:
-    """True inside Flower's simulation runtime, whose ClientApps run in its Ray workers. Only
-    there is a node a worker the server may pair with a partition and a state folder; a
-    real SuperNode runs its ClientApp in a process of its own, without Ray."""
+    """True inside a simulation runtime: Flower's, whose ClientApps run in its Ray workers,
+    or fedpriv's in-process one. Only there is a node a worker the server may pair with a
+    partition and a state folder; a real SuperNode runs its ClientApp in a process of its
+    own, without Ray."""
+    if _IN_PROCESS:
+        return True
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
 
@@ -212,6 +225,11 @@ def secure_fit(msg: Message, context: Context) -> Message:
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(as_update(new_state, old)),
                     weight, {k: v for k, v in metrics.items()
                              if isinstance(v, (int, float, str))})
+    # Flower's mod then quantizes the update with stochastic rounding drawn from numpy's
+    # global generator: seeded per client and round, a secure run is reproducible in any
+    # runtime (the masks still come from os.urandom, so the server learns no more)
+    np.random.seed(derive_seed(client.cfg.training.seed, int(fitins.config["server-round"]),
+                               client.partition_id, 7))
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 
 

@@ -33,6 +33,8 @@ from .configs import resolve
 from .deploy.connection import Connection, DeployedSuperLink
 from .preflight.isolated import Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
+from .runtime.choice import choose
+from .runtime.inprocess_link import InProcessLink
 from .runtime.runner import RunOutcome, execute
 from .runtime.superlink import LocalSuperLink
 from .sweep.run import run_sweep
@@ -138,14 +140,16 @@ def _keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = False,
                verbose: bool = False, echo: Echo = print) -> Result:
-    """Run one validated config on a private SuperLink (Flower's simulation runtime, or
-    real SuperNodes on loopback with ``supernodes``) and read back what it wrote."""
+    """Run one validated config (in-process, on Flower's simulation runtime, or on real
+    SuperNodes on loopback with ``supernodes``: :mod:`experiments.runtime.choice`) and
+    read back what it wrote."""
     fed = cfg.federation
     echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
     given = given_run_dir(cfg.results)  # an existing run is refused before any work
     pre = _checked(cfg, echo)
+    choose(cfg, cuda=pre.cuda, supernodes=supernodes)  # a runtime that cannot serve it
     if given is not None:
         given.mkdir(parents=True, exist_ok=True)
     run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
@@ -155,11 +159,11 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
 def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo = print) -> Result:
     """Continue a crashed, interrupted or failed run from its last checkpointed round, in
     its own folder, with its own config (:mod:`server.checkpoint`)."""
-    path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo)
+    path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo, simulated=True)
     return _launch(cfg, path, pre, False, verbose, echo)
 
 
-def _reopened(run_dir: str | Path, command: str, echo: Echo
+def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = False
               ) -> tuple[Path, RunConfig, Preflight]:
     """A resumable run folder, checked (pre-flight included) and marked running again."""
     path, cfg = resumable(run_dir)
@@ -167,6 +171,8 @@ def _reopened(run_dir: str | Path, command: str, echo: Echo
     echo(f"{command} · {path.name} · round {rounds} of "
          f"{cfg.federation.num_server_rounds} checkpointed")
     pre = _checked(cfg, echo)
+    if simulated:
+        choose(cfg, cuda=pre.cuda)  # a runtime that cannot serve it
     RunFolder(path).reopen({"from-round": rounds, "at": now()})
     return path, cfg, pre
 
@@ -208,10 +214,18 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
 def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
           echo: Echo) -> RunOutcome:
     fed = cfg.federation
+    runtime = choose(cfg, cuda=pre.cuda, supernodes=supernodes)
+    if runtime.name == "inprocess":
+        echo(f"in-process runtime ({runtime.why}): the ServerApp and {fed.num_clients} "
+             "ClientApps in one process, no SuperLink or Ray (runtime = 'ray' for Flower's "
+             "simulation runtime)")
+        with InProcessLink() as link:
+            return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
+                           echo=echo, label_counts=pre.label_counts)
     nodes = fed.num_clients if supernodes else 0
-    runtime = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
-               else "simulation runtime, Ray backend")
-    echo(f"starting Flower SuperLink ({runtime})...")
+    name = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
+            else f"simulation runtime, Ray backend; {runtime.why}")
+    echo(f"starting Flower SuperLink ({name})...")
     ray = "" if nodes else cfg.resources.ray_address
     if ray:
         echo(f"the simulated clients run on the Ray cluster at {ray}")

@@ -76,6 +76,17 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
     return infos
 
 
+def runtime_of(grid: Grid) -> str:
+    """The runtime behind ``grid``, as run.json names it: ``inprocess`` (fedpriv's),
+    ``ray`` (Flower's simulation) or ``deployment`` (a SuperLink with real SuperNodes)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    inner = getattr(grid, "grid", grid)  # a FederationGrid's runtime grid
+    if getattr(inner, "RUNTIME", ""):
+        return str(inner.RUNTIME)
+    return "ray" if isinstance(inner, InMemoryGrid) else "deployment"
+
+
 def simulated(grid: Grid) -> bool:
     """True for the simulation runtime's grid (interchangeable nodes on one machine)."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid

@@ -44,7 +44,7 @@ from .checkpoint import (
 from .client_state import check_client_state
 from .console import say
 from .cvae_phase import run_cvae_phase
-from .discovery import ClientInfo, simulated
+from .discovery import ClientInfo, runtime_of, simulated
 from .evaluation import CentralEvaluator, ModelSelection
 from .loop import LoopOutcome, RoundHook, StopAfter, StopBefore, run_rounds, target_accuracy_reached
 from .privacy_log import AnonymizationLog, PrivacyLog
@@ -84,7 +84,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     """
     t0 = time.perf_counter()
     checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
-    info = start_info(cfg, run, checkpoint)
+    info = start_info(cfg, run, checkpoint, runtime_of(grid))
     fed = assemble(grid, context, cfg, run, info, checkpoint, cell)
     info.setup_s = time.perf_counter() - t0
     result = run_rounds(fed.runner, fed.initial, cfg.federation.num_server_rounds,
@@ -94,9 +94,11 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     return finish(cfg, run, info, fed, result, t0)
 
 
-def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None) -> RunInfo:
+def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None,
+               runtime: str) -> RunInfo:
     """run.json as the run starts: new, or (a resume) what it said at the checkpoint, with
-    every earlier resume; a resume also rewinds the ledger to the checkpoint."""
+    every earlier resume; a resume also rewinds the ledger to the checkpoint. ``runtime``
+    is the one carrying this (part of the) run."""
     if checkpoint is None:
         info = RunInfo(started=now(), run_dir=str(run.path), run_id=cfg.results.run_id,
                        versions={name: version(name) for name in VERSIONS})
@@ -107,6 +109,7 @@ def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None) ->
         rewind_ledger(run.path, checkpoint.round)
         say(f"resuming after round {checkpoint.round} of "
             f"{cfg.federation.num_server_rounds} from {run.path / 'checkpoint'}")
+    info.runtime = runtime
     run.write_info(info)
     return info
 

@@ -84,6 +84,8 @@ BAD_INPUT = [
     (["--set", "dp=local", "--set", "target-epsilon=1e300"], "target-epsilon = 1e+300 must "
                                                              "be <= 10000"),
     (["--set", f"client-cpus={(os.cpu_count() or 1) + 1}"], "CPU cores"),
+    (["--set", "runtime=inprocess", "--set", "ray-address=10.0.0.5:6379"],
+     "cannot use a Ray cluster"),
 ]
 
 
@@ -110,6 +112,7 @@ def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
     assert fragment in res.stderr[res.stderr.index("fedpriv: error:"):]
     assert "Traceback" not in res.stderr
     assert "starting Flower SuperLink" not in res.stdout
+    assert "in-process runtime" not in res.stdout
     assert _processes_with(marker) == []  # nothing was left running
     results = tmp_path / "results"
     assert not results.exists() or not any(results.iterdir())  # no run folder was made

@@ -1,4 +1,5 @@
-"""Real federated runs: Flower's simulation runtime, Ray actors, the real CLI. Marked slow."""
+"""Real federated runs through the real CLI: the in-process runtime (the default), Flower's
+simulation runtime with Ray actors (runtime = "ray"), real SuperNodes. Marked slow."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ seed = 4
     together = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert together.returncode == 0, together.stdout + together.stderr
     assert "2 runs (2 cells)" in together.stdout
-    assert together.stdout.count("starting one simulation") == 1
+    assert together.stdout.count("run(s) in-process") == 1
     separate = run_cli("sweep", str(sweep), "--separate", cwd=tmp_path)
     assert separate.returncode == 0, separate.stdout + separate.stderr
     a, b = sorted((results / "sweeps").iterdir())
@@ -155,9 +156,13 @@ def test_flwr_run_native_uses_the_same_apps(tmp_path):
     assert "reached target-accuracy" in info["stopped-early"]
 
 
-def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results):
+@pytest.mark.parametrize("runtime, child", [("ray", "flower-superlink"),
+                                             ("inprocess", "experiments.runtime.inprocess")])
+def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results, runtime,
+                                                              child):
     cmd = [sys.executable, "-m", "experiments.cli", "run", "--set", "num-clients=3",
-           "--set", "num-server-rounds=500", "--set", f"results-dir={results}"]
+           "--set", "num-server-rounds=500", "--set", f"results-dir={results}",
+           "--set", f"runtime={runtime}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=os.environ)
     started = []
@@ -167,7 +172,7 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
             break
         assert time.monotonic() < deadline, "no round finished in time"
     started = psutil.Process(proc.pid).children(recursive=True)
-    assert any("flower-superlink" in " ".join(p.cmdline()) for p in started)
+    assert any(child in " ".join(p.cmdline()) for p in started)
     proc.send_signal(signal.SIGINT)
     rest = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, rest
@@ -178,10 +183,11 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results)
     assert len(ledger_json(run)) >= 2
 
 
-def _start_and_wait_for_round(results, marker):
+def _start_and_wait_for_round(results, marker, runtime="auto"):
     """A long `fedpriv run` in a subprocess, once its first round has finished."""
     cmd = [sys.executable, "-m", "experiments.cli", "run", "--set", "num-clients=3",
-           "--set", "num-server-rounds=500", "--set", f"results-dir={results}"]
+           "--set", "num-server-rounds=500", "--set", f"results-dir={results}",
+           "--set", f"runtime={runtime}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
     deadline = time.monotonic() + 300
@@ -215,19 +221,26 @@ def _listening(pids):
     return out
 
 
-def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, results):
+@pytest.mark.parametrize("runtime", ["ray", "inprocess"])
+def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, results,
+                                                                  runtime):
     marker = uuid.uuid4().hex
-    proc = _start_and_wait_for_round(results, marker)
+    proc = _start_and_wait_for_round(results, marker, runtime)
     homes = {psutil.Process(p).environ().get("FLWR_HOME") for p in _processes_with(marker)}
     homes.discard(None)
-    # SuperLink, SuperExec, flwr-simulation, Ray's GCS, raylet and workers: loopback only
     listening = _listening(_processes_with(marker))
-    assert any("gcs_server" in name for name, _ in listening), listening
-    assert all(ip in LOOPBACK for _, ip in listening), listening
-    assert homes and all(os.path.isdir(h) for h in homes)
+    if runtime == "ray":
+        # SuperLink, SuperExec, flwr-simulation, Ray's GCS, raylet and workers: loopback
+        assert any("gcs_server" in name for name, _ in listening), listening
+        assert all(ip in LOOPBACK for _, ip in listening), listening
+        assert homes and all(os.path.isdir(h) for h in homes)
+    else:  # one child process, listening on nothing
+        assert len(_processes_with(marker)) == 2 and listening == []
     proc.kill()  # SIGKILL: no cleanup code in fedpriv runs
     proc.wait(timeout=30)
-    left = _gone(marker)  # the keeper stops SuperLink, SuperExec, simulation, Ray
+    # Ray: the keeper stops SuperLink, SuperExec, simulation, Ray; in-process: the kernel
+    # stops the child (parent-death signal), which records the crash itself
+    left = _gone(marker)
     assert left == [], [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
     assert not any(os.path.exists(h) for h in homes)
     info = read_run_info(only_run(results))  # and records the outcome fedpriv could not
@@ -255,7 +268,7 @@ def test_sigterm_and_a_double_ctrl_c_stop_everything_and_say_so(tmp_path, result
 
 def test_kill_9_of_the_superlink_is_reported_and_cleaned_up(tmp_path, results):
     marker = uuid.uuid4().hex
-    proc = _start_and_wait_for_round(results, marker)
+    proc = _start_and_wait_for_round(results, marker, "ray")
     link = [p for p in _processes_with(marker)
             if "flower-superlink" in " ".join(psutil.Process(p).cmdline())]
     assert len(link) == 1
@@ -295,7 +308,7 @@ def test_the_python_api_runs_a_federation_and_reads_it_back(results):
     assert result.ok, result.error
     assert [r.round for r in result.ledger] == [1, 2] and result.accuracy > 0.5
     assert list(result.frame()["accuracy"]) == [r.accuracy for r in result.ledger]
-    assert any("SuperLink up on 127.0.0.1" in line for line in lines)  # progress
+    assert any("in-process runtime" in line for line in lines)  # progress
     assert any("round | test acc" in line for line in lines)
     again = fedpriv.load(result.run_dir)
     assert again.ledger == result.ledger and again.status == "finished"
@@ -339,9 +352,11 @@ def test_kill_9_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, result
     # A simulated client's Ray worker killed after round 1: Flower would keep handing
     # jobs to the dead actor; fedpriv restarts the simulation from the checkpoint and the
     # ledger is again the uninterrupted run's, every client in every round.
+    # (on Ray, against the in-process run above: the runtimes give the same ledger)
     marker = uuid.uuid4().hex
     proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", *keys, "--set",
-                             f"results-dir={results / 'worker'}"], cwd=REPO,
+                             f"results-dir={results / 'worker'}", "--set", "runtime=ray"],
+                            cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
     out = []

@@ -14,6 +14,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from privacy.encryption import cohort
 from strategies.build import build_runner
@@ -66,10 +67,13 @@ def _signed_update(reply: Message, pid: int) -> cohort.SignedUpdate:
 
 
 def _refused(attempt, why: str) -> None:
-    """The client handler raises CohortRefused (the runtime turns it into an error reply,
-    and the client's state keeps nothing of the request)."""
-    with pytest.raises(cohort.CohortRefused, match=why):
-        attempt()
+    """The client handler raises CohortRefused: the runtime turns it into an error reply
+    (Flower's code 2), and the client's state keeps nothing of the request."""
+    reply = attempt()
+    assert reply.has_error(), "the client answered instead of refusing"
+    assert reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "CohortRefused" in reply.error.reason and why in reply.error.reason, \
+        reply.error.reason
 
 
 def _update_of(reply: Message) -> np.ndarray:

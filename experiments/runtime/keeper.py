@@ -126,12 +126,17 @@ def main(argv: list[str]) -> int:
 
 
 def mark_orphaned_runs(runs_file: Path, owner: int) -> None:
-    """Record the outcome the dead owner could not: each of its runs still ``running``
-    becomes ``crashed``, with the cause (its finished rounds stay in metrics.jsonl)."""
+    """:func:`mark_orphaned` for the run folders listed in ``runs_file``."""
     try:
         folders = [Path(line) for line in runs_file.read_text().splitlines() if line]
     except OSError:
         return
+    mark_orphaned(folders, owner)
+
+
+def mark_orphaned(folders: list[Path], owner: int) -> None:
+    """Record the outcome the dead owner could not: each of its runs still ``running``
+    becomes ``crashed``, with the cause (its finished rounds stay in metrics.jsonl)."""
     for folder in folders:
         info_path = folder / "run.json"
         try:

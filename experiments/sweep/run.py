@@ -6,6 +6,7 @@ own. A cell whose data check or run fails is recorded and the sweep goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,8 @@ from tasks.results.ledger import read_ledger
 from ..configs import absolutize
 from ..preflight.isolated import Preflight, preflight_isolated, preflight_many
 from ..runtime.app_bundle import app_dir
+from ..runtime.choice import choose
+from ..runtime.inprocess_link import InProcessLink
 from ..runtime.procs import interruption
 from ..runtime.runner import (
     LogFilter,
@@ -83,11 +86,11 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
          "cells": spec.extra, "seeds": spec.seeds}, indent=2))
     t0 = time.perf_counter()
     try:
-        with LocalSuperLink(ray=cells[0].config.resources.ray_address) as link:
+        with Runtimes(cells[0].config.resources.ray_address) as runtimes:
             if separate:
-                _run_separately(link, out, spec, cells, verbose)
+                _run_separately(runtimes, out, spec, cells, verbose)
             else:
-                _run_together(link, out, spec, cells, verbose)
+                _run_together(runtimes, out, spec, cells, verbose)
     finally:
         write_table(out, spec, cells)
         sweep_plots(out / "plots", spec.name, cells)
@@ -95,6 +98,36 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} runs finished · {out / 'sweep.md'}")
     return SweepRun(out, cells)
+
+
+class Runtimes:
+    """The runtimes a sweep's cells run on (:mod:`experiments.runtime.choice`), each started
+    once, when a cell first needs it, and all stopped together."""
+
+    def __init__(self, ray_address: str) -> None:
+        self.ray_address = ray_address
+        self.stack = contextlib.ExitStack()
+        self.links: dict[str, InProcessLink | LocalSuperLink] = {}
+
+    def __enter__(self) -> Runtimes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def link(self, name: str) -> InProcessLink | LocalSuperLink:
+        if name not in self.links:
+            self.links[name] = self.stack.enter_context(
+                InProcessLink() if name == "inprocess" else LocalSuperLink(ray=self.ray_address))
+        return self.links[name]
+
+
+def _runtime(c: Cell, pre: Preflight) -> str | None:
+    """The runtime that serves the cell, or None with the cell marked invalid."""
+    try:
+        return choose(c.config, cuda=pre.cuda).name
+    except ConfigError as exc:
+        return _checked(c, exc)
 
 
 def _checked(c: Cell, pre: Preflight | Exception) -> Preflight | None:
@@ -121,9 +154,9 @@ def _record(c: Cell, res: RunOutcome) -> None:
         print(f"  cell {c.index} {res.status}: {res.error}")
 
 
-def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+def _run_separately(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Cell],
                     verbose: bool) -> None:
-    """The fallback: one simulation per cell, on the same SuperLink."""
+    """The fallback: one simulation per cell (Ray's on the same SuperLink)."""
     app = app_dir()
     for c in cells:
         print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
@@ -131,8 +164,9 @@ def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: lis
             pre = _checked(c, preflight_isolated(c.config))
         except (ConfigError, RuntimeError) as exc:
             pre = _checked(c, exc)
-        if pre is None:
+        if pre is None or (runtime := _runtime(c, pre)) is None:
             continue
+        link = runtimes.link(runtime)
         c.run_dir = out / "cells" / f"{c.index:02d}"
         c.run_dir.mkdir(parents=True)
         try:
@@ -149,13 +183,14 @@ def _run_separately(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: lis
         write_table(out, spec, cells)
 
 
-def engine_key(cfg: RunConfig) -> tuple[Any, ...]:
-    """What must be equal for cells to share one simulation: the clients' resources."""
+def engine_key(cfg: RunConfig, runtime: str) -> tuple[Any, ...]:
+    """What must be equal for cells to share one simulation: the runtime and the clients'
+    resources."""
     r = cfg.resources
-    return (r.client_cpus, r.client_gpus, r.device)
+    return (runtime, r.client_cpus, r.client_gpus, r.device)
 
 
-def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[Cell],
+def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Cell],
                   verbose: bool) -> None:
     """Every cell inside one simulation (one per distinct client resources): the
     ServerApp runs them in turn on the largest cell's federation."""
@@ -165,10 +200,11 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
              if (pre := _checked(c, raw)) is not None}
     groups: dict[tuple[Any, ...], list[Cell]] = {}
     for c in cells:
-        if c.index in ready:
-            groups.setdefault(engine_key(c.config), []).append(c)
+        if c.index in ready and (runtime := _runtime(c, ready[c.index])) is not None:
+            groups.setdefault(engine_key(c.config, runtime), []).append(c)
     app = app_dir()
-    for g, group in enumerate(groups.values(), 1):
+    for g, (key, group) in enumerate(groups.items(), 1):
+        link = runtimes.link(key[0])
         for c in group:
             c.run_dir = out / "cells" / f"{c.index:02d}"
             c.run_dir.mkdir(parents=True)
@@ -182,7 +218,8 @@ def _run_together(link: LocalSuperLink, out: Path, spec: SweepSpec, cells: list[
             indent=1))
         host = max(group, key=lambda c: c.config.federation.num_clients)
         cuda = any(ready[c.index].cuda for c in group)
-        print(f"\nstarting one simulation for {len(group)} run(s) on "
+        where = "in-process" if key[0] == "inprocess" else "on Flower's simulation runtime (Ray)"
+        print(f"\nrunning {len(group)} run(s) {where} on "
               f"{host.config.federation.num_clients} clients...", flush=True)
         log = LogFilter(out / "flwr.log", verbose, print)
         t0 = time.perf_counter()

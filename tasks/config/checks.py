@@ -34,6 +34,11 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     if ray and (not host or not port.isdigit() or not 0 < int(port) < 65536):
         errors.append(f"ray-address = {ray!r} is not HOST:PORT: give the Ray head's address "
                       "as `ray start --head --port 6379` prints it, e.g. 10.0.0.5:6379.")
+    if ray and cfg.resources.runtime == "inprocess":
+        errors.append(f"ray-address = {ray!r} with runtime = 'inprocess': the in-process "
+                      "runtime trains every client in fedpriv's own process and cannot use a "
+                      "Ray cluster. Set runtime = 'ray' (or 'auto') to run on the cluster, "
+                      "or leave ray-address empty to run in-process.")
     try:
         parse_hidden(cfg.training.mlp_hidden)
     except ValueError as exc:

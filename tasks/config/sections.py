@@ -18,6 +18,7 @@ from .study import AnonymizationConfig, EmbeddingsConfig, LeakageConfig
 DP_MODES = ("none", "local", "central")
 DP_TRAIN_DATA = ("released", "original")
 DEVICES = ("auto", "cpu", "cuda")
+RUNTIMES = ("auto", "inprocess", "ray")  # experiments.runtime.choice decides "auto"
 SECURE_AGGREGATION = ("off", "secagg+", "he")
 
 
@@ -253,6 +254,14 @@ class ResourcesConfig(Section):
                              "(ignored on CPU-only machines).", lo=0, hi=1)
     client_threads: int = key(1, "torch threads per client (more than client-cpus slows "
                               "training down).", lo=1)
+    runtime: str = key("auto", "Where the simulated clients run. inprocess: the ServerApp "
+                       "and every ClientApp in one process, one client after another, "
+                       "messages copied as a runtime would (no SuperLink, no Ray: seconds "
+                       "to start). ray: Flower's simulation runtime (a Ray actor per "
+                       "client-cpus, clients in parallel, GPU shares, ray-address "
+                       "clusters). auto: inprocess unless the run needs Ray (ray-address, "
+                       "or client-gpus below 1 on a CUDA machine). Both give the same "
+                       "results for the same seed.", choices=RUNTIMES)
     ray_address: str = key("", "Run the simulated clients on an existing Ray cluster: its "
                            "head's HOST:PORT (`ray start --head --port 6379`). Every node "
                            "needs this environment and the data. Empty: a private Ray on "

@@ -30,6 +30,7 @@ class RunInfo:
     parameters: int | None = None
     backbone: dict[str, Any] | None = None
     num_clients: int | None = None
+    runtime: str | None = None  # inprocess, ray or deployment (the last to carry the run)
     client_state: str | None = None  # where clients keep their state for a resume
     aggregation: dict[str, Any] | None = None  # the protocol, what the server can see
     cvae_phase: dict[str, Any] | None = None

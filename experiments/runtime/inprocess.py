@@ -1,0 +1,196 @@
+"""Flower's apps in one process: the real ServerApp and ClientApp, no SuperLink, no Ray.
+
+``python -m experiments.runtime.inprocess RUN.json NODES`` runs the ServerApp's main with
+an :class:`InProcessGrid` of ``NODES`` simulated nodes, each with its own persistent
+``Context`` (``node_config`` holding its partition, as in Flower's simulation). Every
+message is delivered as Flower's simulation runtime delivers it: given an id, copied
+(serialized and read back, so a client that changes what it received changes nothing
+else), answered by the ClientApp with its mods, the reply copied back; a ClientApp that
+raises gives an error reply (code 2, ``CLIENT_APP_RAISED_EXCEPTION``) and leaves the
+node's Context as it was, as Ray's backend does. Clients answer one after another, each
+with ``client-threads`` torch threads. What is skipped is only transport: Ray actors,
+the SuperLink's message store and its polling (``runtime = "ray"`` keeps them, for
+process isolation, GPU shares and Ray clusters).
+
+:class:`experiments.runtime.inprocess_link.InProcessLink` runs this child for the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from logging import ERROR
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.logger import log
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    recorddict_from_proto,
+    recorddict_to_proto,
+)
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
+RUN_ID = 1
+
+
+def _copy(content: RecordDict) -> RecordDict:
+    """What a runtime delivers: a serialized copy, sharing nothing with the sender's."""
+    return recorddict_from_proto(recorddict_to_proto(content))
+
+
+class InProcessGrid(Grid):
+    """Flower's Grid over nodes whose ClientApp answers in this process, in order.
+
+    ``node_config(i)`` adds to node i's ``node_config`` what a host's ``--node-config``
+    would (tests use it for hosts' own data paths); ``sent`` keeps each message as
+    delivered.
+    """
+
+    RUNTIME = "inprocess"
+
+    def __init__(self, client_app: ClientApp, run_config: Mapping[str, Any], num_nodes: int,
+                 *, node_ids: Iterable[int] | None = None, simulated: bool = True,
+                 node_config: Callable[[int], dict[str, Any]] | None = None) -> None:
+        self.client_app = client_app
+        # simulated nodes serve the partition the server pairs them with
+        # (server.discovery.simulated); otherwise each keeps its own node_config's
+        self.assigns_partitions = simulated
+        ids = list(node_ids) if node_ids is not None else [NODE_ID_BASE + i
+                                                            for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(run_id=RUN_ID, node_id=nid, state=RecordDict(),
+                         run_config=dict(run_config),
+                         node_config={"partition-id": pid, "num-partitions": num_nodes,
+                                      **(node_config(pid) if node_config else {})})
+            for pid, nid in enumerate(ids)}
+        self._run = Run.create_empty(RUN_ID)
+        self._replies: dict[str, Message] = {}
+        self.sent: list[Message] = []
+
+    @property
+    def partition_of(self) -> dict[int, int]:
+        return {nid: int(c.node_config["partition-id"]) for nid, c in self.contexts.items()}
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver each message and keep its reply until it is pulled."""
+        ids = []
+        for msg in messages:
+            reply = self.deliver(msg)
+            self._replies[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Every reply: the clients answer before this returns, so nothing times out."""
+        return self.pull_messages(list(self.push_messages(messages)))
+
+    def deliver(self, msg: Message) -> Message:
+        """One message to its node's ClientApp, as Flower's simulation worker does it."""
+        md = msg.metadata
+        md.__dict__["_message_id"] = str(uuid4())
+        md.__dict__["_run_id"] = self._run.run_id
+        md.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        node = md.dst_node_id
+        if node not in self.contexts:
+            reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
+                                  reason=f"no node {node} in this federation"), reply_to=msg)
+        else:
+            delivered = msg
+            delivered.content = _copy(msg.content)
+            self.sent.append(delivered)
+            # the node works on a copy of its Context, kept only if the ClientApp succeeds
+            context = context_from_proto(context_to_proto(self.contexts[node]))
+            try:
+                reply = self.client_app(delivered, context)
+                reply.content = _copy(reply.content) if not reply.has_error() else reply.content
+                self.contexts[node] = context
+            except Exception as exc:  # reported to the server as an error reply, as Flower
+                log(ERROR, exc)
+                log(ERROR, traceback.format_exc())
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        return reply
+
+
+def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
+    """Run the ServerApp's main on an in-process federation of ``num_nodes``."""
+    import clients.app as client_app
+    from server.app import app as server_app
+
+    client_app.serve_in_process()
+    # who is sending, as Flower's runtime tells a ServerApp process (flwr.supercore)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = (
+        RUN_ID, SUPERLINK_NODE_ID, 1)
+    grid = InProcessGrid(client_app.app, run_config, num_nodes)
+    context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
+                      state=RecordDict(), run_config=dict(run_config))
+    server_app(grid, context)
+
+
+def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
+    """The run folders this child writes: the run's, or every sweep cell's."""
+    cells = str(run_config.get("sweep-cells") or "")
+    if cells:
+        plan = json.loads(Path(cells).read_text())["cells"]
+        return [Path(str(c["config"]["run-dir"])) for c in plan]
+    return [Path(str(run_config["run-dir"]))] if run_config.get("run-dir") else []
+
+
+def main(argv: list[str]) -> int:
+    """The child's entry: the run config file, the node count and the parent's PID."""
+    from .keeper import mark_orphaned
+
+    sys.stdout.reconfigure(line_buffering=True)
+    run_config = json.loads(Path(argv[0]).read_text())
+    num_nodes, parent = int(argv[1]), int(argv[2])
+
+    def ended(signum: int, frame: object) -> None:
+        # SIGTERM: the parent stops us (it records the outcome) or died (the kernel's
+        # parent-death signal: nobody else will record it)
+        if os.getppid() != parent:
+            mark_orphaned(_run_folders(run_config), parent)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, ended)
+    try:
+        serve(run_config, num_nodes)
+    except Exception:  # the ServerApp recorded and printed it; the trace goes to the log
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

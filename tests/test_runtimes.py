@@ -1,0 +1,156 @@
+"""The runtimes: fedpriv's in-process one against Flower's simulation runtime (Ray).
+
+The in-process runtime must be a runtime, not a shortcut: the same ServerApp and
+ClientApp, messages copied, each node's Context kept across rounds (and left as it was
+when its ClientApp raises), and, for the same seed, the same ledger as Ray's, for every
+protocol. Runtimes that cannot serve a run are refused before any work.
+"""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from experiments.runtime.choice import choose
+from experiments.runtime.inprocess import InProcessGrid
+from tasks.config import ConfigError, validate
+from tasks.results.folder import read_run_info
+
+from .conftest import ledger_json, run_cli
+from .test_strategies import _task_identity  # noqa: F401  (fixture)
+
+
+def _counting_app() -> ClientApp:
+    """A ClientApp that counts its messages in Context.state, scribbles on what it got,
+    and raises when asked to."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        seen = int(context.state.config_records.get("n", ConfigRecord({"n": 0}))["n"]) + 1
+        context.state.config_records["n"] = ConfigRecord({"n": seen})
+        msg.content.config_records["config"]["scribbled"] = True
+        if msg.content.config_records["config"].get("fail"):
+            raise RuntimeError("asked to fail")
+        return Message(RecordDict({"metrics": ConfigRecord({"seen": seen})}), reply_to=msg)
+
+    return app
+
+
+def _send(grid: InProcessGrid, node: int, **config) -> tuple[Message, Message]:
+    sent = Message(RecordDict({"config": ConfigRecord(dict(config))}), dst_node_id=node,
+                   message_type="train")
+    (reply,) = grid.send_and_receive([sent])
+    return sent, reply
+
+
+def test_inprocess_messages_are_copied_and_state_persists(_task_identity):  # noqa: F811
+    grid = InProcessGrid(_counting_app(), {}, 2)
+    node = next(iter(grid.get_node_ids()))
+    content = RecordDict({"config": ConfigRecord({"x": 1})})
+    kept = content.config_records["config"]
+    msg = Message(content, dst_node_id=node, message_type="train")
+    (first,) = grid.send_and_receive([msg])
+    assert "scribbled" not in kept  # the client changed its copy, not the server's record
+    assert first.metadata.src_node_id == node and first.metadata.reply_to_message_id
+    _, second = _send(grid, node)
+    assert second.content.config_records["metrics"]["seen"] == 2  # Context.state kept
+    other = list(grid.get_node_ids())[1]
+    assert _send(grid, other)[1].content.config_records["metrics"]["seen"] == 1  # per node
+
+
+def test_a_raising_clientapp_gives_an_error_reply_and_keeps_its_old_context(
+        _task_identity):  # noqa: F811
+    grid = InProcessGrid(_counting_app(), {}, 1)
+    node = next(iter(grid.get_node_ids()))
+    _send(grid, node)
+    _, failed = _send(grid, node, fail=True)
+    assert failed.has_error() and failed.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "asked to fail" in failed.error.reason
+    # the failed message's count was not kept, as Ray's backend drops a failed Context
+    assert _send(grid, node)[1].content.config_records["metrics"]["seen"] == 2
+
+
+def test_a_message_to_an_unknown_node_is_answered_unavailable(_task_identity):  # noqa: F811
+    grid = InProcessGrid(_counting_app(), {}, 1)
+    _, reply = _send(grid, 999)
+    assert reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE
+
+
+@pytest.mark.parametrize("values, cuda, supernodes, fragment", [
+    ({"runtime": "inprocess"}, False, True, "Drop --supernodes"),
+    ({"runtime": "inprocess", "device": "auto", "client-gpus": 0.25}, True, False,
+     "Set client-gpus = 1"),
+])
+def test_a_runtime_that_cannot_serve_the_run_is_refused(values, cuda, supernodes, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        choose(validate(values), cuda=cuda, supernodes=supernodes)
+
+
+def test_a_ray_cluster_with_the_inprocess_runtime_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match="runtime = 'ray'"):
+        validate({"runtime": "inprocess", "ray-address": "10.0.0.5:6379"})
+
+
+@pytest.mark.parametrize("values, cuda, expected", [
+    ({}, False, "inprocess"),
+    ({}, True, "ray"),  # clients share the GPU (client-gpus 0.25 by default)
+    ({"client-gpus": 1.0}, True, "inprocess"),
+    ({"device": "cpu"}, True, "inprocess"),
+    ({"ray-address": "10.0.0.5:6379"}, False, "ray"),
+    ({"runtime": "ray"}, False, "ray"),
+    ({"runtime": "inprocess", "client-gpus": 1.0}, True, "inprocess"),
+])
+def test_auto_picks_inprocess_unless_the_run_needs_ray(values, cuda, expected):
+    assert choose(validate(values), cuda=cuda).name == expected
+    if values.get("runtime") != "inprocess":
+        assert choose(validate(values), cuda=cuda, supernodes=True).name == "deployment"
+
+
+def _ledger_view(run):
+    return [(r["round"], r["test"], r["sampled"], r.get("privacy"),
+             r["train"].get("loss")) for r in ledger_json(run)]
+
+
+@pytest.mark.slow
+def test_every_protocol_gives_the_same_ledger_in_process_and_on_ray(tmp_path):
+    """One sweep (plain, local DP, central DP, SecAgg+, HE) run in-process and on Flower's
+    simulation runtime: every cell's ledger (test metrics, sampled clients, epsilons,
+    training loss) is the same, to the last digit."""
+    sweep = tmp_path / "runtimes.toml"
+    sweep.write_text("""
+name = "runtimes"
+[fixed]
+num-clients = 3
+num-server-rounds = 2
+save-model = false
+batch-size = 64
+[[cells]]
+dp = "none"
+[[cells]]
+dp = "local"
+noise-multiplier = 1.0
+[[cells]]
+dp = "central"
+noise-multiplier = 0.01
+[[cells]]
+secure-aggregation = "secagg+"
+[[cells]]
+secure-aggregation = "he"
+""")
+    folders = {}
+    for runtime in ("inprocess", "ray"):
+        results = tmp_path / runtime
+        res = run_cli("sweep", str(sweep), "--set", f"runtime={runtime}",
+                      "--set", f"results-dir={results}", cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        (folders[runtime],) = (results / "sweeps").iterdir()
+        where = "in-process" if runtime == "inprocess" else "on Flower's simulation runtime (Ray)"
+        assert res.stdout.count(f"run(s) {where}") == 1, res.stdout
+    for n in range(1, 6):
+        a, b = (folders[r] / "cells" / f"{n:02d}" for r in ("inprocess", "ray"))
+        assert read_run_info(a)["runtime"] == "inprocess" and read_run_info(b)["runtime"] == "ray"
+        assert _ledger_view(a) == _ledger_view(b), n
+        assert len(ledger_json(a)) == 2
