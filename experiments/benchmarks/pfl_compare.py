@@ -6,11 +6,13 @@ of its own (created on first use under ``--venv``, ``pip install pfl==0.6.0``); 
 dp-accounting wins and torch and fedpriv's model code are shared. Both train the main
 job's shape (10 clients x 400 embedded-MNIST images, everyone each round, 1 local epoch,
 batch 32, the small CNN) on the same client tensors, on the CPU; pfl runs in one process
-(``SimulatedBackend``), fedpriv through Flower's simulation. Reported, in one sitting:
-the whole run, the steady round, and a sweep of 8 runs (4 learning rates x 2 seeds; for
-fedpriv one ``fedpriv sweep`` in one simulation, for pfl the 8 runs in one process).
+(``SimulatedBackend``), fedpriv in its in-process runtime and on Flower's simulation
+runtime (Ray), and the plain single-process PyTorch loop (:mod:`plain_fedavg`) beside
+them. Each sitting runs every system in turn; reported are medians over ``--repeat``
+sittings of the whole run, the steady round and a sweep of 8 runs (4 learning rates x 2
+seeds; for fedpriv one ``fedpriv sweep``, for pfl the 8 runs in one process).
 
-    python -m experiments.benchmarks.pfl_compare [--venv ~/.cache/fedpriv/pfl-venv]
+    python -m experiments.benchmarks.pfl_compare [--repeat 3] [--venv DIR]
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks.fedavg_overhead import bench_fedpriv, print_table
+from experiments.benchmarks.fedavg_overhead import bench_fedpriv, bench_plain, print_table
 from experiments.benchmarks.sweep_overhead import LRS, SEEDS, sweep_file, timed
 from experiments.configs import resolve
 from tasks.splits import client_split, heldout_split
@@ -83,10 +86,40 @@ def bench_pfl(python: Path, spec: dict, runs: list[dict]) -> tuple[float, list[d
     return time.perf_counter() - t0, lines
 
 
+def _runs(python: Path, spec: dict, folder: Path, cfg: Any, rep: int) -> dict[str, dict]:
+    """One sitting of every system, in turn: whole runs and sweeps."""
+    out: dict[str, dict] = {}
+    print(f"[{rep}] pfl, one run ...", flush=True)
+    total, (run,) = bench_pfl(python, spec, [{"lr": cfg.training.lr, "seed": cfg.training.seed}])
+    out["pfl"] = {"total-s": total, "rounds-s": run["rounds-s"], "accuracy": run["accuracy"]}
+    for runtime in RUNTIMES:
+        print(f"[{rep}] fedpriv ({runtime}), one run ...", flush=True)
+        out[runtime] = bench_fedpriv([a for s in [*SETS, f"runtime={runtime}"]
+                                      for a in ("--set", s)], folder / f"fp-{runtime}-{rep}")
+    print(f"[{rep}] plain PyTorch loop, one run ...", flush=True)
+    out["plain"] = bench_plain([a for s in SETS for a in ("--set", s)])
+    print(f"[{rep}] pfl, sweep of {len(LRS) * len(SEEDS)} runs in one process ...", flush=True)
+    out["pfl"]["sweep-s"] = bench_pfl(python, spec, [{"lr": lr, "seed": s} for lr in LRS
+                                                     for s in SEEDS])[0]
+    for runtime in RUNTIMES:
+        print(f"[{rep}] fedpriv sweep ({runtime}), {len(LRS) * len(SEEDS)} runs ...", flush=True)
+        out[runtime]["sweep-s"] = timed([sys.executable, "-m", "experiments.cli", "sweep",
+                                         str(sweep_file(folder)), "--set",
+                                         f"runtime={runtime}"])
+    return out
+
+
+RUNTIMES = ("inprocess", "ray")
+NAMES = {"inprocess": "fedpriv in-process", "ray": "fedpriv on Ray", "pfl": "pfl 0.6",
+         "plain": "plain loop"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path,
                         default=Path("~/.cache/fedpriv/pfl-venv").expanduser())
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="sittings, each running every system in turn (medians reported)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     python = ensure_venv(args.venv)
@@ -94,34 +127,33 @@ def main() -> None:
         folder = Path(tmp)
         spec = write_data(folder / "data.npz")
         cfg = resolve(None, SETS)
-        print("pfl, one run ...", flush=True)
-        pfl_total, (pfl_run,) = bench_pfl(python, spec, [{"lr": cfg.training.lr,
-                                                          "seed": cfg.training.seed}])
-        print("fedpriv, one run ...", flush=True)
-        fp = bench_fedpriv([a for s in SETS for a in ("--set", s)], folder / "fp")
-        print(f"pfl, sweep of {len(LRS) * len(SEEDS)} runs in one process ...", flush=True)
-        pfl_sweep, _ = bench_pfl(python, spec, [{"lr": lr, "seed": s} for lr in LRS
-                                                for s in SEEDS])
-        print(f"fedpriv sweep, {len(LRS) * len(SEEDS)} runs in one simulation ...", flush=True)
-        fp_sweep = timed([sys.executable, "-m", "experiments.cli", "sweep",
-                          str(sweep_file(folder))])
-    pfl_steady = statistics.median(pfl_run["rounds-s"][1:])
-    fp_steady = statistics.median(fp["rounds-s"][1:])
-    rows = [("", "fedpriv", "pfl 0.6", "fedpriv / pfl"),
-            ("whole run (s)", f"{fp['total-s']:.1f}", f"{pfl_total:.1f}",
-             f"{fp['total-s'] / pfl_total:.2f}x"),
-            ("steady round, median (s)", f"{fp_steady:.3f}", f"{pfl_steady:.3f}",
-             f"{fp_steady / pfl_steady:.2f}x"),
-            (f"sweep of {len(LRS) * len(SEEDS)} runs (s)", f"{fp_sweep:.1f}", f"{pfl_sweep:.1f}",
-             f"{fp_sweep / pfl_sweep:.2f}x"),
-            ("final test accuracy", f"{fp['accuracy'][-1]:.4f}",
-             f"{pfl_run['accuracy'][-1]:.4f}" if pfl_run["accuracy"] else "?", "")]
+        sittings = [_runs(python, spec, folder, cfg, rep) for rep in range(1, args.repeat + 1)]
+
+    def med(system: str, what: str) -> float:
+        values = []
+        for s in sittings:
+            r = s[system]
+            values.append(statistics.median(r["rounds-s"][1:]) if what == "steady"
+                          else r.get(what, float("nan")))
+        return statistics.median(values)
+
+    systems = ["inprocess", "ray", "pfl", "plain"]
+    rows = [("", *(NAMES[s] for s in systems), "in-process / pfl")]
+    for label, what, fmt in (("whole run (s)", "total-s", "{:.1f}"),
+                             ("steady round (s)", "steady", "{:.3f}"),
+                             (f"sweep of {len(LRS) * len(SEEDS)} runs (s)", "sweep-s", "{:.1f}")):
+        rows.append((label, *(fmt.format(med(s, what)) if what != "sweep-s" or s != "plain"
+                              else "-" for s in systems),
+                     f"{med('inprocess', what) / med('pfl', what):.2f}x"))
+    rows.append(("peak PSS, process tree (GiB)",
+                 *(f"{statistics.median(x[s]['peak-pss'] for x in sittings) / 2**30:.2f}"
+                   if s in ("inprocess", "ray", "plain") else "-" for s in systems), ""))
+    rows.append(("final test accuracy", *(f"{sittings[0][s]['accuracy'][-1]:.4f}"
+                                          for s in systems), ""))
+    print(f"\nmedians of {args.repeat} sitting(s), systems alternating within each")
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps({"fedpriv": fp, "pfl": pfl_run, "pfl-total-s": pfl_total,
-                                         "pfl-sweep-s": pfl_sweep, "fedpriv-sweep-s": fp_sweep},
-                                        indent=2, default=str))
-
+        args.json.write_text(json.dumps(sittings, indent=2, default=str))
 
 if __name__ == "__main__":
     main()
