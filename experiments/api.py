@@ -9,8 +9,9 @@ starts; progress lines go to ``echo`` (``print``, so they show in a notebook).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,19 +149,36 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
     given = given_run_dir(cfg.results)  # an existing run is refused before any work
-    pre = _checked(cfg, echo)
-    choose(cfg, cuda=pre.cuda, supernodes=supernodes)  # a runtime that cannot serve it
-    if given is not None:
-        given.mkdir(parents=True, exist_ok=True)
-    run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
-    return _launch(cfg, run_dir, pre, supernodes, verbose, echo)
+    with _warm(cfg, supernodes) as warm:
+        pre = _checked(cfg, echo)
+        choose(cfg, cuda=pre.cuda, supernodes=supernodes)  # a runtime that cannot serve it
+        if given is not None:
+            given.mkdir(parents=True, exist_ok=True)
+        run_dir = given or new_run_dir(cfg.results.results_dir, name or default_run_name(cfg))
+        return _launch(cfg, run_dir, pre, supernodes, verbose, echo, warm)
+
+
+@contextlib.contextmanager
+def _warm(cfg: RunConfig, supernodes: bool) -> Iterator[InProcessLink]:
+    """The in-process runtime's child, started now if the run will likely need it: it
+    imports torch and the apps while the pre-flight check runs (stopped unused if the
+    check refuses the run or the run goes to Ray)."""
+    try:
+        likely = not supernodes and choose(cfg, cuda=False).name == "inprocess"
+    except ConfigError:
+        likely = False
+    with InProcessLink() as link:
+        if likely:
+            link.start()
+        yield link
 
 
 def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo = print) -> Result:
     """Continue a crashed, interrupted or failed run from its last checkpointed round, in
     its own folder, with its own config (:mod:`server.checkpoint`)."""
     path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo, simulated=True)
-    return _launch(cfg, path, pre, False, verbose, echo)
+    with InProcessLink() as link:
+        return _launch(cfg, path, pre, False, verbose, echo, link)
 
 
 def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = False
@@ -191,12 +209,12 @@ MAX_RESTARTS = 3  # simulation restarts after dead Ray workers, per run
 
 
 def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
-            echo: Echo) -> Result:
+            echo: Echo, inprocess: InProcessLink) -> Result:
     """Run ``cfg`` into ``run_dir``; when a simulated client's Ray worker dies
     (:class:`strategies.rounds.WorkerLost`), restart the simulation from the last
     checkpoint, up to :data:`MAX_RESTARTS` times."""
     for attempt in range(MAX_RESTARTS + 1):
-        outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo)
+        outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo, inprocess)
         lost = outcome.status == "failed" and "WorkerLost" in (outcome.error or "")
         if not lost or attempt == MAX_RESTARTS or not (
                 run_dir / CHECKPOINT / SERVER_FILE).is_file():
@@ -212,16 +230,15 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
 
 
 def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
-          echo: Echo) -> RunOutcome:
+          echo: Echo, inprocess: InProcessLink) -> RunOutcome:
     fed = cfg.federation
     runtime = choose(cfg, cuda=pre.cuda, supernodes=supernodes)
     if runtime.name == "inprocess":
         echo(f"in-process runtime ({runtime.why}): the ServerApp and {fed.num_clients} "
              "ClientApps in one process, no SuperLink or Ray (runtime = 'ray' for Flower's "
              "simulation runtime)")
-        with InProcessLink() as link:
-            return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
-                           echo=echo, label_counts=pre.label_counts)
+        return execute(inprocess, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
+                       echo=echo, label_counts=pre.label_counts)
     nodes = fed.num_clients if supernodes else 0
     name = (f"deployment runtime, {nodes} real SuperNodes on loopback" if nodes
             else f"simulation runtime, Ray backend; {runtime.why}")

@@ -1,7 +1,8 @@
 """Flower's apps in one process: the real ServerApp and ClientApp, no SuperLink, no Ray.
 
-``python -m experiments.runtime.inprocess RUN.json NODES`` runs the ServerApp's main with
-an :class:`InProcessGrid` of ``NODES`` simulated nodes, each with its own persistent
+``python -m experiments.runtime.inprocess PARENT_PID`` imports what a run needs, then
+reads the run from stdin and runs the ServerApp's main with an :class:`InProcessGrid` of
+its simulated nodes, each with its own persistent
 ``Context`` (``node_config`` holding its partition, as in Flower's simulation). Every
 message is delivered as Flower's simulation runtime delivers it: given an id, copied
 (serialized and read back, so a client that changes what it received changes nothing
@@ -44,6 +45,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
 RUN_ID = 1
+PARENT_DIED = signal.SIGUSR1  # the parent-death signal the link asks the kernel for
 
 
 def _copy(content: RecordDict) -> RecordDict:
@@ -169,28 +171,44 @@ def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    """The child's entry: the run config file, the node count and the parent's PID."""
+    """The child's entry (``PARENT_PID``): import what a run needs, then read the run
+    (``{"run-config": FILE, "nodes": N}``) from stdin and serve it; exit at once on EOF."""
     from .keeper import mark_orphaned
 
-    sys.stdout.reconfigure(line_buffering=True)
-    run_config = json.loads(Path(argv[0]).read_text())
-    num_nodes, parent = int(argv[1]), int(argv[2])
+    parent = int(argv[0])
+    run_config: dict[str, Any] = {}
 
-    def ended(signum: int, frame: object) -> None:
-        # SIGTERM: the parent stops us (it records the outcome) or died (the kernel's
-        # parent-death signal: nobody else will record it)
-        if os.getppid() != parent:
-            mark_orphaned(_run_folders(run_config), parent)
+    def stopped(signum: int, frame: object) -> None:  # the parent stops us: it records
         os._exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, ended)
+    def orphaned(signum: int, frame: object) -> None:  # the parent died (the kernel says
+        if run_config:  # so with PARENT_DIED): nobody else will record our runs
+            mark_orphaned(_run_folders(run_config), parent)
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(PARENT_DIED, orphaned)
+    warm_up()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    request = json.loads(line)
+    run_config.update(json.loads(Path(request["run-config"]).read_text()))
     try:
-        serve(run_config, num_nodes)
+        serve(run_config, int(request["nodes"]))
     except Exception:  # the ServerApp recorded and printed it; the trace goes to the log
         traceback.print_exc()
         return 1
     return 0
 
+
+def warm_up() -> None:
+    """Import what every run needs before it is asked for: the apps (torch, Flower) and
+    what torch imports on the first optimizer (torch._dynamo, about 2 s)."""
+    import torch._dynamo  # noqa: F401  (lazy in torch: the first Optimizer imports it)
+
+    import clients.app  # noqa: F401
+    import server.app  # noqa: F401
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -9,9 +9,12 @@ torch import here: the CLI stays light.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,13 +30,19 @@ from .superlink import HOME_PREFIX, OWNER_FILE, remove_stale_homes
 
 class InProcessLink:
     """The in-process runtime as :func:`experiments.runtime.runner.execute` drives a
-    SuperLink: ``submit`` runs one ServerApp (a run, or a sweep's cells) in a child."""
+    SuperLink: ``submit`` runs one ServerApp (a run, or a sweep's cells) in a child.
+
+    :meth:`start` starts the child ahead of its run: it imports torch, Flower and the apps
+    while the CLI runs the pre-flight check (two cores at work instead of one), then
+    waits on its stdin for the run. A child never given a run exits when its stdin closes.
+    """
 
     port: int | None = None
 
     def __init__(self) -> None:
         self.started_s = 0.0
         self.home: Path | None = None
+        self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
 
     def __enter__(self) -> InProcessLink:
@@ -45,8 +54,33 @@ class InProcessLink:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop()
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
+
+    def start(self) -> InProcessLink:
+        """Start the child (if it is not waiting already); it waits for :meth:`submit`."""
+        if self.proc is None:
+            t0 = time.perf_counter()
+            self.proc = procs.start_child(
+                [sys.executable, "-m", "experiments.runtime.inprocess", str(os.getpid())],
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.PIPE,
+                death_signal=signal.SIGUSR1)  # inprocess.PARENT_DIED (no torch import here)
+            self.started_s = time.perf_counter() - t0
+        return self
+
+    def _stop(self) -> None:
+        """Stop a child that is still there, by PID (one never given a run, or ours on
+        Ctrl-C)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if proc.poll() is None:
+            procs.stop_group(proc.pid, grace=2.0)
+            procs.stop_tree(proc, grace=2.0)
 
     def watch_run(self, run_dir: Path) -> None:
         """Nothing to do: the child records its own runs as crashed if we die."""
@@ -61,11 +95,18 @@ class InProcessLink:
                federation: Mapping[str, Any], on_line: Callable[[str], None]) -> int:
         """Run the ServerApp on ``federation["num-supernodes"]`` in-process nodes."""
         assert self.home is not None
-        t0 = time.perf_counter()
-        spec = self.home / f"run-{int(t0 * 1e6)}.json"
+        proc = self.start().proc
+        assert proc is not None and proc.stdin is not None
+        spec = self.home / f"run-{proc.pid}.json"
         spec.write_text(json.dumps(dict(run_config)))
-        cmd = [sys.executable, "-m", "experiments.runtime.inprocess", str(spec),
-               str(int(federation["num-supernodes"])), str(os.getpid())]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.returncode = procs.stream_child(cmd, on_line, env=env)
+        try:
+            proc.stdin.write(json.dumps({"run-config": str(spec),
+                                         "nodes": int(federation["num-supernodes"])}) + "\n")
+            proc.stdin.close()
+        except OSError:  # it is gone already: its exit code (and output) say why
+            pass
+        try:
+            self.returncode = procs.stream(proc, on_line)
+        finally:
+            self.proc = None if proc.poll() is not None else proc
         return self.returncode

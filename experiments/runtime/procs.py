@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import queue
 import signal
@@ -100,12 +101,12 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     return predicate()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when its parent dies (even by
-    SIGKILL), so a child fedpriv started never outlives it."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In the child, before exec: ask Linux to send it ``sig`` (SIGTERM) when its parent
+    dies (even by SIGKILL), so a child fedpriv started never outlives it."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's cleanup still applies
         pass
 
@@ -130,14 +131,28 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def start_child(cmd: list[str], env: dict[str, str] | None = None,
+                stdin: int = subprocess.DEVNULL,
+                death_signal: int = signal.SIGTERM) -> subprocess.Popen:
+    """Start ``cmd`` in a session of its own (a Ctrl-C on the terminal is ours), with the
+    parent-death signal (the kernel sends ``death_signal`` if we are killed: a child that
+    must tell that from our own SIGTERM asks for another one), its output piped."""
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=stdin, text=True, bufsize=1, errors="replace",
+                            preexec_fn=functools.partial(_die_with_parent, death_signal),
+                            start_new_session=True)
+
+
 def stream_child(cmd: list[str], on_line: Callable[[str], None],
                  env: dict[str, str] | None = None) -> int:
     """Run ``cmd``, passing each output line on; stop it (by PID) if we are interrupted,
     and have the kernel stop it if we are killed. When it exits, whatever it started and
     left running (holding its output open) is stopped too. Returns its exit code."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, bufsize=1, errors="replace",
-                            preexec_fn=_die_with_parent, start_new_session=True)
+    return stream(start_child(cmd, env), on_line)
+
+
+def stream(proc: subprocess.Popen, on_line: Callable[[str], None]) -> int:
+    """Pass ``proc``'s output lines on until it ends (see :func:`stream_child`)."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
