@@ -255,4 +255,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from experiments.runtime.procs import exit_now
+
     main()
+    exit_now(0)

@@ -211,4 +211,6 @@ def warm_up() -> None:
     import server.app  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .procs import exit_now
+
+    exit_now(main(sys.argv[1:]))

@@ -264,3 +264,15 @@ class Foreground:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exit_now(code: int) -> None:
+    """End a child process that has written everything: flush, then skip the interpreter's
+    teardown (about 1.8 s with torch and the apps imported, for nothing)."""
+    import logging
+
+    for stream_ in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream_.flush()
+    logging.shutdown()
+    os._exit(code)
