@@ -80,13 +80,17 @@ class PollClock(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
 
+    def wait(self, seconds: float, now: float) -> float:
+        """How long to sleep when Flower's loop asks for ``seconds`` at ``now``."""
+        if seconds == IDLE_SLEEP and now - self.last_message < self.idle_after:
+            return self.poll
+        if seconds == REPLY_SLEEP:
+            return min(seconds, self.reply_poll)
+        return seconds
+
     def sleep(self, seconds: float) -> None:
         """Flower's two fixed waits, shortened; any other sleep as asked."""
-        if seconds == IDLE_SLEEP and time.monotonic() - self.last_message < self.idle_after:
-            seconds = self.poll
-        elif seconds == REPLY_SLEEP:
-            seconds = min(seconds, self.reply_poll)
-        time.sleep(seconds)
+        time.sleep(self.wait(seconds, time.monotonic()))
 
     def watch(self, pull: Callable[..., Any]) -> Callable[..., Any]:
         """``_pull_and_store_message``, noting when a message came (a run id back)."""

@@ -70,21 +70,28 @@ class WorkerKeeper:
                                         name="fedpriv-clientapp-worker")
 
     def start(self) -> None:
+        """Start the worker now (from the calling thread), and watch it from a thread."""
+        self._spawn()
         self._thread.start()
 
+    def _spawn(self) -> None:
+        self.starts += 1
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
+
     def _run(self) -> None:
-        # This thread lives as long as the process: the parent-death signal, bound to the
-        # thread that started the child, fires only when the SuperNode process ends.
-        while not self.stopping.is_set():
-            self.starts += 1
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+        # The parent-death signal is bound to the thread that started the child: the main
+        # thread, and for a restarted worker this daemon thread, which lives as long as the
+        # process; both end only when the SuperNode process does.
+        while self.proc is not None:
             code = self.proc.wait()
             if self.stopping.is_set() or code in (-signal.SIGTERM, -signal.SIGINT):
                 return  # stopped from outside: this SuperNode is going too
             print(f"[fedpriv warm node] the ClientApp worker (pid {self.proc.pid}) exited "
                   f"with code {code}; starting another", file=sys.stderr, flush=True)
-            self.stopping.wait(1.0)
+            if self.stopping.wait(1.0):
+                return
+            self._spawn()
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop the worker (SIGTERM, then SIGKILL after ``grace``), by its PID."""
