@@ -113,7 +113,8 @@ def _run_watched(results: Path, mode: str) -> tuple[list[dict], dict[tuple[int, 
                 return
             for p in below:
                 try:
-                    seen.setdefault((p.pid, p.create_time()), " ".join(p.cmdline()))
+                    # the latest: a child seen between fork and exec has its parent's
+                    seen[(p.pid, p.create_time())] = " ".join(p.cmdline())
                 except psutil.Error:
                     continue
             threading.Event().wait(0.1)
