@@ -37,7 +37,7 @@ from typing import Any
 # packages: the app's own modules must come from the run's FAB.
 PRELOAD = ("numpy", "torch", "torchvision", "opacus", "flwr.app", "flwr.clientapp",
            "flwr.client.mod", "flwr.common", "flwr.compat.common.recorddict_compat")
-SERVED = "[fedpriv clientapp-worker] served task"  # logged once per message (tests count it)
+SERVED = "[fedpriv clientapp-worker] served task"  # logged once per message
 READY = "[fedpriv clientapp-worker] ready"
 PULL_BACKOFF = 0.02  # s before asking again for a message object not yet there (Flower: 1)
 PULL_BACKOFF_CAP = 0.5
