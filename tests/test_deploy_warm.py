@@ -113,8 +113,11 @@ def _run_watched(results: Path, mode: str) -> tuple[list[dict], dict[tuple[int, 
                 return
             for p in below:
                 try:
-                    # the latest: a child seen between fork and exec has its parent's
-                    seen[(p.pid, p.create_time())] = " ".join(p.cmdline())
+                    # the latest that is not empty: a child seen between fork and exec
+                    # has its parent's, a zombie none
+                    line = " ".join(p.cmdline())
+                    if line:
+                        seen[(p.pid, p.create_time())] = line
                 except psutil.Error:
                     continue
             threading.Event().wait(0.1)
