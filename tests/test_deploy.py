@@ -190,9 +190,11 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
             lines.append(line)
             if line.strip().startswith("1 |"):
                 break
-        # round 2 has begun: SuperNode 2's Flower process dies without a goodbye
+        # round 2 has begun: SuperNode 2's Flower process dies without a goodbye (its
+        # ClientApp worker gets the parent-death signal)
         node2 = [p for p in psutil.Process(started[3].pid).children(recursive=True)
-                 if "flower-supernode" in " ".join(_cmdline(p))]
+                 if {"flower-supernode", "experiments.deploy.warm_node"} & set(_cmdline(p))
+                 or any(a.endswith("/flower-supernode") for a in _cmdline(p))]
         assert node2
         os.kill(node2[0].pid, signal.SIGKILL)
         lines += job.communicate(timeout=600)[0]
@@ -290,8 +292,9 @@ def test_kill_9_of_fedpriv_deploy_leaves_no_flower_process(tmp_path):
                     marker=marker, log=tmp_path / "supernode.log")
     _wait_for(tmp_path / "supernode.log", "Starting Flower SuperNode")
     flower = [p for p in _processes_with(marker) if p not in (link.pid, node.pid)]
-    # at least flower-superlink, flower-superexec, the gateway and flower-supernode
-    assert len(flower) >= 4, flower
+    # at least flower-superlink, flower-superexec, the gateway, the SuperNode and its
+    # ClientApp worker
+    assert len(flower) >= 5, flower  # the worker starts before Flower's first line
     for proc in (node, link):
         proc.kill()
         proc.wait(timeout=30)

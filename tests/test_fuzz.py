@@ -251,6 +251,8 @@ def test_damaged_deploy_files_and_flags_are_refused_in_one_paragraph(capsys, gua
             (["--insecure", "--state-dir", str(afile)], "is a file"),
             (["--insecure", "--rejoin-wait", "-1"], "--rejoin-wait -1"),
             (["--insecure", "--rejoin-wait", "nan"], "--rejoin-wait nan"),
+            (["--insecure", "--poll", "0"], "--poll 0.0"),
+            (["--insecure", "--poll", "inf"], "--poll inf"),
             (["--insecure", "--data-path", str(tmp_path / "empty.npz")], "N examples"),
             (["--insecure", "--data-path", str(tmp_path / "mismatch.npz")], "N examples"),
             (["--insecure", "--data-path", str(tmp_path / "labels.npz")], "class indices"),

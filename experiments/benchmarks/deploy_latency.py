@@ -1,18 +1,20 @@
 """Benchmark: per-round time on real SuperNodes (Flower's deployment runtime, loopback)
-against the simulation of the same workload, and what fedpriv's polling settings change.
+against the simulation of the same workload: warm SuperNodes against Flower's stock ones.
 
 Runs the same config (default: 3 clients, 4 rounds, embedded MNIST, small CNN) as
 
 1. a simulation (``fedpriv run``),
-2. real SuperNodes with Flower's own polls (3 s reply poll, 1 s SuperExec poll),
-3. real SuperNodes with fedpriv's 0.2 s reply poll (its default),
-4. the same with a 0.1 s SuperExec poll (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``),
+2. real SuperNodes as Flower ships them (``FEDPRIV_CLIENTAPPS=per-message``): a new
+   ``flwr-clientapp`` process per message, the SuperNode's 3 s idle poll,
+3. warm SuperNodes (fedpriv's default, :mod:`experiments.deploy.warm_node`): one
+   long-running ClientApp worker per node, 0.1 s SuperNode polls,
 
-and prints the steady round time (rounds 2..R), the training time the clients reported,
-and the rest (Flower's transport: polls, a new ClientApp process per message).
+``--repeat`` times, alternating, and prints per case the medians of the steady round time
+(rounds 2..R), the training time the clients reported, and the rest (transport: polls,
+process starts), with each sitting's steady rounds.
 
     python -m experiments.benchmarks.deploy_latency
-    python -m experiments.benchmarks.deploy_latency --rounds 6 --clients 4
+    python -m experiments.benchmarks.deploy_latency --repeat 3 --rounds 6
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from pathlib import Path
 from tasks.results.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
-SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # Flower's SuperExec poll, 1 s by default
+
+
+CLIENTAPPS = "FEDPRIV_CLIENTAPPS"  # experiments.runtime.superlink: warm | per-message
 
 
 def _run(results: Path, sets: list[str], supernodes: bool,
@@ -49,39 +53,47 @@ def _run(results: Path, sets: list[str], supernodes: bool,
     return wall, read_ledger(run)
 
 
-def _row(name: str, wall: float, ledger: list) -> str:
+def _measure(wall: float, ledger: list) -> tuple[float, float, float, float]:
+    """(total s, steady round s, slowest client's training s, final accuracy)."""
     steady = [r.time["round-s"] for r in ledger[1:]] or [ledger[0].time["round-s"]]
     train = [max((c.get("train-time-s", 0.0) for c in r.clients), default=0.0)
              for r in ledger[1:]] or [0.0]
-    round_s, train_s = statistics.mean(steady), statistics.mean(train)
-    return (f"| {name} | {wall:.1f} | {round_s:.2f} | {train_s:.2f} | {round_s - train_s:.2f} "
-            f"| {ledger[-1].accuracy:.4f} |")
+    return wall, statistics.mean(steady), statistics.mean(train), ledger[-1].accuracy
+
+
+CASES = [("simulation (Ray)", False, {}),
+         ("SuperNodes, Flower's stock (a flwr-clientapp per message, 3 s idle poll)", True,
+          {CLIENTAPPS: "per-message"}),
+         ("SuperNodes, warm (one ClientApp worker per node, 0.1 s polls)", True,
+          {CLIENTAPPS: "warm"})]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="sittings, cases alternating")
     args = ap.parse_args(argv)
     base = [f"num-clients={args.clients}", f"num-server-rounds={args.rounds}",
             "local-epochs=1"]
-    rows = []
+    got: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, *_ in CASES}
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("simulation (Ray)", False, [], {}),
-                 ("SuperNodes, Flower's polls (reply 3 s, SuperExec 1 s)", True,
-                  ["reply-poll-interval=3"], {}),
-                 ("SuperNodes, fedpriv's defaults (reply 0.2 s, SuperExec 1 s)", True, [], {}),
-                 ("SuperNodes, reply 0.2 s, SuperExec 0.1 s", True, [],
-                  {SUPEREXEC_POLL: "0.1"})]
-        for i, (name, nodes, extra, env) in enumerate(cases):
-            print(f"running: {name}...", flush=True)
-            wall, ledger = _run(Path(tmp) / str(i), base + extra, nodes, env)
-            rows.append(_row(name, wall, ledger))
-    print(f"\n{args.clients} clients, {args.rounds} rounds, embedded MNIST, small CNN "
-          "(steady = rounds 2..R; transport = round minus the slowest client's training)")
-    print("| runtime | total s | steady round s | training s | transport s | final acc |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print("\n".join(rows))
+        for rep in range(args.repeat):
+            for i, (name, nodes, env) in enumerate(CASES):
+                print(f"sitting {rep + 1}/{args.repeat}: {name}...", flush=True)
+                wall, ledger = _run(Path(tmp) / f"{rep}-{i}", base, nodes, env)
+                got[name].append(_measure(wall, ledger))
+                print(f"  steady round {got[name][-1][1]:.2f} s", flush=True)
+    print(f"\n{args.clients} clients, {args.rounds} rounds, embedded MNIST, small CNN, "
+          f"{args.repeat} sitting(s), medians (steady = rounds 2..R; transport = round minus "
+          "the slowest client's training)")
+    print("| runtime | total s | steady round s | training s | transport s | final acc "
+          "| steady round per sitting |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, runs in got.items():
+        wall, round_s, train_s = (statistics.median(r[k] for r in runs) for k in range(3))
+        print(f"| {name} | {wall:.1f} | {round_s:.2f} | {train_s:.2f} | {round_s - train_s:.2f} "
+              f"| {runs[-1][3]:.4f} | {', '.join(f'{r[1]:.2f}' for r in runs)} |")
     return 0
 
 

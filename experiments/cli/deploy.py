@@ -142,6 +142,13 @@ def _add_supernode(cmds: argparse._SubParsersAction) -> None:
                            "session still counts as online for up to 60 s after a crash, "
                            "or its key is not registered), keep retrying this long "
                            "(default 90; 0: give up at once)")
+    node.add_argument("--clientapp-per-message", action="store_true",
+                      help="Flower's stock SuperNode: a new flwr-clientapp process per "
+                           "message and 3 s idle polls (default: one warm ClientApp worker "
+                           "for all messages, 0.1 s polls while busy)")
+    node.add_argument("--poll", type=float, default=0.1, metavar="SECONDS",
+                      help="while busy (a message in the last minute), pull from the "
+                           "SuperLink every SECONDS (default 0.1; idle: Flower's 3 s)")
 
 
 def _add_run(cmds: argparse._SubParsersAction) -> None:
@@ -239,6 +246,9 @@ def _supernode(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.rejoin_wait) and args.rejoin_wait >= 0):
         raise ConfigError(f"--rejoin-wait {args.rejoin_wait}: give the seconds to keep "
                           "retrying, 0 or more (0: give up at once).")
+    if not (math.isfinite(args.poll) and 0.01 <= args.poll <= 60):
+        raise ConfigError(f"--poll {args.poll}: give the seconds between pulls while busy, "
+                          "0.01 to 60.")
     if args.state_dir is not None and args.state_dir.exists() and \
             not args.state_dir.is_dir():
         raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a file; give a folder "
@@ -250,7 +260,8 @@ def _supernode(args: argparse.Namespace) -> int:
                           f"{args.num_partitions}).")
     config = _node_config(args)
     return supernode.serve_supernode(_connection(args), config, args.key, args.port,
-                                     rejoin_wait=args.rejoin_wait)
+                                     rejoin_wait=args.rejoin_wait,
+                                     warm=not args.clientapp_per_message, poll=args.poll)
 
 
 def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:

@@ -3,6 +3,7 @@ counts its previous session as online."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,16 +24,23 @@ REFUSED = "Exit Code: 305"
 NOT_ACTIVATED = "[code: 2004]"
 JOINED = "SuperNode ID:"
 ONLINE_AFTER_HEARTBEAT = 60  # Flower's HEARTBEAT_PATIENCE (2) x the 30 s heartbeat
+BUSY_FOR = 60.0  # s after its last message that a warm node keeps polling fast
 
 
 def supernode_command(link: Connection, node_config: dict[str, str | int | bool],
-                      key: Path | None,
-                      host: str = "127.0.0.1", port: int = 9094) -> list[str]:
-    """``flower-supernode`` for one host: the partition it serves, its key."""
+                      key: Path | None, host: str = "127.0.0.1", port: int = 9094,
+                      warm: bool = True, poll: float = 0.1) -> list[str]:
+    """The SuperNode for one host: the partition it serves, its key. ``warm``: Flower's
+    SuperNode with one ClientApp worker and short polls while busy
+    (:mod:`experiments.deploy.warm_node`); else the stock ``flower-supernode`` (a
+    ``flwr-clientapp`` process per message)."""
     config = " ".join(f'{k}="{v}"' if isinstance(v, str)
                       else f"{k}={str(v).lower()}" if isinstance(v, bool) else f"{k}={v}"
                       for k, v in node_config.items())
-    cmd = [flower_executable("flower-supernode"), "--superlink", link.address, *link.flags(),
+    start = [sys.executable, "-m", "experiments.deploy.warm_node", "--poll", str(poll),
+             "--idle-after", str(BUSY_FOR), "--"] if warm else \
+        [flower_executable("flower-supernode")]
+    cmd = [*start, "--superlink", link.address, *link.flags(),
            "--node-config", config, "--host", host, "--port", str(port)]
     if key is not None:
         if not key.is_file():
@@ -73,7 +81,7 @@ class _Attempt:
 
 def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], key: Path | None,
                     port: int, echo: Echo = print, *, rejoin_wait: float = 90.0,
-                    retry_every: float = 3.0) -> int:
+                    retry_every: float = 3.0, warm: bool = True, poll: float = 0.1) -> int:
     """Run one SuperNode in the foreground until it exits or is interrupted.
 
     A SuperNode restarted after a crash or ``kill -9`` is refused while the SuperLink still
@@ -82,9 +90,10 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], 
     retried every ``retry_every`` s for up to ``rejoin_wait`` s, then ends with the
     register advice.
     """
-    cmd = supernode_command(link, node_config, key, port=port)
+    cmd = supernode_command(link, node_config, key, port=port, warm=warm, poll=poll)
     echo(f"SuperNode for {link.address} ({'TLS' if link.ca else 'insecure'}"
-         f"{', authenticated' if key else ''}), node config: {cmd[cmd.index('--node-config') + 1]}")
+         f"{', authenticated' if key else ''}), node config: {cmd[cmd.index('--node-config') + 1]}"
+         f", ClientApps {'in one warm worker' if warm else 'in a process per message'}")
     env = flower_env(None)
     attempt = _Attempt(echo)
     code = stream_child(cmd, attempt.line, env)

@@ -31,6 +31,11 @@ from . import keeper, procs
 
 HOME_PREFIX = "fp-"
 OWNER_FILE = "owner.json"
+# How real SuperNodes run their ClientApps: "warm" (one long-running worker per node,
+# short polls: experiments.deploy.warm_node) or "per-message" (Flower's stock SuperNode:
+# a new flwr-clientapp process per message, 3 s idle polls). Read when not passed.
+CLIENTAPPS_ENV = "FEDPRIV_CLIENTAPPS"
+CLIENTAPP_MODES = ("warm", "per-message")
 
 
 def remove_stale_homes(root: Path | None = None) -> list[Path]:
@@ -114,16 +119,24 @@ class LocalSuperLink:
     """Start ``flower-superlink`` on a free port; stop its whole tree on exit.
 
     By default the SuperLink runs Flower's simulation runtime. With ``supernodes = N``
-    it runs in deployment mode instead and N real ``flower-supernode`` processes connect
-    to it over loopback, node i with ``--node-config "partition-id=i num-partitions=N"``:
-    the same apps, the way they run across hosts.
+    it runs in deployment mode instead and N real Flower SuperNodes connect to it over
+    loopback, node i with ``--node-config "partition-id=i num-partitions=N"``: the same
+    apps, the way they run across hosts. ``clientapps`` (default: ``$FEDPRIV_CLIENTAPPS``,
+    else "warm") says how a node runs its ClientApps: "warm", one long-running worker per
+    node and short polls (:mod:`experiments.deploy.warm_node`); "per-message", Flower's
+    stock ``flower-supernode`` with a new ``flwr-clientapp`` process per message.
     """
 
     CONNECTION = "fedpriv"
 
     def __init__(self, startup_timeout: float = 60.0, cwd: Path | None = None,
-                 supernodes: int = 0, ray: str = "", plugins: str = "") -> None:
+                 supernodes: int = 0, ray: str = "", plugins: str = "",
+                 clientapps: str = "") -> None:
         self.startup_timeout = startup_timeout
+        self.clientapps = clientapps or os.environ.get(CLIENTAPPS_ENV) or "warm"
+        if self.clientapps not in CLIENTAPP_MODES:
+            raise SuperLinkError(f"{CLIENTAPPS_ENV}={self.clientapps!r}: use one of "
+                                 f"{', '.join(CLIENTAPP_MODES)}")
         self.cwd = cwd or Path.cwd()
         self.num_supernodes = supernodes
         # a SuperNode imports only the plugins its own node config names (the host's
@@ -178,7 +191,7 @@ class LocalSuperLink:
                                  f" (exit code {self.proc.poll()}). Its log ends with:\n{tail}")
         for i in range(self.num_supernodes):
             self.nodes.append(self._spawn(f"supernode-{i}.log", [
-                flower_executable("flower-supernode"), "--insecure",
+                *self._supernode(), "--insecure",
                 "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                 "--port", str(free_port()),
                 "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"
@@ -186,6 +199,12 @@ class LocalSuperLink:
         self._keep(self.proc, *self.nodes)
         self.started_s = time.perf_counter() - t0
         return self
+
+    def _supernode(self) -> list[str]:
+        """The command that starts a SuperNode, before Flower's arguments."""
+        if self.clientapps == "warm":  # lives only as long as this SuperLink: always fast
+            return [sys.executable, "-m", "experiments.deploy.warm_node", "--"]
+        return [flower_executable("flower-supernode")]
 
     @property
     def record_path(self) -> Path:
