@@ -36,18 +36,19 @@ MODES = ("hooks", "ghost", "bookkeeping")
 
 def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
     """Median seconds for one local epoch of client 0, plain and per DP mode (and hooks
-    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise)."""
+    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise). The variants
+    take turns within each repeat, so that a shared machine's load falls on all alike."""
     torch.set_num_threads(1)
     split = client_split(cfg, 0, cfg.federation.num_clients)
     t = cfg.training
-    out: dict[str, float] = {}
-    for variant in ("none", *MODES, "hooks+secure-rng"):
-        mode = variant.split("+")[0]
-        times = []
-        for r in range(repeats + 1):  # the first run warms up
+    variants = ("none", *MODES, "hooks+secure-rng", "bookkeeping+secure-rng")
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(repeats + 1):  # the first run warms up
+        for variant in variants:
+            mode = variant.split("+")[0]
             torch.manual_seed(r)
             model, _ = model_for(cfg)
-            opt = sgd(model, t.lr, t.momentum)
+            opt = sgd(model, t.lr, t.momentum, t.weight_decay)
             loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
             if mode != "none":
@@ -57,20 +58,20 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             t0 = time.perf_counter()
             train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion)
             if r:
-                times.append(time.perf_counter() - t0)
-        out[variant] = statistics.median(times)
-    return out
+                times[variant].append(time.perf_counter() - t0)
+    return {v: statistics.median(ts) for v, ts in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--skip-federated", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sets = DEFAULT_SET + args.set
     cfg = resolve(None, sets)
-    report: dict = {"args": sets, "epoch-s": epoch_times(cfg)}
+    report: dict = {"args": sets, "epoch-s": epoch_times(cfg, args.repeats)}
     rows = [("", "seconds", "ratio to SGD")]
     base = report["epoch-s"]["none"]
     for mode, t in report["epoch-s"].items():

