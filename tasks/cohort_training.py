@@ -13,8 +13,15 @@ Uneven partitions are padded and masked: at step t every client takes its t-th b
 (epochs concatenated), padded to the batch size with masked rows that add neither
 loss nor gradient (the mean is over the real rows, as the client's own loader has
 them); a client whose batches are used up stands still (its parameters and momentum
-are kept by a mask) while the others finish. Plain SGD only: DP-SGD (per-sample
-clipping, Poisson batches, noise) is not batched here.
+are kept by a mask) while the others finish.
+
+With :class:`CohortDP`, each client runs DP-SGD (Abadi et al. 2016) as
+:func:`privacy.dp.dpsgd.make_private` sets it up: the same Poisson batches (Opacus'
+``DPDataLoader`` with the client's seed), each example's gradient (``vmap`` of
+``grad`` over the batch, inside the ``vmap`` over clients) clipped to C with Opacus'
+factor ``min(1, C / (|g_i| + 1e-6))``, summed, ``N(0, (sigma C)^2)`` noise added and
+divided by the expected batch size q n. The noise comes from ``generator`` (torch's
+global one by default), so its draws, not its law, differ from the sequential run's.
 """
 
 from __future__ import annotations
@@ -55,6 +62,14 @@ class CohortTraining:
 _REFUSED = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
 
+@dataclass(frozen=True)
+class CohortDP:
+    """DP-SGD's per-client parameters: noise multiplier sigma and clipping norm C."""
+
+    noise_multiplier: float
+    max_grad_norm: float
+
+
 def check_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]]) -> None:
     """Raise :class:`CohortError` unless every state fits ``model`` exactly and the model
     has no layer whose training is not a function of its weights and batch."""
@@ -81,26 +96,40 @@ def check_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]])
 
 
 def _schedules(data: Sequence[tuple[torch.Tensor, torch.Tensor]], seeds: Sequence[int],
-               training: CohortTraining) -> list[list[torch.Tensor]]:
+               training: CohortTraining, dp: CohortDP | None
+               ) -> tuple[list[list[torch.Tensor]], list[int]]:
     """Each client's batches (row indices), epoch after epoch, exactly as its own
-    :func:`make_loader` would draw them with its seed."""
-    out = []
+    :func:`make_loader` (or, for DP-SGD, Opacus' Poisson ``DPDataLoader`` built from it
+    as :func:`privacy.dp.dpsgd.make_private` does) would draw them with its seed; and
+    the divisor of each client's summed gradient (DP-SGD's expected batch size q n)."""
+    out, divisors = [], []
     for (_, y), seed in zip(data, seeds, strict=True):
         rows = torch.arange(len(y))  # the loader itself: each pass also draws a base seed
         loader = make_loader(rows, rows, training.batch_size, seed)
-        out.append([b for _ in range(training.local_epochs) for b, _ in loader])
-    return out
+        divisor = 0
+        if dp is not None:
+            from opacus.data_loader import DPDataLoader
+
+            loader.generator.manual_seed(seed)
+            loader = DPDataLoader.from_data_loader(loader, generator=loader.generator)
+            divisor = int(len(y) * (1 / len(loader)))
+        out.append([b.long() for _ in range(training.local_epochs) for b, _ in loader])
+        divisors.append(divisor)
+    return out, divisors
 
 
 def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
                  data: Sequence[tuple[torch.Tensor, torch.Tensor]], seeds: Sequence[int],
-                 training: CohortTraining, device: torch.device | None = None
+                 training: CohortTraining, device: torch.device | None = None,
+                 dp: CohortDP | None = None, generator: torch.Generator | None = None
                  ) -> list[tuple[dict[str, torch.Tensor], TrainResult]]:
     """Train client k from ``states[k]`` on ``data[k]`` (its batches drawn with
     ``seeds[k]``) as :func:`tasks.training.train_epochs` would, all K at once.
 
-    ``model`` gives the architecture (its own weights are not used). Returns, per
-    client, its new state dict (on the CPU) and its :class:`TrainResult`.
+    ``model`` gives the architecture (its own weights are not used). With ``dp``, DP-SGD
+    (see the module's notes; ``generator`` draws the noise). Returns, per client, its
+    new state dict (on the CPU) and its :class:`TrainResult` (``steps`` is what a
+    DP-SGD client accounts: one per Poisson batch, empty ones included).
     """
     check_cohort(model, states)
     if len(data) != len(states) or len(seeds) != len(states):
@@ -109,8 +138,8 @@ def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
     device = device or torch.device("cpu")
     model = model.to(device).train()
     names = [k for k, _ in model.named_parameters()]
-    schedules = _schedules(data, seeds, training)
-    k_clients, b = len(states), training.batch_size
+    schedules, divisors = _schedules(data, seeds, training, dp)
+    k_clients = len(states)
     steps = max(len(s) for s in schedules)
     params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
     buffers = {n: torch.stack([s[n] for s in states]).to(device)
@@ -122,7 +151,11 @@ def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
         rows = nn.functional.cross_entropy(logits, yb, reduction="none") * mask
         return rows.sum() / mask.sum().clamp(min=1), (rows.sum().detach(), logits.detach())
 
-    step_fn = vmap(grad(loss, has_aux=True))
+    if dp is None:
+        step_fn = vmap(grad(loss, has_aux=True))
+    else:
+        step_fn = vmap(_private_gradient(model, loss, dp))
+    scale = torch.tensor([max(d, 1) for d in divisors], dtype=torch.float32, device=device)
     xs = [x for x, _ in data]
     ys = [y for _, y in data]
     momentum: dict[str, torch.Tensor] = {}
@@ -131,6 +164,7 @@ def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
     seen = torch.zeros(k_clients, dtype=torch.long)
     taken = torch.tensor([len(s) for s in schedules])
     for t in range(steps):
+        b = max(1, max(len(s[t]) for s in schedules if t < len(s)))  # Poisson: may exceed B
         rows = torch.zeros(k_clients, b, dtype=torch.long)
         mask = torch.zeros(k_clients, b)
         for k, sched in enumerate(schedules):
@@ -142,6 +176,10 @@ def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
         yb = torch.stack([ys[k][rows[k]] for k in range(k_clients)]).to(device)
         grads, (sums, logits) = step_fn(params, buffers, xb, yb, mask.to(device))
         active = (t < taken).to(device)
+        if dp is not None:  # clipped sums + N(0, (sigma C)^2), over q n
+            std = dp.noise_multiplier * dp.max_grad_norm
+            grads = {n: (g + std * torch.randn(g.shape, generator=generator).to(device))
+                     / _bcast(scale, g) for n, g in grads.items()}
         for n in names:
             g = grads[n]
             if training.weight_decay:
@@ -163,6 +201,26 @@ def train_cohort(model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]],
         out.append((state, TrainResult(float(loss_sum[k]) / n_seen,
                                        int(correct[k]) / n_seen, int(seen[k]), int(taken[k]))))
     return out
+
+
+def _private_gradient(model: nn.Module, loss: object, dp: CohortDP) -> object:
+    """One client's step of DP-SGD before the noise: each example's gradient (``vmap``
+    of ``grad``), clipped with Opacus' factor, summed over the real rows."""
+    def one(p: dict[str, torch.Tensor], buf: dict[str, torch.Tensor], xi: torch.Tensor,
+            yi: torch.Tensor, mi: torch.Tensor) -> tuple[dict[str, torch.Tensor], tuple]:
+        return grad(loss, has_aux=True)(p, buf, xi[None], yi[None], mi[None])
+
+    per_example = vmap(one, in_dims=(None, None, 0, 0, 0))
+
+    def clipped(p: dict[str, torch.Tensor], buf: dict[str, torch.Tensor], xb: torch.Tensor,
+                yb: torch.Tensor, mask: torch.Tensor) -> tuple[dict[str, torch.Tensor], tuple]:
+        g, (sums, logits) = per_example(p, buf, xb, yb, mask)
+        norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in g.values()))
+        factor = (dp.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * mask
+        out = {n: torch.einsum("b,b...->...", factor, v) for n, v in g.items()}
+        return out, (sums.sum(), logits[:, 0])
+
+    return clipped
 
 
 def _bcast(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -67,3 +67,44 @@ def test_batchnorm_and_mixed_architectures_are_refused():
     mixed = [small.state_dict(), build_model("cnn", (1, 28, 28), 10).state_dict()]
     with pytest.raises(CohortError, match="client 1.*architecture"):
         train_cohort(small, mixed, data * 2, [0, 1], training)
+
+
+def test_dp_sgd_cohort_takes_each_clients_opacus_steps():
+    # Noise-free DP-SGD: the same Poisson batches as make_private's loader (empty ones
+    # included), Opacus' clipping and the division by q n, client by client.
+    from privacy.dp.dpsgd import make_private
+    from tasks.cohort_training import CohortDP
+
+    sizes = [24, 10, 17]
+    states, data, seeds = _cohort("small-cnn", sizes)
+    training = CohortTraining(lr=0.1, batch_size=8, local_epochs=1, momentum=0.5)
+    together = train_cohort(build_model("small-cnn", (1, 28, 28), 10), states, data, seeds,
+                            training, dp=CohortDP(0.0, 0.3))
+    for k in range(len(sizes)):
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        model.load_state_dict(states[k])
+        private = make_private(model, sgd(model, 0.1, 0.5), make_loader(*data[k], 8, seeds[k]),
+                               noise_multiplier=0.0, max_grad_norm=0.3,
+                               grad_sample_mode="hooks", seed=seeds[k])
+        ref = train_epochs(private.model, private.loader, private.optimizer, 1,
+                           torch.device("cpu"), criterion=private.criterion)
+        assert together[k][1].steps == ref.steps == sum(n for _, _, n in private.history())
+        for key, value in private.module().state_dict().items():
+            torch.testing.assert_close(together[k][0][key], value, rtol=1e-4, atol=1e-6)
+
+
+def test_dp_sgd_cohort_noise_std_is_sigma_c_over_q_n():
+    # One step (n = B: q = 1, q n = 8) at lr 1 without momentum: noisy minus noise-free
+    # weights are the noise divided by q n, measured over every weight of 3 clients.
+    from tasks.cohort_training import CohortDP
+
+    states, data, seeds = _cohort("small-cnn", [8, 8, 8])
+    training = CohortTraining(lr=1.0, batch_size=8)
+    model = build_model("small-cnn", (1, 28, 28), 10)
+    clean = train_cohort(model, states, data, seeds, training, dp=CohortDP(0.0, 0.5))
+    noisy = train_cohort(model, states, data, seeds, training, dp=CohortDP(2.0, 0.5),
+                         generator=torch.Generator().manual_seed(0))
+    diff = torch.cat([(c[k] - n[k]).flatten()
+                      for (c, _), (n, _) in zip(clean, noisy, strict=True) for k in c])
+    assert float(diff.std()) == pytest.approx(2.0 * 0.5 / 8, rel=0.02)
+    assert abs(float(diff.mean())) < 0.02 * 2.0 * 0.5 / 8

@@ -11,6 +11,8 @@ Two views of the same workload (default: 10 clients x 400 embedded-MNIST images,
 
     python -m experiments.benchmarks.dp_overhead                   # small-cnn
     python -m experiments.benchmarks.dp_overhead --set model=cnn   # McMahan CNN
+    python -m experiments.benchmarks.dp_overhead --federated-modes bookkeeping \
+        --federated-repeats 3                                       # issue 26's figures
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--skip-federated", action="store_true")
     parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant")
+    parser.add_argument("--federated-modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--federated-repeats", type=int, default=1,
+                        help="fedpriv runs per variant (taking turns); median of their rounds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sets = DEFAULT_SET + args.set
@@ -80,15 +85,19 @@ def main() -> None:
     if not args.skip_federated:
         report["round-s"] = {}
         variants = {"none": ["--set", "dp=none"]}
-        for mode in MODES:
+        for mode in args.federated_modes:
             variants[mode] = ["--set", "dp=local", "--set", "noise-multiplier=1.0",
                               "--set", f"grad-sample-mode={mode}"]
         common = [a for s in sets for a in ("--set", s)]
-        for name, extra in variants.items():
-            print(f"fedpriv run, dp {name} ...", flush=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                res = bench_fedpriv(common + extra, Path(tmp))
-            report["round-s"][name] = statistics.median(res["rounds-s"][1:])
+        rounds: dict[str, list[float]] = {name: [] for name in variants}
+        for r in range(args.federated_repeats):  # the variants take turns
+            for name, extra in variants.items():
+                print(f"fedpriv run {r + 1}/{args.federated_repeats}, dp {name} ...",
+                      flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    res = bench_fedpriv(common + extra, Path(tmp))
+                rounds[name] += res["rounds-s"][1:]  # steady state: after the first round
+        report["round-s"] = {name: statistics.median(ts) for name, ts in rounds.items()}
         base = report["round-s"]["none"]
         for name, t in report["round-s"].items():
             rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",
