@@ -98,3 +98,18 @@ def test_rdp_epsilon_is_opacus_to_the_bit():
         acc = create_accountant("rdp")
         acc.history = list(history)
         assert epsilon(history, 1e-5) == float(acc.get_epsilon(1e-5))
+
+
+@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
+def test_an_empty_poisson_batch_is_a_noise_only_step_on_the_cnns(name):
+    private = _private(name, "bookkeeping", 1.0, 1.0, 1)
+    # (the plain model under the wrapper: private.module() would remove the hooks)
+    before = {k: v.clone() for k, v in private.model._module.state_dict().items()}
+    x, y = torch.randn(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)
+    private.criterion(private.model(x), y).backward()
+    private.optimizer.step()
+    after = private.module().state_dict()
+    # no example: each weight moves by lr N(0, (sigma C)^2) / (q n), lr 0.1, q n = 1
+    delta = torch.cat([(after[k] - before[k]).flatten() for k in before])
+    assert float(delta.std()) == pytest.approx(0.1, rel=0.05)
+    assert private.history() == [(1.0, 0.25, 1)]

@@ -58,7 +58,9 @@ def _conv_grad_sample(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.T
     output gradients ``g``: ``torch.func.vmap`` of the convolution's weight backward,
     whose batching rule runs one grouped convolution (2.6x faster on the McMahan CNN's
     second layer than unfolding the input and a batched product, measured)."""
-    if isinstance(m.padding, str) or a.shape[0] == 0:  # 'same'/'valid', or no example
+    if a.shape[0] == 0:  # an empty Poisson batch: no example, no gradient
+        return a.new_zeros(0, *m.weight.shape)
+    if isinstance(m.padding, str):  # 'same' or 'valid'
         unfolded = F.unfold(a, m.kernel_size, dilation=m.dilation,
                             padding=_padding(m), stride=m.stride)
         grads = torch.einsum("bol,bkl->bok", g.flatten(2), unfolded)
@@ -151,7 +153,7 @@ class BookKeeping(nn.Module):
             sq = a.pow(2).sum(1) * g_sq + (g_sq if m.bias is not None else 0)
             return a, sq, g
         grads = _conv_grad_sample(m, a, g).flatten(2)  # per-sample weight gradients
-        g = g.reshape(g.shape[0], g.shape[1], -1)
+        g = g.flatten(2)  # (an empty batch cannot be reshaped with -1)
         sq = grads.pow(2).sum((1, 2))
         if m.bias is not None:
             sq = sq + g.sum(2).pow(2).sum(1)
