@@ -243,7 +243,7 @@ def test_auto_mode_choice():
     assert resolve_mode("auto", "cnn") == "bookkeeping"
     assert resolve_mode("auto", "mlp") == "bookkeeping"
     assert resolve_mode("auto", "resnet18") == "hooks"
-    assert resolve_mode("auto", "small-cnn") == "hooks"
+    assert resolve_mode("auto", "small-cnn") == "bookkeeping"
     assert resolve_mode("hooks", "cnn") == "hooks"
     assert math.isclose(1 / steps_per_epoch(60, 8), 0.125)
 

@@ -1,16 +1,20 @@
 """Benchmark: DP-SGD round time against plain SGD, for each Opacus grad-sample mode.
 
-Two views of the same workload (default: 10 clients x 400 embedded-MNIST images,
+Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
 5 rounds, 1 local epoch, batch 32):
 
 1. per client, in one process: one local epoch of plain SGD vs DP-SGD with ``hooks``,
    ``ghost`` and ``bookkeeping`` clipping (1 torch thread, as a simulated client runs);
 2. per round, through fedpriv (Flower + Ray): steady-state round time with
    ``dp = none`` and ``dp = local`` for each mode (fixed noise multiplier, so no
-   calibration cost is included).
+   calibration cost is included);
+3. with ``--client-rounds``, per client round in one process: client 0's whole round as
+   its ClientApp runs it (``local_update``: DP set-up, epoch, ledger, epsilon, digest).
 
     python -m experiments.benchmarks.dp_overhead                   # small-cnn
     python -m experiments.benchmarks.dp_overhead --set model=cnn   # McMahan CNN
+    python -m experiments.benchmarks.dp_overhead --federated-modes bookkeeping \
+        --federated-repeats 3                                       # issue 26's figures
 """
 
 from __future__ import annotations
@@ -36,18 +40,19 @@ MODES = ("hooks", "ghost", "bookkeeping")
 
 def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
     """Median seconds for one local epoch of client 0, plain and per DP mode (and hooks
-    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise)."""
+    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise). The variants
+    take turns within each repeat, so that a shared machine's load falls on all alike."""
     torch.set_num_threads(1)
     split = client_split(cfg, 0, cfg.federation.num_clients)
     t = cfg.training
-    out: dict[str, float] = {}
-    for variant in ("none", *MODES, "hooks+secure-rng"):
-        mode = variant.split("+")[0]
-        times = []
-        for r in range(repeats + 1):  # the first run warms up
+    variants = ("none", *MODES, "hooks+secure-rng", "bookkeeping+secure-rng")
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(repeats + 1):  # the first run warms up
+        for variant in variants:
+            mode = variant.split("+")[0]
             torch.manual_seed(r)
             model, _ = model_for(cfg)
-            opt = sgd(model, t.lr, t.momentum)
+            opt = sgd(model, t.lr, t.momentum, t.weight_decay)
             loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
             if mode != "none":
@@ -57,37 +62,83 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             t0 = time.perf_counter()
             train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion)
             if r:
-                times.append(time.perf_counter() - t0)
-        out[variant] = statistics.median(times)
-    return out
+                times[variant].append(time.perf_counter() - t0)
+    return {v: statistics.median(ts) for v, ts in times.items()}
+
+
+def client_round_times(sets: list[str], modes: list[str], repeats: int = 7
+                       ) -> dict[str, float]:
+    """Median seconds of client 0's whole round in one process, as its ClientApp runs it
+    (``clients.update.local_update``: for DP-SGD make_private, the epoch, the ledger and
+    epsilon, the release's digest), without DP and with each mode, taking turns."""
+    from flwr.app import Context, RecordDict
+
+    from clients.update import Client, local_update
+
+    torch.set_num_threads(1)
+    variants = {"none": ["dp=none"]}
+    variants.update({m: ["dp=local", "noise-multiplier=1.0", f"grad-sample-mode={m}"]
+                     for m in modes})
+    setups = {}
+    for name, extra in variants.items():
+        cfg = resolve(None, sets + extra)
+        client = Client(cfg, 0, cfg.federation.num_clients,
+                        client_split(cfg, 0, cfg.federation.num_clients))
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        setups[name] = (client, ctx, model_for(cfg)[0].state_dict())
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(repeats + 1):  # the first round warms up
+        for name, (client, ctx, state) in setups.items():
+            t0 = time.perf_counter()
+            local_update(client, ctx, state, {"server-round": r + 1})
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--skip-federated", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant")
+    parser.add_argument("--federated-modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--federated-repeats", type=int, default=1,
+                        help="fedpriv runs per variant (taking turns); median of their rounds")
+    parser.add_argument("--client-rounds", action="store_true",
+                        help="also time client 0's whole round (local_update) in this process")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sets = DEFAULT_SET + args.set
     cfg = resolve(None, sets)
-    report: dict = {"args": sets, "epoch-s": epoch_times(cfg)}
+    report: dict = {"args": sets, "epoch-s": epoch_times(cfg, args.repeats)}
     rows = [("", "seconds", "ratio to SGD")]
     base = report["epoch-s"]["none"]
     for mode, t in report["epoch-s"].items():
         rows.append((f"one client epoch, {mode if mode != 'none' else 'plain SGD'}",
                      f"{t:.3f}", f"{t / base:.2f}x"))
+    if args.client_rounds:
+        report["client-round-s"] = client_round_times(sets, args.federated_modes,
+                                                      args.repeats)
+        base = report["client-round-s"]["none"]
+        for name, t in report["client-round-s"].items():
+            rows.append((f"client 0's round (local_update), {name if name != 'none' else 'no DP'}",
+                         f"{t:.3f}", f"{t / base:.2f}x"))
     if not args.skip_federated:
         report["round-s"] = {}
         variants = {"none": ["--set", "dp=none"]}
-        for mode in MODES:
+        for mode in args.federated_modes:
             variants[mode] = ["--set", "dp=local", "--set", "noise-multiplier=1.0",
                               "--set", f"grad-sample-mode={mode}"]
         common = [a for s in sets for a in ("--set", s)]
-        for name, extra in variants.items():
-            print(f"fedpriv run, dp {name} ...", flush=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                res = bench_fedpriv(common + extra, Path(tmp))
-            report["round-s"][name] = statistics.median(res["rounds-s"][1:])
+        rounds: dict[str, list[float]] = {name: [] for name in variants}
+        for r in range(args.federated_repeats):  # the variants take turns
+            for name, extra in variants.items():
+                print(f"fedpriv run {r + 1}/{args.federated_repeats}, dp {name} ...",
+                      flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    res = bench_fedpriv(common + extra, Path(tmp))
+                rounds[name] += res["rounds-s"][1:]  # steady state: after the first round
+        report["round-s"] = {name: statistics.median(ts) for name, ts in rounds.items()}
         base = report["round-s"]["none"]
         for name, t in report["round-s"].items():
             rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",

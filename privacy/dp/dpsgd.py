@@ -16,9 +16,8 @@ All process the empty batches Poisson sampling produces as a noise-only step, as
 analysis requires. Opacus' ``ew`` and ``functorch`` modes fail on an empty batch
 (measured: "Batch size must be positive, got 0") and were no faster than hooks where
 they run, so they are not offered. ``auto`` picks the mode measured fastest for the
-model (docs/BENCHMARKS.md): book-keeping for the McMahan CNN, MLPs and the linear
-probe, hooks for the small CNN and ResNet-18 (GroupNorm: book-keeping does not cover
-it).
+model (docs/BENCHMARKS.md): book-keeping for both CNNs, MLPs and the linear probe,
+hooks for ResNet-18 (GroupNorm: book-keeping does not cover it).
 """
 
 from __future__ import annotations
@@ -72,8 +71,9 @@ def check_model(model: nn.Module) -> None:
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
-FASTER_MODE = {"small-cnn": "hooks",  # hooks 2.2x, ghost 2.5x, bookkeeping 2.3x
-               "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.3x, bookkeeping 1.85x
+# Issue 26 (2026-11-26) re-measured the CNNs after book-keeping's torch.func conv path.
+FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeeping 1.6x
+               "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.3x, bookkeeping 1.5x
                "mlp": "bookkeeping",  # hooks 11x, ghost 3.9x, bookkeeping 2.5x
                "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
                "resnet18": "hooks"}  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)

@@ -1,0 +1,115 @@
+"""Book-keeping DP-SGD (Bu et al. 2023) against Opacus' hooks, one batch at a time, and
+its noise measured from the mechanism actually run (Monte Carlo)."""
+
+import pytest
+import torch
+
+from privacy.dp.accounting import epsilon
+from privacy.dp.dpsgd import make_private
+from tasks.models import build_model
+from tasks.training import make_loader, sgd
+
+
+def _private(name, mode, noise, clip, batch, momentum=0.0):
+    torch.manual_seed(0)
+    model = build_model(name, (1, 28, 28), 10)
+    x, y = torch.randn(4 * batch, 1, 28, 28), torch.randint(0, 10, (4 * batch,))
+    return make_private(model, sgd(model, 0.1, momentum), make_loader(x, y, batch, 0),
+                        noise_multiplier=noise, max_grad_norm=clip, grad_sample_mode=mode,
+                        seed=0)
+
+
+def _clipped_sums(private, x, y):
+    """The sum over the batch of each example's clipped gradient, per parameter."""
+    private.optimizer.zero_grad(set_to_none=True)
+    private.criterion(private.model(x), y).backward()
+    private.optimizer.clip_and_accumulate()
+    return [p.summed_grad.detach().clone() for p in private.optimizer.params]
+
+
+@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
+def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name):
+    # torch.func's vmap of each convolution's weight backward and the ghost norms of the
+    # dense layers give the same clipped sum as Opacus' materialized per-sample gradients;
+    # a clip of 0.05 clips every example, so the factors themselves are compared.
+    torch.manual_seed(5)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    hooks = _clipped_sums(_private(name, "hooks", 0.0, 0.05, 16), x, y)
+    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, 0.05, 16), x, y)
+    assert len(hooks) == len(kept)
+    for a, b in zip(hooks, kept, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    norm = torch.sqrt(sum(s.pow(2).sum() for s in kept))
+    assert float(norm) <= 16 * 0.05 * (1 + 1e-5)  # a sum of 16 vectors of norm <= C
+
+
+@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
+def test_noise_std_is_sigma_c_over_the_expected_batch(name):
+    # The step's gradient is (clipped sum + N(0, (sigma C)^2 I)) / (q n): subtracting the
+    # noise-free step on the same batch leaves the noise, whose std over every weight of
+    # the model and three independent draws must be sigma C / (q n).
+    sigma, clip, batch = 1.3, 0.7, 8
+    torch.manual_seed(2)
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    private = _private(name, "bookkeeping", sigma, clip, batch)
+    opt = private.optimizer
+    expected_batch = opt.expected_batch_size
+    assert expected_batch == batch
+    draws = []
+    for _ in range(3):
+        clean = [s / expected_batch for s in _clipped_sums(private, x, y)]
+        opt.zero_grad(set_to_none=True)
+        private.criterion(private.model(x), y).backward()
+        assert opt.pre_step()  # the mechanism as training runs it: noise, scaling, accounting
+        draws.append(torch.cat([(p.grad - c).flatten()
+                                for p, c in zip(opt.params, clean, strict=True)]))
+    noise = torch.stack(draws)
+    expected = sigma * clip / expected_batch
+    assert float(noise.std()) == pytest.approx(expected, rel=0.03 if name == "small-cnn"
+                                               else 0.005)
+    assert abs(float(noise.mean())) < 0.05 * expected
+    corr = torch.corrcoef(noise)[0, 1:]
+    assert corr.abs().max() < 0.05  # a fresh draw each step (the buffer is reused)
+    assert private.history() == [(sigma, 0.25, 3)]
+
+
+def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step():
+    # The noise is drawn in place into a buffer kept across steps: with momentum (which
+    # keeps a copy of past gradients) an epoch still equals Opacus' hooks, draws included.
+    def trained(mode):
+        private = _private("small-cnn", mode, 1.0, 0.5, 8, momentum=0.5)
+        torch.manual_seed(1)
+        for xb, yb in private.loader:
+            private.optimizer.zero_grad(set_to_none=True)
+            private.criterion(private.model(xb), yb).backward()
+            private.optimizer.step()
+        return private.module().state_dict()
+
+    a, b = trained("hooks"), trained("bookkeeping")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+
+
+def test_rdp_epsilon_is_opacus_to_the_bit():
+    from opacus.accountants import create_accountant
+
+    for history in ([(1.0, 1 / 13, 13)], [(1.1, 0.125, 40), (0.9, 0.02, 300)]):
+        acc = create_accountant("rdp")
+        acc.history = list(history)
+        assert epsilon(history, 1e-5) == float(acc.get_epsilon(1e-5))
+
+
+@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
+def test_an_empty_poisson_batch_is_a_noise_only_step_on_the_cnns(name):
+    private = _private(name, "bookkeeping", 1.0, 1.0, 1)
+    # (the plain model under the wrapper: private.module() would remove the hooks)
+    before = {k: v.clone() for k, v in private.model._module.state_dict().items()}
+    x, y = torch.randn(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)
+    private.criterion(private.model(x), y).backward()
+    private.optimizer.step()
+    after = private.module().state_dict()
+    # no example: each weight moves by lr N(0, (sigma C)^2) / (q n), lr 0.1, q n = 1
+    delta = torch.cat([(after[k] - before[k]).flatten() for k in before])
+    assert float(delta.std()) == pytest.approx(0.1, rel=0.05)
+    assert private.history() == [(1.0, 0.25, 1)]
