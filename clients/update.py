@@ -23,6 +23,7 @@ from tasks.seeding import canary_seeds, derive_seed
 from tasks.splits import Split, client_split, model_for, model_inputs, own_split
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
+from . import together
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
 from .local_dp import dp_round, release_digest
 from .postprocess import update_steps
@@ -195,6 +196,12 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics
         result, model = outcome.result, outcome.model
+    elif (cohort := together.current()) is not None and cfg.resources.train_together:
+        # the round's clients train as one batched program (tasks.cohort_training); the
+        # config refuses what it does not do (FedProx, canaries, cvae-online, local DP)
+        from tasks.cohort_training import CohortTraining
+
+        result = cohort.join(model, x, y, seed, CohortTraining.of(t), device)
     else:
         loader = OnlineSamples(client, server_round, seed) \
             if cfg.anonymization.anonymizer == "cvae-online" else \

@@ -118,7 +118,7 @@ def _ledger_view(run):
 def test_every_protocol_gives_the_same_ledger_in_process_and_on_ray(tmp_path):
     """One sweep (plain, local DP, central DP, SecAgg+, HE) run in-process and on Flower's
     simulation runtime: every cell's ledger (test metrics, sampled clients, epsilons,
-    training loss) is the same, to the last digit."""
+    training loss) is the same, to the last digit (HE: to CKKS's precision)."""
     sweep = tmp_path / "runtimes.toml"
     sweep.write_text("""
 name = "runtimes"
@@ -152,5 +152,109 @@ secure-aggregation = "he"
     for n in range(1, 6):
         a, b = (folders[r] / "cells" / f"{n:02d}" for r in ("inprocess", "ray"))
         assert read_run_info(a)["runtime"] == "inprocess" and read_run_info(b)["runtime"] == "ray"
-        assert _ledger_view(a) == _ledger_view(b), n
         assert len(ledger_json(a)) == 2
+        if n < 5:
+            assert _ledger_view(a) == _ledger_view(b), n
+            continue
+        # CKKS encrypts with fresh randomness (TenSEAL seeds itself from the OS): two runs
+        # of the same seed differ within its precision, whatever the runtime
+        for x, y in zip(ledger_json(a), ledger_json(b), strict=True):
+            assert x["sampled"] == y["sampled"]
+            assert x["test"]["loss"] == pytest.approx(y["test"]["loss"], rel=1e-3)
+            assert x["test"]["accuracy"] == pytest.approx(y["test"]["accuracy"], abs=2e-3)
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"train-together": True, "dp": "local", "noise-multiplier": 1.0}, "dp = 'local'"),
+    ({"train-together": True, "runtime": "ray"}, "runtime = 'ray'"),
+    ({"train-together": True, "secure-aggregation": "secagg+"}, "secure-aggregation"),
+    ({"train-together": True, "strategy": "fedprox"}, "fedprox"),
+])
+def test_train_together_refuses_what_the_batched_program_does_not_do(values, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        validate(values)
+
+
+def test_train_together_refuses_a_run_that_would_go_to_ray():
+    with pytest.raises(ConfigError, match="needs the in-process runtime"):
+        choose(validate({"train-together": True}), cuda=True)  # GPU shares: Ray
+    assert choose(validate({"train-together": True, "client-gpus": 1.0}),
+                  cuda=True).name == "inprocess"
+
+
+def test_a_cohort_trains_its_joined_clients_and_does_not_wait_for_those_that_left():
+    """Three ClientApp threads: two join the cohort, one finishes without training (it
+    declined); the two get train_cohort's result, the same as training each alone."""
+    import threading
+
+    import torch
+
+    from clients import together
+    from tasks.cohort_training import CohortTraining
+    from tasks.models import build_model
+    from tasks.training import make_loader, sgd, train_epochs
+
+    torch.manual_seed(0)
+    data = [(torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,))) for _ in range(2)]
+    training = CohortTraining(lr=0.05, batch_size=16, momentum=0.5)
+    start = build_model("small-cnn", (1, 28, 28), 10).state_dict()
+    got: dict[int, dict] = {}
+    with together.gathering(3) as cohort:
+        def client(k: int) -> None:
+            try:
+                if k < 2:
+                    model = build_model("small-cnn", (1, 28, 28), 10)
+                    model.load_state_dict(start)
+                    cohort.join(model, *data[k], seed=k, training=training,
+                                device=torch.device("cpu"))
+                    got[k] = model.state_dict()
+            finally:
+                cohort.finished()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and sorted(got) == [0, 1]
+    for k in range(2):  # the sequential reference
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        model.load_state_dict(start)
+        train_epochs(model, make_loader(*data[k], 16, k), sgd(model, 0.05, 0.5), 1,
+                     torch.device("cpu"))
+        for name, value in model.state_dict().items():
+            assert torch.allclose(got[k][name], value, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.slow
+def test_train_together_gives_the_sequential_ledger_to_float_rounding(tmp_path):
+    """The same run with the round's clients trained one after another and as one batched
+    program. From the same start a round agrees to float rounding (the first round's
+    metrics here; tests/test_cohort_training.py per client); later rounds start from
+    models that differ in the last bits, which local SGD amplifies (a 1e-7 nudge of one
+    client's start moved its trained weights by 1e-2 here), so they agree as two seeds'
+    worth of noise would, not digit for digit."""
+    sweep = tmp_path / "together.toml"
+    sweep.write_text("""
+name = "together"
+[fixed]
+num-clients = 4
+num-server-rounds = 2
+save-model = false
+[grid]
+train-together = [false, true]
+""")
+    res = run_cli("sweep", str(sweep), "--set", f"results-dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (folder,) = (tmp_path / "r" / "sweeps").iterdir()
+    alone, together_ = (ledger_json(folder / "cells" / f"{n:02d}") for n in (1, 2))
+    assert len(alone) == len(together_) == 2
+    assert [r["sampled"] for r in alone] == [r["sampled"] for r in together_]
+    first, batched = alone[0], together_[0]
+    for key in ("loss", "accuracy"):
+        assert batched["test"][key] == pytest.approx(first["test"][key], rel=1e-5, abs=1e-6)
+        assert batched["train"][key] == pytest.approx(first["train"][key], rel=1e-5, abs=1e-6)
+    for a, b in zip(alone[0]["clients"], together_[0]["clients"], strict=True):
+        assert b["train-loss"] == pytest.approx(a["train-loss"], rel=1e-5)
+    assert together_[-1]["test"]["accuracy"] == pytest.approx(alone[-1]["test"]["accuracy"],
+                                                              abs=0.03)

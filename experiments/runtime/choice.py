@@ -40,6 +40,13 @@ def choose(cfg: RunConfig, *, cuda: bool, supernodes: bool = False) -> Runtime:
             "runtime trains one client at a time on the whole GPU and cannot give clients "
             "shares of it. Set client-gpus = 1 to run in-process, or runtime = 'ray' to "
             "train several clients on the GPU at once.")
+    if r.train_together and r.runtime != "inprocess" and (r.ray_address or shares):
+        raise ConfigError(
+            "train-together = true needs the in-process runtime, but this run would go to "
+            "Ray (" + (f"ray-address = {r.ray_address}" if r.ray_address else
+                       f"client-gpus = {r.client_gpus} on a CUDA machine") + "). Set "
+            "runtime = 'inprocess' (with client-gpus = 1 on a GPU), or train-together = "
+            "false.")
     if r.runtime == "ray":
         return Runtime("ray", "runtime = 'ray'")
     if r.runtime == "inprocess":

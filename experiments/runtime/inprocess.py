@@ -43,6 +43,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from tasks.messages import FIT
+
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
 RUN_ID = 1
 PARENT_DIED = signal.SIGUSR1  # the parent-death signal the link asks the kernel for
@@ -67,6 +69,7 @@ class InProcessGrid(Grid):
                  *, node_ids: Iterable[int] | None = None, simulated: bool = True,
                  node_config: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.client_app = client_app
+        self.together = False  # train a round's clients as one program (train-together)
         # simulated nodes serve the partition the server pairs them with
         # (server.discovery.simulated); otherwise each keeps its own node_config's
         self.assigns_partitions = simulated
@@ -101,13 +104,34 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Deliver each message and keep its reply until it is pulled."""
-        ids = []
-        for msg in messages:
-            reply = self.deliver(msg)
+        """Deliver each message and keep its reply until it is pulled. With ``together``,
+        a plain round's training messages are delivered at once, each ClientApp in a
+        thread, and the clients train as one batched program
+        (:mod:`clients.together`)."""
+        messages = list(messages)
+        if self.together and len(messages) > 1 and all(
+                m.metadata.message_type == FIT for m in messages):
+            replies = self._together(messages)
+        else:
+            replies = [self.deliver(m) for m in messages]
+        for msg, reply in zip(messages, replies, strict=True):
             self._replies[msg.metadata.message_id] = reply
-            ids.append(msg.metadata.message_id)
-        return ids
+        return [m.metadata.message_id for m in messages]
+
+    def _together(self, messages: list[Message]) -> list[Message]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from clients import together
+
+        with together.gathering(len(messages)) as cohort:
+            def one(msg: Message) -> Message:
+                try:
+                    return self.deliver(msg)
+                finally:
+                    cohort.finished()
+
+            with ThreadPoolExecutor(len(messages), thread_name_prefix="client") as pool:
+                return list(pool.map(one, messages))
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
@@ -156,6 +180,7 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = (
         RUN_ID, SUPERLINK_NODE_ID, 1)
     grid = InProcessGrid(client_app.app, run_config, num_nodes)
+    grid.together = bool(run_config.get("train-together", False))
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                       state=RecordDict(), run_config=dict(run_config))
     server_app(grid, context)

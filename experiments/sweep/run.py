@@ -187,7 +187,7 @@ def engine_key(cfg: RunConfig, runtime: str) -> tuple[Any, ...]:
     """What must be equal for cells to share one simulation: the runtime and the clients'
     resources."""
     r = cfg.resources
-    return (runtime, r.client_cpus, r.client_gpus, r.device)
+    return (runtime, r.client_cpus, r.client_gpus, r.device, r.train_together)
 
 
 def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Cell],

@@ -34,6 +34,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     if ray and (not host or not port.isdigit() or not 0 < int(port) < 65536):
         errors.append(f"ray-address = {ray!r} is not HOST:PORT: give the Ray head's address "
                       "as `ray start --head --port 6379` prints it, e.g. 10.0.0.5:6379.")
+    errors += _together_checks(cfg)
     if ray and cfg.resources.runtime == "inprocess":
         errors.append(f"ray-address = {ray!r} with runtime = 'inprocess': the in-process "
                       "runtime trains every client in fedpriv's own process and cannot use a "
@@ -260,3 +261,25 @@ def _malicious(cfg: RunConfig) -> list[str]:
                       "strategy = 'fedavg'.")
     return errors
 
+
+def _together_checks(cfg: RunConfig) -> list[str]:
+    """train-together: what the batched program (tasks.cohort_training) does not do."""
+    if not cfg.resources.train_together:
+        return []
+    unsupported = {
+        "runtime = 'ray'": cfg.resources.runtime == "ray",
+        "dp = 'local' (its noise would come from another generator than the sequential "
+        "run's)": cfg.privacy.dp == "local",
+        "strategy = 'fedprox' (the proximal term)": cfg.federation.strategy == "fedprox",
+        f"secure-aggregation = {cfg.secagg.protocol!r} (its rounds train one client after "
+        "another)": cfg.secagg.enabled,
+        "audit canaries (their crafted gradients)": cfg.leakage.canaries > 0,
+        "anonymizer = 'cvae-online' (samples drawn as it trains)":
+            cfg.anonymization.anonymizer == "cvae-online",
+    }
+    bad = [what for what, on in unsupported.items() if on]
+    if not bad:
+        return []
+    return [f"train-together = true with {'; '.join(bad)}: a round's clients can be trained "
+            "as one batched program only in the in-process runtime, with plain SGD. Set "
+            "train-together = false, or drop what it cannot do."]

@@ -262,6 +262,13 @@ class ResourcesConfig(Section):
                        "clusters). auto: inprocess unless the run needs Ray (ray-address, "
                        "or client-gpus below 1 on a CUDA machine). Both give the same "
                        "results for the same seed.", choices=RUNTIMES)
+    train_together: bool = key(False, "Train each round's clients together as one batched "
+                               "program (torch.func vmap over the clients, "
+                               "tasks.cohort_training), equal to training them one after "
+                               "another up to float rounding. In-process runtime only, for "
+                               "plain rounds without local DP, FedProx, secure aggregation, "
+                               "audit canaries or cvae-online. Pays off on a GPU; on a CPU "
+                               "about even.")
     ray_address: str = key("", "Run the simulated clients on an existing Ray cluster: its "
                            "head's HOST:PORT (`ray start --head --port 6379`). Every node "
                            "needs this environment and the data. Empty: a private Ray on "
