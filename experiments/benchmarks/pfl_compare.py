@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import site
 import statistics
 import subprocess
@@ -27,7 +28,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -38,6 +38,10 @@ from tasks.splits import client_split, heldout_split
 
 PFL = "pfl==0.6.0"
 SETS = ["num-clients=10", "num-server-rounds=5", "local-epochs=1"]
+# pfl-research's CIFAR-10 benchmark shape: 1,000 users of 50 images, 50 a round, one local
+# epoch of batch 10, a small CNN (fedpriv's McMahan CNN)
+CIFAR_SETS = ["dataset=cifar10", "num-clients=1000", "fraction-train=0.05", "model=cnn",
+              "local-epochs=1", "batch-size=10", "num-server-rounds=5"]
 
 
 def ensure_venv(path: Path) -> Path:
@@ -57,8 +61,25 @@ def ensure_venv(path: Path) -> Path:
     return python
 
 
-def write_data(path: Path) -> dict:
-    cfg = resolve(None, SETS)
+def write_cifar10(folder: Path, train: int = 50_000, test: int = 10_000) -> Path:
+    """CIFAR-10's python files with random pixels (format-true: torchvision reads them as
+    the real ones; rounds per second do not depend on the pixels). Returns the data-dir."""
+    rng = np.random.default_rng(0)
+    root = folder / "cifar-10-batches-py"
+    root.mkdir(parents=True)
+    per = train // 5
+    for name, n in [*((f"data_batch_{i}", per) for i in range(1, 6)), ("test_batch", test)]:
+        with open(root / name, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         "labels": [int(v) for v in rng.integers(0, 10, n)],
+                         "batch_label": name}, f)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+    return folder
+
+
+def write_data(path: Path, sets: list[str]) -> dict:
+    cfg = resolve(None, sets)
     n = cfg.federation.num_clients
     arrays = {}
     for i in range(n):
@@ -68,7 +89,8 @@ def write_data(path: Path) -> dict:
     arrays["x_test"], arrays["y_test"] = test.x.numpy(), test.y.numpy()
     np.savez(path, **arrays)
     t = cfg.training
-    return {"data": str(path), "num_clients": n, "per_round": n, "model": t.model,
+    per_round = max(1, round(cfg.federation.fraction_train * n))
+    return {"data": str(path), "num_clients": n, "per_round": per_round, "model": t.model,
             "input_shape": list(test.x.shape[1:]), "num_classes": test.num_classes,
             "rounds": cfg.federation.num_server_rounds, "epochs": t.local_epochs,
             "batch_size": t.batch_size, "momentum": t.momentum, "weight_decay": t.weight_decay}
@@ -86,26 +108,30 @@ def bench_pfl(python: Path, spec: dict, runs: list[dict]) -> tuple[float, list[d
     return time.perf_counter() - t0, lines
 
 
-def _runs(python: Path, spec: dict, folder: Path, cfg: Any, rep: int) -> dict[str, dict]:
-    """One sitting of every system, in turn: whole runs and sweeps."""
+def _runs(python: Path, spec: dict, folder: Path, sets: list[str], rep: int,
+          sweeps: bool) -> dict[str, dict]:
+    """One sitting of every system, in turn: whole runs (and sweeps)."""
+    cfg = resolve(None, sets)
     out: dict[str, dict] = {}
     print(f"[{rep}] pfl, one run ...", flush=True)
     total, (run,) = bench_pfl(python, spec, [{"lr": cfg.training.lr, "seed": cfg.training.seed}])
     out["pfl"] = {"total-s": total, "rounds-s": run["rounds-s"], "accuracy": run["accuracy"]}
-    for variant, sets in VARIANTS.items():
+    for variant, extra in VARIANTS.items():
         print(f"[{rep}] fedpriv ({variant}), one run ...", flush=True)
-        out[variant] = bench_fedpriv([a for s in [*SETS, *sets] for a in ("--set", s)],
+        out[variant] = bench_fedpriv([a for s in [*sets, *extra] for a in ("--set", s)],
                                      folder / f"fp-{variant}-{rep}")
     print(f"[{rep}] plain PyTorch loop, one run ...", flush=True)
-    out["plain"] = bench_plain([a for s in SETS for a in ("--set", s)])
+    out["plain"] = bench_plain([a for s in sets for a in ("--set", s)])
+    if not sweeps:
+        return out
     print(f"[{rep}] pfl, sweep of {len(LRS) * len(SEEDS)} runs in one process ...", flush=True)
     out["pfl"]["sweep-s"] = bench_pfl(python, spec, [{"lr": lr, "seed": s} for lr in LRS
                                                      for s in SEEDS])[0]
-    for variant, sets in VARIANTS.items():
+    for variant, extra in VARIANTS.items():
         print(f"[{rep}] fedpriv sweep ({variant}), {len(LRS) * len(SEEDS)} runs ...", flush=True)
         out[variant]["sweep-s"] = timed([sys.executable, "-m", "experiments.cli", "sweep",
                                          str(sweep_file(folder)),
-                                         *(a for s in sets for a in ("--set", s))])
+                                         *(a for s in extra for a in ("--set", s))])
     return out
 
 
@@ -127,14 +153,22 @@ def main() -> None:
                         default=Path("~/.cache/fedpriv/pfl-venv").expanduser())
     parser.add_argument("--repeat", type=int, default=3,
                         help="sittings, each running every system in turn (medians reported)")
+    parser.add_argument("--workload", choices=("main", "cifar10"), default="main",
+                        help="main: the main job's shape (and the 8-run sweep); cifar10: "
+                             "pfl's CIFAR-10 benchmark shape (1,000 users x 50 images, "
+                             "cohort 50, a CNN) on format-true CIFAR-10 files of random "
+                             "pixels")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     python = ensure_venv(args.venv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        spec = write_data(folder / "data.npz")
-        cfg = resolve(None, SETS)
-        sittings = [_runs(python, spec, folder, cfg, rep) for rep in range(1, args.repeat + 1)]
+        sets = SETS
+        if args.workload == "cifar10":
+            sets = [*CIFAR_SETS, f"data-dir={write_cifar10(folder / 'cifar')}"]
+        spec = write_data(folder / "data.npz", sets)
+        sittings = [_runs(python, spec, folder, sets, rep, args.workload == "main")
+                    for rep in range(1, args.repeat + 1)]
 
     def med(system: str, what: str) -> float:
         values = []
@@ -147,9 +181,10 @@ def main() -> None:
     systems = [*VARIANTS, "pfl", "plain"]
     best = "inprocess-threads"
     rows = [("", *(NAMES[s] for s in systems), f"{NAMES[best]} / pfl")]
-    for label, what, fmt in (("whole run (s)", "total-s", "{:.1f}"),
-                             ("steady round (s)", "steady", "{:.3f}"),
-                             (f"sweep of {len(LRS) * len(SEEDS)} runs (s)", "sweep-s", "{:.1f}")):
+    rows_of = [("whole run (s)", "total-s", "{:.1f}"), ("steady round (s)", "steady", "{:.3f}")]
+    if args.workload == "main":
+        rows_of.append((f"sweep of {len(LRS) * len(SEEDS)} runs (s)", "sweep-s", "{:.1f}"))
+    for label, what, fmt in rows_of:
         rows.append((label, *(fmt.format(med(s, what)) if what != "sweep-s" or s != "plain"
                               else "-" for s in systems),
                      f"{med(best, what) / med('pfl', what):.2f}x"))
