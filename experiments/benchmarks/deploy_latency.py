@@ -3,7 +3,7 @@ against the simulation of the same workload: warm SuperNodes against Flower's st
 
 Runs the same config (default: 3 clients, 4 rounds, embedded MNIST, small CNN) as
 
-1. a simulation (``fedpriv run``),
+1. a simulation, in-process (``fedpriv run``'s default) and on Ray (``runtime = ray``),
 2. real SuperNodes as Flower ships them (``FEDPRIV_CLIENTAPPS=per-message``): a new
    ``flwr-clientapp`` process per message, the SuperNode's 3 s idle poll,
 3. warm SuperNodes (fedpriv's default, :mod:`experiments.deploy.warm_node`): one
@@ -61,11 +61,12 @@ def _measure(wall: float, ledger: list) -> tuple[float, float, float, float]:
     return wall, statistics.mean(steady), statistics.mean(train), ledger[-1].accuracy
 
 
-CASES = [("simulation (Ray)", False, {}),
+CASES = [("simulation, in-process (the default)", False, {}, []),
+         ("simulation, Ray (runtime = ray)", False, {}, ["runtime=ray"]),
          ("SuperNodes, Flower's stock (a flwr-clientapp per message, 3 s idle poll)", True,
-          {CLIENTAPPS: "per-message"}),
+          {CLIENTAPPS: "per-message"}, []),
          ("SuperNodes, warm (one ClientApp worker per node, 0.1 s polls)", True,
-          {CLIENTAPPS: "warm"})]
+          {CLIENTAPPS: "warm"}, [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     got: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, *_ in CASES}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeat):
-            for i, (name, nodes, env) in enumerate(CASES):
+            for i, (name, nodes, env, extra) in enumerate(CASES):
                 print(f"sitting {rep + 1}/{args.repeat}: {name}...", flush=True)
-                wall, ledger = _run(Path(tmp) / f"{rep}-{i}", base, nodes, env)
+                wall, ledger = _run(Path(tmp) / f"{rep}-{i}", [*base, *extra], nodes, env)
                 got[name].append(_measure(wall, ledger))
                 print(f"  steady round {got[name][-1][1]:.2f} s", flush=True)
     print(f"\n{args.clients} clients, {args.rounds} rounds, embedded MNIST, small CNN, "

@@ -83,6 +83,7 @@ def bench_fedpriv(args: list[str], results: Path) -> dict:
     recs = read_ledger(run)
     info = read_run_info(run)
     return {"total-s": wall, "rounds-s": [r.time["round-s"] for r in recs],
+            "train-s": [r.time.get("train-s") for r in recs],
             "accuracy": [r.accuracy for r in recs], "loss": [r.test["loss"] for r in recs],
             "setup-s (server)": info.get("setup-s"), "peak-rss": rss, "peak-pss": pss,
             "run-dir": str(run)}
