@@ -171,7 +171,11 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     server_round = int(round_config["server-round"])
     device = resolve_device(cfg.resources.device)
     seed = derive_seed(t.seed, server_round, client.partition_id)
-    torch.manual_seed(seed)
+    # the CPU generator (torch.manual_seed would also queue a seed for every lazily
+    # initialized device, formatting a stack trace each time: 1 ms a message)
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
 
     model = client.model(state)
     if screen(cfg.privacy.client_screen, model) is not None:
