@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import site
 import statistics
 import subprocess
@@ -59,23 +58,6 @@ def ensure_venv(path: Path) -> Path:
         (Path(packages) / "zz-fedpriv-env.pth").write_text(
             f"import site; site.addsitedir({ours!r})\n")
     return python
-
-
-def write_cifar10(folder: Path, train: int = 50_000, test: int = 10_000) -> Path:
-    """CIFAR-10's python files with random pixels (format-true: torchvision reads them as
-    the real ones; rounds per second do not depend on the pixels). Returns the data-dir."""
-    rng = np.random.default_rng(0)
-    root = folder / "cifar-10-batches-py"
-    root.mkdir(parents=True)
-    per = train // 5
-    for name, n in [*((f"data_batch_{i}", per) for i in range(1, 6)), ("test_batch", test)]:
-        with open(root / name, "wb") as f:
-            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                         "labels": [int(v) for v in rng.integers(0, 10, n)],
-                         "batch_label": name}, f)
-    with open(root / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
-    return folder
 
 
 def write_data(path: Path, sets: list[str]) -> dict:
@@ -156,8 +138,10 @@ def main() -> None:
     parser.add_argument("--workload", choices=("main", "cifar10"), default="main",
                         help="main: the main job's shape (and the 8-run sweep); cifar10: "
                              "pfl's CIFAR-10 benchmark shape (1,000 users x 50 images, "
-                             "cohort 50, a CNN) on format-true CIFAR-10 files of random "
-                             "pixels")
+                             "cohort 50, a CNN) on the real CIFAR-10 files in --data-dir "
+                             "(torchvision checks their MD5 sums)")
+    parser.add_argument("--data-dir", type=Path, help="for --workload cifar10: the folder "
+                        "holding cifar-10-batches-py")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     python = ensure_venv(args.venv)
@@ -165,7 +149,10 @@ def main() -> None:
         folder = Path(tmp)
         sets = SETS
         if args.workload == "cifar10":
-            sets = [*CIFAR_SETS, f"data-dir={write_cifar10(folder / 'cifar')}"]
+            if args.data_dir is None:
+                parser.error("--workload cifar10 needs --data-dir (the folder holding "
+                             "cifar-10-batches-py; CIFAR-10 is not downloadable here)")
+            sets = [*CIFAR_SETS, f"data-dir={args.data_dir.resolve()}"]
         spec = write_data(folder / "data.npz", sets)
         sittings = [_runs(python, spec, folder, sets, rep, args.workload == "main")
                     for rep in range(1, args.repeat + 1)]
