@@ -24,8 +24,6 @@ the view only orders and filters, and adds nothing to the messages.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,32 +33,6 @@ from flwr.serverapp import Grid
 from flwr.superlink.grid.http_grid import HttpGrid
 
 from tasks.messages import CELL_RECORD, NODE_RECORD, STATE_DIR
-
-OBJECT_BACKOFF = 0.02  # s before asking again for a reply's object (Flower 1.41: 1 s)
-
-
-def shorten_reply_backoff() -> str | None:
-    """Ask sooner for a reply's objects that are not on the SuperLink yet; None when done,
-    else why not (then Flower's own 1 s first backoff stays: slower, still correct).
-
-    The SuperLink hands out a reply as soon as the SuperNode's push lands, before its
-    objects; Flower's ``HttpGrid.pull_messages`` then asks again for a missing one only
-    after ``PULL_INITIAL_BACKOFF = 1`` s, doubling to 10 s: about 1 s of a round on
-    loopback. This gives the module's ``pull_objects`` a 0.02 s first backoff (same cap,
-    same number of tries, so the same patience for a slow upload). It relies on Flower
-    internals, checked here and in tests/test_deploy_warm.py.
-    """
-    import flwr.superlink.grid.http_grid as http_grid
-
-    pull = getattr(http_grid, "pull_objects", None)
-    if isinstance(pull, functools.partial):
-        return None  # already shortened in this process
-    if not callable(pull) or "initial_backoff" not in inspect.signature(pull).parameters:
-        return "flwr.superlink.grid.http_grid.pull_objects takes no initial_backoff"
-    if "pull_objects(" not in inspect.getsource(HttpGrid.pull_messages):
-        return "HttpGrid.pull_messages no longer pulls objects with pull_objects"
-    http_grid.pull_objects = functools.partial(pull, initial_backoff=OBJECT_BACKOFF)
-    return None
 
 
 class TooFewClients(RuntimeError):
@@ -85,8 +57,6 @@ class FederationGrid(Grid):
         self.min_nodes = min_nodes
         self.wait_limit = wait_limit
         self._short_since: float | None = None  # when fewer than min_nodes were connected
-        if isinstance(self._grid, HttpGrid):
-            shorten_reply_backoff()
 
     @property
     def grid(self) -> Grid:

@@ -148,23 +148,3 @@ def test_warm_supernodes_give_the_same_ledger_without_a_process_per_message(tmp_
     assert len(workers) == 3, warm_procs
     nodes = [c for c in warm_procs.values() if "experiments.deploy.warm_node" in c]
     assert len(nodes) == 3, warm_procs
-
-
-def test_the_servers_reply_backoff_is_shortened_and_flowers_code_still_matches():
-    """The ServerApp asks again for a reply's missing object after 0.02 s, not Flower's
-    1 s (strategies.grid.shorten_reply_backoff); the Flower code it relies on is there."""
-    import functools
-
-    import flwr.superlink.grid.http_grid as http_grid
-
-    from strategies.grid import OBJECT_BACKOFF, shorten_reply_backoff
-
-    saved = http_grid.pull_objects
-    try:
-        assert shorten_reply_backoff() is None
-        patched = http_grid.pull_objects
-        assert isinstance(patched, functools.partial)
-        assert patched.keywords == {"initial_backoff": OBJECT_BACKOFF}
-        assert shorten_reply_backoff() is None and http_grid.pull_objects is patched  # once
-    finally:
-        http_grid.pull_objects = saved
