@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,5 +104,41 @@ def target_accuracy_reached(target: float) -> StopAfter:
             return (f"test accuracy {record.accuracy:.4f} reached target-accuracy {target} at "
                     f"round {record.round}")
         return None
+
+    return stop
+
+
+DIVERGED_FACTOR = 10.0  # a loss this many times the initial model's has exploded
+
+
+def divergence(initial_loss: Callable[[], float | None]) -> StopAfter:
+    """Stop at the first round whose model diverged: a non-finite test or train loss (NaN
+    or infinite weights give one), or a test or train loss above ``DIVERGED_FACTOR`` times
+    the initial model's test loss (``initial_loss``: read when the round is checked; for
+    10 classes the initial loss is about ln 10 = 2.3, and even an overfit model stays far
+    below 23). Its reason starts
+    with "diverged", which the recorder keeps in run.json's ``diverged``."""
+    def stop(record: RoundRecord) -> str | None:
+        test = float(record.test.get("loss", math.nan))
+        # in a tampered round the clients trained the trap, not the model: their loss
+        # says nothing about it
+        train = None if record.tampered else record.train.get("loss")
+        start = initial_loss()
+        if not math.isfinite(test):
+            cause = f"the test loss is {test}"
+        elif train is not None and not math.isfinite(float(train)):
+            cause = f"the clients' train loss is {float(train)}"
+        elif start and math.isfinite(start) and test > DIVERGED_FACTOR * start:
+            cause = (f"the test loss {test:.4g} is over {DIVERGED_FACTOR:.0f}x the initial "
+                     f"model's {start:.4g}")
+        elif start and math.isfinite(start) and train is not None and \
+                float(train) > DIVERGED_FACTOR * start:
+            cause = (f"the clients' train loss {float(train):.4g} is over "
+                     f"{DIVERGED_FACTOR:.0f}x the initial model's test loss {start:.4g}")
+        else:
+            return None
+        return (f"diverged at round {record.round}: {cause}; later rounds would only train "
+                "from this model. Lower lr; with dp = 'central', add less noise per update "
+                "(more clients a round, a lower noise-multiplier)")
 
     return stop

@@ -183,7 +183,10 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         b = info.backbone
         lines.append(f"- features: {b.get('embedding-dim')}-d embeddings of a frozen "
                      f"{b.get('backbone')} trained on {b.get('trained-on')}")
-    if info.stopped_early:
+    if info.diverged:
+        lines.append(f"- **the model diverged at round {info.diverged['round']}**: "
+                     f"{info.diverged['cause']}; the run stopped there")
+    elif info.stopped_early:
         lines.append(f"- stopped early: {info.stopped_early}")
     lines += failure_lines(records, info)
     if res:

@@ -95,3 +95,40 @@ def test_client_side_adaptive_clipping_runs_through_the_real_clients(tmp_path):
     assert norms == sorted(norms) and norms[-1] > 0.01 * 1.1 ** 2
     assert ledger[-1].privacy["releases"] == 3 and ledger[-1].privacy["epsilon"] > 0
 
+
+
+def _record(test_loss: float, train_loss: float | None = 0.5, rnd: int = 3):
+    from tasks.results.ledger import RoundRecord
+
+    return RoundRecord(round=rnd, test={"accuracy": 0.1, "loss": test_loss},
+                       train={} if train_loss is None else {"loss": train_loss},
+                       sampled=[0], clients=[], failures=[], time={})
+
+
+def test_a_diverged_model_stops_the_loop_with_its_round_and_cause():
+    from server.loop import divergence
+
+    stop = divergence(lambda: 2.3)
+    assert stop(_record(2.0)) is None and stop(_record(20.0, train_loss=None)) is None
+    assert stop(_record(float("nan"))).startswith("diverged at round 3: the test loss is nan")
+    assert "train loss is inf" in stop(_record(1.0, float("inf")))
+    assert "test loss 30 is over 10x" in stop(_record(30.0))
+    assert "train loss 5e+31 is over 10x" in stop(_record(4.0, 5e31))
+    assert divergence(lambda: None)(_record(30.0)) is None  # no initial loss: non-finite only
+
+
+def test_the_table_keeps_its_columns_when_a_loss_explodes():
+    from server.console import table_header, table_row
+
+    width = len(table_header())
+    for loss in (0.25, 5.05e31, float("nan"), float("inf")):
+        row = table_row(4, {"accuracy": 0.1, "loss": loss}, {"loss": loss}, "10/10", 0.5)
+        assert len(row) == width, row
+
+
+def test_a_tampered_rounds_train_loss_is_not_the_models():
+    from server.loop import divergence
+
+    rec = _record(2.0, 1e9)
+    rec.tampered = "binning"
+    assert divergence(lambda: 2.3)(rec) is None

@@ -42,6 +42,7 @@ class RunInfo:
     elapsed_s: float | None = None
     # at the end
     stopped_early: str | None = None
+    diverged: dict[str, Any] | None = None  # the round whose model diverged, and the cause
     model_selection: dict[str, Any] | None = None
     robustness: list[dict[str, Any]] | None = None
     privacy: dict[str, Any] | None = None
