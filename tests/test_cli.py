@@ -1,6 +1,8 @@
 """The command line: --help documents every key; bad input fails fast, before any process starts."""
 
 import os
+import subprocess
+import sys
 import uuid
 
 import psutil
@@ -232,3 +234,14 @@ def test_a_sweep_over_seeds_tables_each_cells_mean_and_interval(tmp_path):
     # mean 0.82, half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.02828 / 1.414 = 0.2541
     assert "| lr=0.1 | 0.8200 ± 0.2541 (n=2) |" in md
     assert "cell 3 (lr=0.1, seed=3): boom" in md
+
+
+def test_a_listing_cut_short_by_its_reader_exits_quietly():
+    """`fedpriv keys | head -2`: nothing was running, so no error and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "keys"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err

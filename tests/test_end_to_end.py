@@ -393,3 +393,23 @@ def test_a_diverging_run_says_so_in_the_terminal_run_json_and_summary(tmp_path, 
     assert info["diverged"]["round"] == 1 and "train loss" in info["diverged"]["cause"]
     assert len(ledger_json(run)) == 1  # no round trained from the diverged model
     assert "**the model diverged at round 1**" in (run / "summary.md").read_text()
+
+
+def test_a_closed_output_pipe_stops_the_run_as_interrupted_with_its_cause(tmp_path, results):
+    """`fedpriv run | head`: when the reader goes away the run stops as on Ctrl-C, and
+    run.json says why (it said "crashed" with no error)."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", "--set",
+                             "num-clients=3", "--set", "num-server-rounds=500", "--set",
+                             f"results-dir={results}"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FEDPRIV_TEST_MARKER": marker})
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()  # as `head -3` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "the output's reader went away" in err and "Traceback" not in err
+    info = read_run_info(only_run(results))
+    assert info["status"] == "interrupted" and "reader went away" in info["error"]
+    assert _gone(marker) == []

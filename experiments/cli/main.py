@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
+    from ..runtime.procs import PipeGuard
+
+    sys.stdout = PipeGuard(sys.stdout)  # a closed pipe stops a run as Ctrl-C does
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
     try:
         return COMMANDS[args.command](args)
@@ -143,8 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
-        from ..runtime.procs import Terminated
+        from ..runtime.procs import OutputClosed, Terminated, interruption
 
+        if isinstance(exc, OutputClosed):  # e.g. `fedpriv keys | head`: nothing was cut
+            if args.command in ("run", "sweep"):
+                print(f"fedpriv: {interruption(exc)}; every process fedpriv started has "
+                      "been stopped.", file=sys.stderr)
+                return 141
+            return 0
         term = isinstance(exc, Terminated)
         print(f"\nfedpriv: {'stopped by SIGTERM' if term else 'interrupted'}; every process "
               "fedpriv started has been stopped.", file=sys.stderr)

@@ -23,8 +23,52 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into the same unwinding as Ctrl-C (cleanup runs), told apart."""
 
 
+class OutputClosed(KeyboardInterrupt):
+    """Whoever read our output went away (``fedpriv run | head``): the same unwinding as
+    Ctrl-C, told apart."""
+
+
+class PipeGuard:
+    """The CLI's stdout: once its reader is gone, the next write raises
+    :class:`OutputClosed` (instead of a BrokenPipeError that would leave a run "crashed"
+    with no cause), and every later write goes nowhere."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def _closed(self) -> None:
+        self.gone = True
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        raise OutputClosed
+
+    def write(self, text: str) -> int:
+        if self.gone:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return 0
+
+    def flush(self) -> None:
+        if self.gone:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def interruption(exc: BaseException) -> str:
     """How a run was stopped from outside, for run.json and the terminal."""
+    if isinstance(exc, OutputClosed):
+        return ("stopped: the output's reader went away (e.g. `fedpriv run | head`); pipe "
+                "into `tee` or a file to keep the run going")
     return ("stopped by SIGTERM" if isinstance(exc, Terminated)
             else "interrupted by the user (Ctrl-C)")
 
