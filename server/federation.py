@@ -47,11 +47,11 @@ from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, runtime_of, simulated
 from .evaluation import CentralEvaluator, ModelSelection
 from .loop import (
+    DivergenceWatch,
     LoopOutcome,
     RoundHook,
     StopAfter,
     StopBefore,
-    divergence,
     run_rounds,
     target_accuracy_reached,
 )
@@ -147,7 +147,12 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
         initial = checkpoint.model
     selection = ModelSelection(run.path, read_ledger(run.path)) \
         if task.validation is not None else None
-    hooks: list[RoundHook] = [PlotHook(run.path, info, task.title(cfg))]
+    def on_diverged(rnd: int, cause: str) -> None:
+        info.diverged = {"round": rnd, "cause": cause}
+
+    hooks: list[RoundHook] = [PlotHook(run.path, info, task.title(cfg)),
+                              DivergenceWatch(lambda: (info.initial or {}).get("loss"),
+                                              on_diverged)]
     if cfg.leakage.enabled:
         hooks.append(task.observer(cfg, run, len(clients)))
     if selection is not None:
@@ -162,8 +167,7 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
         checkpoint.round + 1 if checkpoint is not None else 1,
         [central.stop_reason] if central is not None else [],
         [lambda r: privacy.stop_reason(r.round),
-         target_accuracy_reached(cfg.federation.target_accuracy),
-         divergence(lambda: (info.initial or {}).get("loss"))],
+         target_accuracy_reached(cfg.federation.target_accuracy)],
         Tamper(cfg, task, runner.describe()) if cfg.leakage.server == "malicious" else None)
 
 
@@ -238,13 +242,7 @@ def finish(cfg: RunConfig, run: RunFolder, info: RunInfo, fed: Federation,
     """Record the outcome: which model is reported, the saved model, run.json, summary.md."""
     if result.stopped_early:
         info.stopped_early = result.stopped_early
-        if result.stopped_early.startswith("diverged at round "):
-            rnd, _, cause = result.stopped_early.removeprefix("diverged at round ").partition(
-                ": ")
-            info.diverged = {"round": int(rnd), "cause": cause}
-            say(f"warning: the model {result.stopped_early}")
-        else:
-            say(f"stopping early: {result.stopped_early}")
+        say(f"stopping early: {result.stopped_early}")
     _report_model(cfg, info, fed.evaluator, fed.selection, result.arrays)
     info.privacy = fed.privacy.summary()
     if cfg.results.save_model:  # the evaluator holds the final model

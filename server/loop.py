@@ -111,34 +111,51 @@ def target_accuracy_reached(target: float) -> StopAfter:
 DIVERGED_FACTOR = 10.0  # a loss this many times the initial model's has exploded
 
 
-def divergence(initial_loss: Callable[[], float | None]) -> StopAfter:
-    """Stop at the first round whose model diverged: a non-finite test or train loss (NaN
-    or infinite weights give one), or a test or train loss above ``DIVERGED_FACTOR`` times
-    the initial model's test loss (``initial_loss``: read when the round is checked; for
-    10 classes the initial loss is about ln 10 = 2.3, and even an overfit model stays far
-    below 23). Its reason starts
-    with "diverged", which the recorder keeps in run.json's ``diverged``."""
-    def stop(record: RoundRecord) -> str | None:
-        test = float(record.test.get("loss", math.nan))
-        # in a tampered round the clients trained the trap, not the model: their loss
-        # says nothing about it
-        train = None if record.tampered else record.train.get("loss")
-        start = initial_loss()
-        if not math.isfinite(test):
-            cause = f"the test loss is {test}"
-        elif train is not None and not math.isfinite(float(train)):
-            cause = f"the clients' train loss is {float(train)}"
-        elif start and math.isfinite(start) and test > DIVERGED_FACTOR * start:
-            cause = (f"the test loss {test:.4g} is over {DIVERGED_FACTOR:.0f}x the initial "
-                     f"model's {start:.4g}")
-        elif start and math.isfinite(start) and train is not None and \
-                float(train) > DIVERGED_FACTOR * start:
-            cause = (f"the clients' train loss {float(train):.4g} is over "
-                     f"{DIVERGED_FACTOR:.0f}x the initial model's test loss {start:.4g}")
-        else:
-            return None
-        return (f"diverged at round {record.round}: {cause}; later rounds would only train "
-                "from this model. Lower lr; with dp = 'central', add less noise per update "
-                "(more clients a round, a lower noise-multiplier)")
+def diverged(record: RoundRecord, initial_loss: float | None) -> str | None:
+    """Why ``record``'s model diverged, or None: a non-finite test or train loss (NaN or
+    infinite weights give one), or a test or train loss above ``DIVERGED_FACTOR`` times
+    the initial model's test loss (for 10 classes that is about ln 10 = 2.3, and even an
+    overfit model stays far below 23). A tampered round's train loss is the trap's, not
+    the model's, and is not read."""
+    test = float(record.test.get("loss", math.nan))
+    train = None if record.tampered else record.train.get("loss")
+    start = initial_loss if initial_loss is not None and math.isfinite(initial_loss) else None
+    if not math.isfinite(test):
+        return f"the test loss is {test}"
+    if train is not None and not math.isfinite(float(train)):
+        return f"the clients' train loss is {float(train)}"
+    if start and test > DIVERGED_FACTOR * start:
+        return (f"the test loss {test:.4g} is over {DIVERGED_FACTOR:.0f}x the initial model's "
+                f"{start:.4g}")
+    if start and train is not None and float(train) > DIVERGED_FACTOR * start:
+        return (f"the clients' train loss {float(train):.4g} is over {DIVERGED_FACTOR:.0f}x "
+                f"the initial model's test loss {start:.4g}")
+    return None
 
-    return stop
+
+class DivergenceWatch:
+    """A round hook that notices the first round whose model diverged (:func:`diverged`):
+    it says so on the terminal and records the round and cause (``on_diverged``) for
+    run.json and summary.md. The run goes on: a study may mean to run a setting that
+    cannot learn (heavy noise), and its epsilon and rounds must stay what was asked."""
+
+    def __init__(self, initial_loss: Callable[[], float | None],
+                 on_diverged: Callable[[int, str], None]) -> None:
+        self.initial_loss = initial_loss
+        self.on_diverged = on_diverged
+        self.seen = False
+
+    def after_round(self, record: RoundRecord, arrays: ArrayRecord,
+                    result: RoundResult) -> None:
+        if self.seen:
+            return
+        cause = diverged(record, self.initial_loss())
+        if cause is not None:
+            self.seen = True
+            say(f"warning: the model diverged at round {record.round}: {cause}. Lower lr; "
+                "with dp = 'central', add less noise per update (more clients a round, a "
+                "lower noise-multiplier)")
+            self.on_diverged(record.round, cause)
+
+    def finish(self) -> None:
+        pass

@@ -185,8 +185,9 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
                      f"{b.get('backbone')} trained on {b.get('trained-on')}")
     if info.diverged:
         lines.append(f"- **the model diverged at round {info.diverged['round']}**: "
-                     f"{info.diverged['cause']}; the run stopped there")
-    elif info.stopped_early:
+                     f"{info.diverged['cause']}; the rounds after it trained from a broken "
+                     "model")
+    if info.stopped_early:
         lines.append(f"- stopped early: {info.stopped_early}")
     lines += failure_lines(records, info)
     if res:

@@ -382,16 +382,16 @@ def test_kill_9_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, result
 
 
 def test_a_diverging_run_says_so_in_the_terminal_run_json_and_summary(tmp_path, results):
-    """lr = 50 blows the clients' loss up in round 1: the run stops there and every place
-    a user looks says the model diverged, with the round and the cause."""
-    res = run_cli("run", "--set", "num-clients=3", "--set", "num-server-rounds=5",
+    """lr = 50 blows the clients' loss up in round 1: every place a user looks says the
+    model diverged, with the round and the cause (the run itself goes on, as asked)."""
+    res = run_cli("run", "--set", "num-clients=3", "--set", "num-server-rounds=3",
                   "--set", "lr=50", "--set", f"results-dir={results}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "warning: the model diverged at round 1" in res.stdout
+    assert res.stdout.count("warning: the model diverged at round 1") == 1  # said once
     run = only_run(results)
     info = read_run_info(run)
     assert info["diverged"]["round"] == 1 and "train loss" in info["diverged"]["cause"]
-    assert len(ledger_json(run)) == 1  # no round trained from the diverged model
+    assert len(ledger_json(run)) == 3
     assert "**the model diverged at round 1**" in (run / "summary.md").read_text()
 
 

@@ -105,16 +105,25 @@ def _record(test_loss: float, train_loss: float | None = 0.5, rnd: int = 3):
                        sampled=[0], clients=[], failures=[], time={})
 
 
-def test_a_diverged_model_stops_the_loop_with_its_round_and_cause():
-    from server.loop import divergence
+def test_a_diverged_model_is_told_apart_with_its_cause():
+    from server.loop import diverged
 
-    stop = divergence(lambda: 2.3)
-    assert stop(_record(2.0)) is None and stop(_record(20.0, train_loss=None)) is None
-    assert stop(_record(float("nan"))).startswith("diverged at round 3: the test loss is nan")
-    assert "train loss is inf" in stop(_record(1.0, float("inf")))
-    assert "test loss 30 is over 10x" in stop(_record(30.0))
-    assert "train loss 5e+31 is over 10x" in stop(_record(4.0, 5e31))
-    assert divergence(lambda: None)(_record(30.0)) is None  # no initial loss: non-finite only
+    assert diverged(_record(2.0), 2.3) is None and diverged(_record(20.0, None), 2.3) is None
+    assert diverged(_record(float("nan")), 2.3) == "the test loss is nan"
+    assert "train loss is inf" in diverged(_record(1.0, float("inf")), 2.3)
+    assert "test loss 30 is over 10x" in diverged(_record(30.0), 2.3)
+    assert "train loss 5e+31 is over 10x" in diverged(_record(4.0, 5e31), 2.3)
+    assert diverged(_record(30.0), None) is None  # no initial loss: non-finite only
+
+
+def test_the_watch_records_the_first_diverged_round_once_and_the_run_goes_on():
+    from server.loop import DivergenceWatch
+
+    seen = []
+    watch = DivergenceWatch(lambda: 2.3, lambda rnd, cause: seen.append((rnd, cause)))
+    for rnd, loss in ((1, 2.0), (2, float("nan")), (3, float("nan"))):
+        watch.after_round(_record(loss, rnd=rnd), None, None)
+    assert seen == [(2, "the test loss is nan")]
 
 
 def test_the_table_keeps_its_columns_when_a_loss_explodes():
@@ -127,8 +136,8 @@ def test_the_table_keeps_its_columns_when_a_loss_explodes():
 
 
 def test_a_tampered_rounds_train_loss_is_not_the_models():
-    from server.loop import divergence
+    from server.loop import diverged
 
     rec = _record(2.0, 1e9)
     rec.tampered = "binning"
-    assert divergence(lambda: 2.3)(rec) is None
+    assert diverged(rec, 2.3) is None
