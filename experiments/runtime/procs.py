@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import os
 import queue
@@ -149,7 +148,9 @@ def _die_with_parent(sig: int = signal.SIGTERM) -> None:
     """In the child, before exec: ask Linux to send it ``sig`` (SIGTERM) when its parent
     dies (even by SIGKILL), so a child fedpriv started never outlives it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the running program's own symbols (libc's among them): find_library would run
+        # `ldconfig -p` from here, a process forked between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's cleanup still applies
         pass
