@@ -118,9 +118,11 @@ def main(argv: list[str]) -> int:
             tmp.write_text(json.dumps(record))
             os.replace(tmp, path)
         time.sleep(INTERVAL)
-    # the outcome first: a ServerApp stopped below must not record its own ending
+    # the outcome first: a ServerApp stopped below must not record its own ending; and
+    # again after: one that finished a round meanwhile wrote run.json as still running
     mark_orphaned_runs(path.with_suffix(".runs"), owner)
     stop_recorded(record)
+    mark_orphaned_runs(path.with_suffix(".runs"), owner)
     shutil.rmtree(home, ignore_errors=True)
     return 0
 
