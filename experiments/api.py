@@ -9,16 +9,20 @@ starts; progress lines go to ``echo`` (``print``, so they show in a notebook).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import csv
+import difflib
+import html
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from server.checkpoint import FOLDER as CHECKPOINT
 from server.checkpoint import SERVER_FILE, Checkpoint, resumable
-from tasks.config import ConfigError, RunConfig, validate
+from tasks.config import KEYS, ConfigError, RunConfig, validate
 from tasks.results.folder import (
     RunFolder,
     default_run_name,
@@ -32,6 +36,7 @@ from tasks.results.ledger import RoundRecord, headline_epsilon, read_ledger
 
 from .configs import resolve
 from .deploy.connection import Connection, DeployedSuperLink
+from .frames import changed, combine, ledger_frame
 from .preflight.isolated import Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
 from .runtime.choice import choose
@@ -46,10 +51,26 @@ if TYPE_CHECKING:
 Echo = Callable[[str], None]
 
 
-@dataclass
+class Plots(dict):
+    """A run's plots by name (``"accuracy"``, ``"leakage/roc"``) -> PNG path; shown as
+    images in a notebook."""
+
+    def _repr_html_(self) -> str:
+        return "".join(_img(path, name) for name, path in self.items())
+
+
+def _img(path: Path, title: str, width: int = 360) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure style="display:inline-block;margin:4px"><img width="{width}" '
+            f'src="data:image/png;base64,{data}"/><figcaption style="text-align:center">'
+            f"{html.escape(title)}</figcaption></figure>")
+
+
+@dataclass(eq=False)
 class Result:
     """One run's folder, read back: its config, ledger (one record per round), outcome and
-    files."""
+    files. Two Results are equal when they hold the same run: folder, config, ledger and
+    outcome."""
 
     run_dir: Path
     config: RunConfig
@@ -81,13 +102,20 @@ class Result:
         return headline_epsilon(self.info.get("privacy"))
 
     @property
+    def diverged(self) -> dict[str, Any] | None:
+        """The round and cause when the model diverged (run.json), else None."""
+        return self.info.get("diverged")
+
+    @property
     def summary(self) -> str:
         path = self.run_dir / "summary.md"
         return path.read_text() if path.exists() else ""
 
     @property
-    def plots(self) -> list[Path]:
-        return sorted((self.run_dir / "plots").rglob("*.png"))
+    def plots(self) -> Plots:
+        folder = self.run_dir / "plots"
+        return Plots((p.relative_to(folder).with_suffix("").as_posix(), p)
+                     for p in sorted(folder.rglob("*.png")))
 
     @property
     def leakage(self) -> dict[str, Any] | None:
@@ -95,14 +123,29 @@ class Result:
         path = self.run_dir / "leakage.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def frame(self) -> pandas.DataFrame:
-        """The ledger as a pandas DataFrame, one row per round."""
-        try:
-            import pandas as pd
-        except ImportError as exc:  # pandas is optional: the ledger is there without it
-            raise ImportError("Result.frame() needs pandas (pip install pandas); the same "
-                              "numbers are in Result.ledger.") from exc
-        return pd.DataFrame([_row(r) for r in self.ledger]).set_index("round")
+    def frame(self, config: str | Sequence[str] = "changed") -> pandas.DataFrame:
+        """The run as a pandas DataFrame, one row per round from round 0 (the initial
+        model): every number the ledger holds (``test_accuracy``, ``train_loss``,
+        ``epsilon``, ``test_auroc``, ``anonymization_...``), the folder name (``run``) and
+        settings as columns: ``config="changed"`` the keys not at their default, ``"all"``
+        every key, or a list of keys. :func:`concat` puts several runs in one frame."""
+        if isinstance(config, str) and config in ("changed", "all"):
+            keys = changed([self.config]) if config == "changed" else list(self.config)
+        else:
+            keys = [_key(k) for k in ([config] if isinstance(config, str) else config)]
+        return ledger_frame(self.ledger, self.info, self.config, self.run_dir.name, keys)
+
+    def _content(self) -> tuple:
+        return (self.run_dir.resolve(), json.dumps(self.config.flat(), sort_keys=True),
+                json.dumps([r.to_json() for r in self.ledger], sort_keys=True),
+                self.status, self.error)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Result):
+            return NotImplemented
+        return self._content() == other._content()
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, compared by content)
 
     def __repr__(self) -> str:
         acc = "" if self.accuracy is None else f", accuracy {self.accuracy:.4f}"
@@ -110,18 +153,43 @@ class Result:
         return (f"Result({self.status}, {len(self.ledger)} rounds{acc}{eps}, "
                 f"{self.run_dir})")
 
+    def _repr_html_(self) -> str:
+        flat = self.config.flat()
+        rows = [("run", self.run_dir.name), ("status", self.status),
+                ("rounds", f"{len(self.ledger)} of {self.config.federation.num_server_rounds}")]
+        if self.accuracy is not None:
+            rows.append(("test accuracy", f"{self.accuracy:.4f}"))
+        if self.epsilon is not None:
+            rows.append(("epsilon", f"{self.epsilon:.3g}"))
+        if self.diverged:
+            rows.append(("diverged", f"round {self.diverged.get('round')}: "
+                                     f"{self.diverged.get('cause')}"))
+        if self.error:
+            rows.append(("error", self.error))
+        rows += [(k, str(flat[k])) for k in changed([self.config])
+                 if k not in ("results-dir", "run-dir")]
+        table = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+                        for k, v in rows)
+        return f"<table>{table}</table>" + self.plots._repr_html_()
 
-def _row(r: RoundRecord) -> dict[str, Any]:
-    row: dict[str, Any] = {"round": r.round, "accuracy": r.test.get("accuracy"),
-                           "loss": r.test.get("loss"), "clients": len(r.clients),
-                           "sampled": len(r.sampled), "failures": len(r.failures),
-                           "round-s": r.time.get("round-s")}
-    for key in ("loss", "accuracy"):
-        if key in r.train:
-            row[f"train-{key}"] = r.train[key]
-    if r.privacy:
-        row["epsilon"] = headline_epsilon(r.privacy)
-    return row
+
+def _key(name: str) -> str:
+    """A run-config key from a name with dashes or underscores (ConfigError if unknown)."""
+    dashed = name.replace("_", "-")
+    if dashed not in KEYS:
+        close = difflib.get_close_matches(dashed, KEYS, n=3)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise ConfigError(f"{name!r} is not a run-config key.{hint}")
+    return dashed
+
+
+def concat(results: Iterable[Result]) -> pandas.DataFrame:
+    """Several runs in one frame (rows: run x round), with a column for every key set to
+    other than its default in any of them, so the runs can be told apart and compared."""
+    results = list(results)
+    keys = changed(r.config for r in results)
+    return combine([r.frame(keys) for r in results], keys)
 
 
 def load(run_dir: str | Path) -> Result:
@@ -297,30 +365,101 @@ class SweepResult:
     """A sweep's folder (sweep.csv, sweep.md, plots/) and each cell's run."""
 
     folder: Path | None
-    cells: list[dict[str, Any]]  # index, params, status, error
+    cells: list[dict[str, Any]]  # index, params, seed, status, error
     runs: dict[int, Result]  # by cell index, for the cells that ran
 
     @property
     def ok(self) -> bool:
         return all(c["status"] == "finished" for c in self.cells)
 
-    def frame(self) -> pandas.DataFrame:
-        """sweep.csv as a pandas DataFrame, one row per cell."""
+    def table(self) -> pandas.DataFrame:
+        """sweep.csv as a pandas DataFrame, one row per cell (final and best accuracy,
+        epsilon, leakage scores...)."""
         import pandas as pd
 
         if self.folder is None:
             raise ValueError("a dry run has no results")
         return pd.read_csv(self.folder / "sweep.csv").set_index("cell")
 
+    def frame(self) -> pandas.DataFrame:
+        """Every cell's rounds in one tidy frame (rows: cell x round, round 0 first), with
+        ``cell``, ``status`` and a column for every key that differs between cells or from
+        the defaults (:func:`concat`)."""
 
-def sweep(file: str, *, dry_run: bool = False, verbose: bool = False, repeat: int | None = None,
-          separate: bool = False, **overrides: Any) -> SweepResult:
-    """Run every cell of a sweep file (a bundled name or a path) with keys overridden in
+        if not self.runs:
+            raise ValueError("no cell of this sweep ran" if self.folder else
+                             "a dry run has no results")
+        keys = changed(r.config for r in self.runs.values())
+        status = {c["index"]: c["status"] for c in self.cells}
+        frames = [r.frame(keys) for r in self.runs.values()]
+        for (i, _), f in zip(self.runs.items(), frames, strict=True):
+            f.insert(0, "cell", i)
+            f.insert(1, "status", status.get(i))
+        return combine(frames, keys)
+
+    def __repr__(self) -> str:
+        done = sum(c["status"] == "finished" for c in self.cells)
+        return (f"SweepResult({done} of {len(self.cells)} cells finished, "
+                f"{self.folder or 'dry run'})")
+
+
+def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None = None,
+          fixed: Mapping[str, Any] | None = None,
+          cells: Sequence[Mapping[str, Any]] | None = None, preset: str | None = None,
+          name: str = "python", dry_run: bool = False, verbose: bool = False,
+          repeat: int | None = None, separate: bool = False, **overrides: Any) -> SweepResult:
+    """Run every cell of a sweep (a bundled name or a file; or from Python: ``grid`` of
+    lists, ``fixed`` keys, extra ``cells``, a base ``preset``) with keys overridden in
     every cell, all inside one simulation (``separate``: one each), each once per seed
-    with ``repeat``; a failed cell is recorded and the sweep goes on."""
-    done = run_sweep(file, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
+    with ``repeat``; a failed cell is recorded and the sweep goes on. Keys with ``_`` or
+    ``-``."""
+    given = grid is not None or fixed is not None or cells is not None or preset is not None
+    if (file is not None) == given:
+        raise ConfigError("fedpriv.sweep takes a sweep file (a bundled name such as "
+                          "'dp-epsilon-mnist', or a path) or a sweep given as grid=, fixed=, "
+                          "cells= and preset=, not both and not neither. E.g. "
+                          "fedpriv.sweep(grid={'dp': ['none', 'local']}, "
+                          "fixed={'target_epsilon': 5}).")
+    source: str | dict[str, Any] = file if file is not None else {
+        "name": name, **({"preset": preset} if preset else {}),
+        **({"fixed": _keys(fixed)} if fixed else {}),
+        **({"grid": {k: list(v) for k, v in _keys(grid).items()}} if grid else {}),
+        **({"cells": [_keys(c) for c in cells]} if cells else {})}
+    done = run_sweep(source, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
                      separate=separate, repeat=repeat)
-    cells = [{"index": c.index, "params": c.params, "seed": c.seed, "status": c.status,
-              "error": c.error} for c in done.cells]
-    runs = {c.index: load(c.run_dir) for c in done.cells if c.run_dir is not None}
-    return SweepResult(done.out, cells, runs)
+    return _sweep_result(done.out, [(c.index, c.params, c.seed, c.status, c.error, c.run_dir)
+                                    for c in done.cells])
+
+
+def _sweep_result(folder: Path | None, cells: Sequence[tuple]) -> SweepResult:
+    rows = [{"index": i, "params": p, "seed": s, "status": st, "error": e}
+            for i, p, s, st, e, _ in cells]
+    runs = {i: load(d) for i, _, _, _, _, d in cells if d is not None and
+            (Path(d) / "config.toml").exists()}
+    return SweepResult(folder, rows, runs)
+
+
+def load_sweep(folder: str | Path) -> SweepResult:
+    """A sweep folder (``results/sweeps/...``), read back: its cells and their runs."""
+    path = Path(folder).expanduser().resolve()
+    table = path / "sweep.csv"
+    if not table.is_file():
+        raise ConfigError(f"{path} is not a finished fedpriv sweep folder (no sweep.csv). Give "
+                          "the folder `fedpriv sweep` printed, e.g. results/sweeps/20261122-"
+                          "101500-dp-epsilon-mnist.")
+    with table.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    header = list(rows[0]) if rows else []
+    # the keys that label cells: the columns between "cell" (and "seed") and "status"
+    labels = [k for k in header[1:header.index("status")] if k != "seed"] \
+        if "status" in header else []
+    cells = []
+    for row in rows:
+        run = row.get("run-dir") or ""
+        folder = (path / run) if run else None
+        saved = load(folder).config if folder and (folder / "config.toml").exists() else None
+        params = {k: (saved[k] if saved is not None else row[k]) for k in labels if row[k]}
+        seed = int(row["seed"]) if row.get("seed") else None
+        cells.append((int(row["cell"]), params, seed, row.get("status", ""),
+                      row.get("error") or None, folder))
+    return _sweep_result(path, cells)

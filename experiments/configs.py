@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -10,6 +11,7 @@ from typing import Any
 
 from strategies.registry import STRATEGIES
 from tasks.config import ConfigError, Key, RunConfig, parse_assignment, validate, validate_partial
+from tasks.config.effect import describe_idle, idle_keys
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
@@ -39,9 +41,11 @@ def find_file(name: str, folder: Path, kind: str) -> Path:
     bundled = folder / (name if name.endswith(".toml") else f"{name}.toml")
     if bundled.is_file():
         return bundled
-    available = ", ".join(sorted(p.stem for p in folder.glob("*.toml"))) or "none"
+    names = sorted(p.stem for p in folder.glob("*.toml"))
+    close = difflib.get_close_matches(Path(name).stem, names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"{kind} {name!r} not found: no such file, and no bundled {kind} of that "
-                      f"name (bundled: {available}).")
+                      f"name (bundled: {', '.join(names) or 'none'}).{hint}")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -83,14 +87,28 @@ def resolve(preset: str | None, assignments: Iterable[str] = (),
         raise ConfigError("--config '' names no preset. Give a bundled preset's name (see "
                           "`fedpriv presets`) or a TOML file, or leave --config out to run "
                           "the defaults.")
-    values: dict[str, Any] = read_preset(preset) if preset else {}
+    from_preset: dict[str, Any] = read_preset(preset) if preset else {}
+    given: dict[str, Any] = {}
     for text in assignments:
         key, value = parse_assignment(text)
-        values[key] = value
-    values.update(overrides or {})
-    cfg = validate(values)
+        given[key] = value
+    given.update(overrides or {})
+    cfg = validate({**from_preset, **given})
     check_registered(cfg)
+    refuse_idle(given, cfg)
+    for name, why in idle_keys(from_preset, cfg).items():
+        if name not in given:
+            print(f"note: preset {preset!r} sets {name} = {from_preset[name]!r}, which has "
+                  f"no effect with {why}")
     return absolutize(cfg)
+
+
+def refuse_idle(given: Mapping[str, Any], cfg: RunConfig) -> None:
+    """ConfigError when a key the user set does nothing in ``cfg``'s mode (a run that
+    looks private and is not): every such key in one paragraph each."""
+    lines = describe_idle(idle_keys(given, cfg), given)
+    if lines:
+        raise ConfigError("Invalid run config:\n  - " + "\n  - ".join(lines))
 
 
 def _absolute(path: str) -> str:

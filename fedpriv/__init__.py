@@ -5,11 +5,24 @@
     result.frame()                      # the ledger, one row per round (pandas)
     fedpriv.load("results/20261122-...").plots
     fedpriv.sweep("dp-epsilon-mnist", num_server_rounds=3).frame()
+    fedpriv.sweep(grid={"dp": ["none", "local"]}, fixed={"target_epsilon": 5})
+    fedpriv.load_sweep("results/sweeps/20261122-...").table()
+    fedpriv.concat([run_a, run_b])      # several runs in one frame, settings as columns
     fedpriv.resume("results/20261122-...")  # a crashed run, from its last round
 """
 
-from experiments.api import Result, SweepResult, load, resume, run, run_config, sweep
+from experiments.api import (
+    Result,
+    SweepResult,
+    concat,
+    load,
+    load_sweep,
+    resume,
+    run,
+    run_config,
+    sweep,
+)
 from tasks.config import ConfigError
 
-__all__ = ["ConfigError", "Result", "SweepResult", "load", "resume", "run", "run_config",
-           "sweep"]
+__all__ = ["ConfigError", "Result", "SweepResult", "concat", "load", "load_sweep", "resume",
+           "run", "run_config", "sweep"]

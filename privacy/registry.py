@@ -22,6 +22,7 @@ datasets, partitioners, models and backbones in :mod:`tasks.registry`, the strat
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import re
 from collections.abc import Iterator
@@ -128,9 +129,11 @@ class Registry(Generic[T]):
     def unknown(self, name: object, key: str | None = None) -> str:
         """The one-paragraph error for a name that is not registered."""
         names = ", ".join(self._entries)
+        close = difflib.get_close_matches(str(name), list(self._entries), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         what = (f"{key} = {name!r} must be one of {names}" if key
                 else f"unknown {self.kind} {name!r}; choose from {names}")
-        return (f"{what}. {a_kind(self.kind, True)} of your own must be registered first: "
+        return (f"{what}.{hint} {a_kind(self.kind, True)} of your own must be registered first: "
                 f"with {self.where}.register({name!r}) in a module the run-config key plugins "
                 f"names ({EXTENDING}).")
 

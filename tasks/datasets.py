@@ -11,8 +11,10 @@ unchanged; network downloads happen only with ``download = true``. Compressed ID
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,17 +110,32 @@ def _torchvision(cls_name: str, root: Path, download: bool) -> tuple[np.ndarray,
     import torchvision.datasets as tvd  # imports torchvision's models too: only when reading
 
     cls = getattr(tvd, cls_name)
+    made = [p for p in (root, *root.parents) if not p.exists()]  # what a download creates
     try:
         train, test = (cls(str(root), train=t, download=download) for t in (True, False))
     except RuntimeError as exc:  # torchvision's "not found or corrupted"
+        _remove_empty(made)
         raise ConfigError(f"{cls_name} in {root}: {exc}. A file is missing, truncated or "
                           "corrupt (torchvision checks CIFAR's MD5 sums); replace it with a "
                           "fresh copy.") from None
     except Exception as exc:  # downloads fail in many ways (no network here)
+        _remove_empty(made)
         raise ConfigError(f"Reading or downloading {cls_name} into {root} failed ({exc}). "
                           "This machine may have no internet access: download it elsewhere "
                           "with torchvision and copy the folder into data-dir.") from exc
     return tuple(np.asarray(a) for a in (train.data, train.targets, test.data, test.targets))
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the folders a failed download created, deepest first, if still empty: a
+    failed run leaves nothing behind."""
+    for top in made[:1]:
+        for folder, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+    for folder in made[1:]:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def _idx_files(folder: Path) -> dict[str, Path] | None:

@@ -16,11 +16,14 @@ def test_load_reads_a_run_folder_back_with_its_ledger_as_a_frame(tmp_path):
     assert result.ok and [r.round for r in result.ledger] == [1, 2]
     assert result.config.federation.num_clients == 3 and result.epsilon is None
     frame = result.frame()
-    assert list(frame.index) == [1, 2]
-    assert list(frame["accuracy"]) == [r.accuracy for r in result.ledger]
+    assert list(frame["round"]) == [0, 1, 2]  # round 0: the initial model
+    assert list(frame["test_accuracy"])[1:] == [r.accuracy for r in result.ledger]
+    assert frame["test_accuracy"][0] == result.info["initial"]["accuracy"]
     assert result.accuracy == result.ledger[-1].accuracy
-    assert {"loss", "clients", "round-s"} <= set(frame.columns)
-    assert (frame["clients"] == 3).all()
+    assert {"test_loss", "trained", "time_round_s", "train_loss", "num_clients"} <= set(
+        frame.columns)
+    assert all(c == c.lower() and "-" not in c for c in frame.columns)  # snake_case
+    assert (frame["trained"][1:] == 3).all() and (frame["num_clients"] == 3).all()
     assert repr(result).startswith("Result(finished, 2 rounds, accuracy ")
 
 
@@ -45,3 +48,56 @@ def test_bad_input_raises_one_paragraph_before_anything_starts(tmp_path):
     with pytest.raises(fedpriv.ConfigError):
         fedpriv.sweep("no-such-sweep")
     assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+@pytest.fixture(scope="module")
+def python_sweep(tmp_path_factory):
+    """A sweep given from Python (no file): no DP against local DP-SGD, 3 clients, 2 rounds."""
+    results = tmp_path_factory.mktemp("api-sweep")
+    return fedpriv.sweep(grid={"dp": ["none", "local"]},
+                         fixed={"target_epsilon": 5, "num_clients": 3, "num_server_rounds": 2},
+                         results_dir=str(results), name="notebook")
+
+
+def test_a_sweep_from_python_is_one_tidy_frame_and_loads_back(python_sweep):
+    s = python_sweep
+    assert s.ok and s.folder.name.endswith("notebook") and len(s.runs) == 2
+    frame = s.frame()
+    assert list(frame["cell"]) == [1, 1, 1, 2, 2, 2] and list(frame["round"]) == [0, 1, 2] * 2
+    assert list(frame.columns[-2:]) == ["dp", "target_epsilon"]  # settings last
+    # target-epsilon acts only in the local-DP cell: no value where it did nothing
+    assert frame["target_epsilon"].isna().tolist() == [True] * 3 + [False] * 3
+    assert frame["epsilon"].isna().tolist() == [True] * 3 + [False] * 3
+    assert frame["epsilon"][3] == 0 and 0 < frame["epsilon"][5] <= 5.0
+    assert [c["params"] for c in s.cells] == [{"dp": "none"}, {"dp": "local"}]
+    again = fedpriv.load_sweep(s.folder)
+    assert again.frame().equals(frame)
+    assert [c["params"] for c in again.cells] == [{"dp": "none"}, {"dp": "local"}]
+    assert list(again.table().index) == [1, 2]  # sweep.csv, one row per cell
+    with pytest.raises(fedpriv.ConfigError, match="not a finished fedpriv sweep folder"):
+        fedpriv.load_sweep(s.folder / "plots")
+    with pytest.raises(fedpriv.ConfigError, match="not both and not neither"):
+        fedpriv.sweep("dp-epsilon-mnist", grid={"dp": ["none"]})
+
+
+def test_a_result_reads_like_a_notebook_expects(python_sweep):
+    plain, private = python_sweep.runs[1], python_sweep.runs[2]
+    cfg = private.config
+    assert cfg["num-clients"] == cfg["num_clients"] == cfg.num_clients == 3
+    assert cfg.dp == "local" and cfg.federation.num_clients == 3  # sections stay
+    assert dict(cfg)["target-epsilon"] == 5.0 and "target_epsilon" in cfg
+    with pytest.raises(AttributeError, match="Did you mean num-clients"):
+        cfg.num_client  # noqa: B018
+    with pytest.raises(KeyError):
+        cfg["bogus"]
+    # equal by content: the same folder read back, not another run
+    assert fedpriv.load(private.run_dir) == private and plain != private
+    assert set(private.plots) >= {"accuracy", "loss", "epsilon"}
+    assert private.plots["accuracy"].is_file()
+    page = private._repr_html_()
+    assert "<table>" in page and "target-epsilon" in page and page.count(
+        "data:image/png;base64,") == len(private.plots)
+    both = fedpriv.concat([plain, private])
+    assert len(both) == 6 and list(both["run"].unique()) == [plain.run_dir.name,
+                                                            private.run_dir.name]
+    assert list(both.columns[-2:]) == ["dp", "target_epsilon"]

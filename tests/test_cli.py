@@ -245,3 +245,24 @@ def test_a_listing_cut_short_by_its_reader_exits_quietly():
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
+
+
+def test_a_positional_preset_underscores_and_did_you_mean_for_values(tmp_path):
+    res = run_cli("run", "fashion-mnist", "--set", "num_clients=3", "--set", "dp=locl")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "dp = 'locl' is not allowed; did you mean 'local'?" in res.stderr
+    assert "unknown key" not in res.stderr  # num_clients is num-clients
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a results-dir that cannot be made: stops after the header
+    res = run_cli("run", "fashion-mnist", "--set", "num_clients=3",
+                  "--set", f"results-dir={blocked}")
+    assert res.returncode == 2 and "cannot be created" in res.stderr, res.stderr
+    assert res.stdout.startswith("fedpriv run · fashion-mnist · 3 clients"), res.stdout
+    strategy = run_cli("run", "--set", "strategy=fedavgg")
+    assert "strategy = 'fedavgg' must be one of fedavg" in strategy.stderr
+    assert "Did you mean 'fedavg'?" in strategy.stderr
+    twice = run_cli("run", "mnist", "--config", "mnist")
+    assert twice.returncode == 2 and "the preset is given twice" in twice.stderr
+    missing = run_cli("run", "mnsit")
+    assert missing.returncode == 2 and "preset 'mnsit' not found" in missing.stderr
+    assert "Did you mean 'mnist'?" in missing.stderr

@@ -307,12 +307,14 @@ def test_the_python_api_runs_a_federation_and_reads_it_back(results):
                          echo=lines.append)
     assert result.ok, result.error
     assert [r.round for r in result.ledger] == [1, 2] and result.accuracy > 0.5
-    assert list(result.frame()["accuracy"]) == [r.accuracy for r in result.ledger]
+    frame = result.frame()
+    assert list(frame["round"]) == [0, 1, 2]  # round 0: the initial model
+    assert list(frame["test_accuracy"])[1:] == [r.accuracy for r in result.ledger]
     assert any("in-process runtime" in line for line in lines)  # progress
     assert any("round | test acc" in line for line in lines)
     again = fedpriv.load(result.run_dir)
-    assert again.ledger == result.ledger and again.status == "finished"
-    assert result.run_dir / "plots" / "accuracy.png" in result.plots
+    assert again.ledger == result.ledger and again.status == "finished" and again == result
+    assert result.plots["accuracy"] == result.run_dir / "plots" / "accuracy.png"
 
 
 def test_kill_9_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, results):

@@ -60,7 +60,7 @@ def _extra_cells():
          "secure-aggregation": False},
         {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "dp": "central",
          "noise-multiplier": 1.0, "clipping-norm": 0.5, "central-clipping": "server-fixed",
-         "target-epsilon": 0.0,
+         "target-epsilon": 0.0, "max-noise-to-signal": 0,
          "max-epsilon": (_central_reference(2) + _central_reference(3)) / 2,
          "fraction-evaluate": 0.5, "seed": 42, "secure-aggregation": False},
         {**local, "num-clients": 3, "fraction-train": 0.67, "num-server-rounds": 4,
@@ -83,6 +83,7 @@ num-clients = 3
 num-server-rounds = 1
 central-clipping = "client-fixed"
 target-epsilon = 5.0
+max-noise-to-signal = 0  # 3 clients cannot average central DP's noise away
 seed = 5
 results-dir = "{results}"
 [grid]

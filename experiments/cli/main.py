@@ -30,6 +30,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..configs import resolve
 
     t0 = time.perf_counter()
+    if args.preset is not None and args.config is not None:
+        raise ConfigError(f"the preset is given twice ({args.preset!r} and --config "
+                          f"{args.config!r}); give it once, e.g. fedpriv run {args.config}.")
+    args.config = args.config if args.preset is None else args.preset
     if args.resume is not None:
         others = [flag for flag, given in (("--config", args.config), ("--set", args.set),
                                            ("--name", args.name),

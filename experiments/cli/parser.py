@@ -40,8 +40,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                     "overrides. Results go to a new folder under results-dir.",
         epilog="run-config keys (use with --set key=value; text values may be bare or "
                "quoted):" + keys_reference())
-    run.add_argument("--config", metavar="PRESET",
-                     help=f"a preset TOML file, or the name of one in {configs.PRESETS}")
+    run.add_argument("preset", nargs="?", metavar="PRESET",
+                     help=f"a preset TOML file, or the name of one in {configs.PRESETS} "
+                          "(`fedpriv run mnist`; the same as --config)")
+    run.add_argument("--config", metavar="PRESET", help="the preset, as an option")
     run.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                      help="override one key (repeatable), e.g. --set num-clients=20")
     run.add_argument("--name", help="name for the results folder (default: dataset-strategy-"

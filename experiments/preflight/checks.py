@@ -8,6 +8,7 @@ answer as JSON on the last line of stdout), so the CLI process never imports tor
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
 from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
+from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
@@ -178,7 +180,7 @@ def _privacy_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
     if cfg.privacy.dp == "local":
         return _local_dp_check(cfg, model, name, sizes)
     if cfg.privacy.dp == "central":
-        return _central_dp_check(cfg, len(sizes))
+        return _central_dp_check(cfg, len(sizes), count_parameters(model))
     return ""
 
 
@@ -207,7 +209,7 @@ def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
             f"{resolve_mode(p.grad_sample_mode, name)}{caveat}")
 
 
-def _central_dp_check(cfg: RunConfig, n: int) -> str:
+def _central_dp_check(cfg: RunConfig, n: int, weights: int) -> str:
     params = central_params(cfg, n)
     delta = params.target_delta
     if delta >= 1.0 / n:
@@ -223,13 +225,32 @@ def _central_dp_check(cfg: RunConfig, n: int) -> str:
                 f"the clipped-count noise (std d/20 = {d / 20:g}, Andrew et al.'s "
                 f"recommendation) must exceed z/2. Use more clients per round (d > "
                 f"{10 * z:g}), a smaller noise-multiplier, or fixed clipping.") from None
+    p = cfg.privacy
+    ratio = noise_to_signal(params, weights)
+    if p.max_noise_to_signal and ratio > p.max_noise_to_signal:
+        raise ConfigError(
+            f"dp = 'central' with noise-multiplier = {p.noise_multiplier} on a model of "
+            f"{weights:,} weights, divided by {params.denominator:g} clients a round: the "
+            f"noise on the averaged update is expected to be {ratio:.1f}x longer than the "
+            f"longest averaged update can be (z * sqrt(weights) / clients), over "
+            f"max-noise-to-signal = {p.max_noise_to_signal:g}, so the model cannot learn. "
+            f"Train more clients a round (num-clients, fraction-train: "
+            f"{ratio / p.max_noise_to_signal * params.denominator:.0f} or more), lower "
+            f"noise-multiplier (to {p.max_noise_to_signal / ratio * p.noise_multiplier:.2g} "
+            "or less, a larger epsilon), or set max-noise-to-signal = 0 to run it anyway "
+            "(to study accounting or attacks rather than accuracy).")
     note = (f" (client-level epsilon with N = {n} clients needs much noise; DP-FedAvg is "
             "meant for hundreds of clients per round or more)" if n < 100 else "")
-    p = cfg.privacy
     return (f"central DP-FedAvg: noise multiplier {p.noise_multiplier}, {p.central_clipping} "
             f"clipping at {p.clipping_norm}, {p.client_sampling} sampling, sum divided by "
-            f"{params.denominator:g}, delta {delta:.3g}; neighbours: one client added or "
-            f"removed{note}")
+            f"{params.denominator:g} (noise {ratio:.1f}x the longest averaged update), delta "
+            f"{delta:.3g}; neighbours: one client added or removed{note}")
+
+
+def noise_to_signal(params: DPFedAvgParams, weights: int) -> float:
+    """Expected L2 norm of DP-FedAvg's noise on the averaged update over the longest the
+    average of clipped updates can be: z C sqrt(d) / m over C (McMahan et al. 2018)."""
+    return params.update_multiplier * math.sqrt(weights) / params.denominator
 
 
 def _answer(values: dict) -> dict:

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.config import ConfigError, RunConfig, validate
+from tasks.config import ConfigError, RunConfig, parse_assignment, validate
+from tasks.config.effect import idle_keys
 from tasks.results.folder import new_run_dir, read_run_info, run_identity
 from tasks.results.ledger import outcome as run_outcome
 from tasks.results.ledger import read_ledger
 
-from ..configs import absolutize
+from ..configs import absolutize, refuse_idle
 from ..preflight.isolated import Preflight, preflight_isolated, preflight_many
 from ..runtime.app_bundle import app_dir
 from ..runtime.choice import choose
@@ -53,7 +54,7 @@ class SweepRun:
         return int(self.out is not None and any(c.status != "finished" for c in self.cells))
 
 
-def run_sweep(name: str, overrides: Sequence[str] = (), *,
+def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
               values: Mapping[str, Any] | None = None, dry_run: bool = False,
               verbose: bool = False, separate: bool = False,
               repeat: int | None = None) -> SweepRun:
@@ -65,11 +66,7 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
     cell once per seed.
     """
     spec = load_sweep(name, overrides, values, repeat)
-    cells = []
-    for params in spec.cells():
-        for seed in spec.seeds or [None]:
-            given = {**spec.base, **params, **({} if seed is None else {"seed": seed})}
-            cells.append(Cell(len(cells) + 1, params, absolutize(validate(given)), seed=seed))
+    cells = build_cells(spec, {**dict(parse_assignment(t) for t in overrides), **(values or {})})
     seeds = f" x {len(spec.seeds)} seeds" if spec.seeds else ""
     print(f"sweep {spec.name}: {len(cells)} runs ({len(cells) // max(len(spec.seeds), 1)} "
           f"cells{seeds}) over {', '.join(spec.keys) or 'nothing'}"
@@ -98,6 +95,27 @@ def run_sweep(name: str, overrides: Sequence[str] = (), *,
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} runs finished · {out / 'sweep.md'}")
     return SweepRun(out, cells)
+
+
+def build_cells(spec: SweepSpec, user: Mapping[str, Any]) -> list[Cell]:
+    """The sweep's runs, each labelled by the keys of its cell that act in it (a grid
+    may cross ``target-epsilon`` with ``dp = 'none'``: that cell is not labelled by it).
+    A key the user set (``user``: --set, the API's values) that acts in no cell is
+    refused, as ``fedpriv run`` refuses it."""
+    cells: list[Cell] = []
+    acts: set[str] = set()
+    for params in spec.cells():
+        for seed in spec.seeds or [None]:
+            given = {**spec.base, **params, **({} if seed is None else {"seed": seed})}
+            cfg = absolutize(validate(given))
+            idle = idle_keys(given, cfg)
+            acts |= {k for k in user if k not in idle}
+            shown = {k: v for k, v in params.items() if k not in idle}
+            cells.append(Cell(len(cells) + 1, shown, cfg, seed=seed))
+    unused = {k: user[k] for k in user if k not in acts}
+    if unused and cells:
+        refuse_idle(unused, cells[0].config)
+    return cells
 
 
 class Runtimes:

@@ -18,6 +18,7 @@ from tasks.config import ConfigError, RunConfig, parse_assignment, validate, val
 
 from ..configs import SWEEPS, find_file, read_preset, read_toml
 
+PYTHON = Path("fedpriv.sweep(...)")  # where a sweep given from Python says it came from
 MAX_CELLS = 10_000  # a sweep is run cell by cell: beyond this it is a typo, not a plan
 SECTIONS = {"fixed": dict, "grid": dict, "cells": list, "variants": list}
 EXAMPLES = {"fixed": "[fixed] with num-server-rounds = 5",
@@ -100,13 +101,17 @@ def _seeds(path: Path, raw: Mapping[str, Any], base: Mapping[str, Any],
     return list(seeds)
 
 
-def load_sweep(name: str, overrides: Sequence[str] = (),
+def load_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (),
                values: Mapping[str, Any] | None = None, repeat: int | None = None
                ) -> SweepSpec:
-    """Read and check a sweep file (schema errors in any cell stop the sweep before it
-    starts); ``repeat`` runs every cell with that many seeds."""
-    path = find_file(name, SWEEPS, "sweep")
-    raw = read_toml(path)
+    """Read and check a sweep file, or a sweep given as the file's tables (``{"grid":
+    {...}, "fixed": {...}}``, from Python); schema errors in any cell stop the sweep before
+    it starts; ``repeat`` runs every cell with that many seeds."""
+    if isinstance(name, Mapping):
+        raw, path = dict(name), PYTHON
+    else:
+        path = find_file(name, SWEEPS, "sweep")
+        raw = read_toml(path)
     _check_layout(path, raw)
     base = _base(path, raw, overrides, values)
     spec = SweepSpec(str(raw.get("name", path.stem)), path, base, raw.get("grid", {}),

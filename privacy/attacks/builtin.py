@@ -114,9 +114,6 @@ def decompose(obs: Observation, ctx: AttackContext) -> MembershipScores:
         ctx.model, ctx.sent, update, x, y, progress=ctx.progress)}, "decomposition")
 
 
-FEATURE_STEPS = 600  # feature inversion converges in a few hundred (feature_inversion.py)
-
-
 def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
     """The records that fell alone into a bin of the trap the server sent (only on
     weights a malicious server sent: :mod:`.imprint`)."""
@@ -135,7 +132,7 @@ def imprint(obs: Observation, ctx: AttackContext) -> Reconstruction:
         ctx.progress(f"    inverting {len(rows)} recovered feature vectors through the trunk")
         x = invert_features(cnn_trunk(ctx.model, ctx.sent).cpu(), rows.cpu(), obs.input_shape,
                             mean=obs.mean, std=obs.std,
-                            iterations=min(ctx.settings.invert_iterations, FEATURE_STEPS),
+                            iterations=ctx.settings.feature_iterations,
                             seed=ctx.seed)
     device = next(iter(ctx.sent.values())).device
     labels = trap_labels(ctx.model, ctx.sent, trap, update, x.to(device), obs.num_classes)

@@ -77,6 +77,7 @@ class AttackSettings:
     invert_refine: int = 2000
     invert_refine_tv: float = 0.001
     dlg_iterations: int = 300
+    feature_iterations: int = 600
 
 
 @dataclass

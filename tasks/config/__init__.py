@@ -128,6 +128,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not name:
         raise ConfigError(f"--set {text!r} has no key before '='; the form is key=value "
                           "(e.g. --set num-clients=20).")
+    if name not in KEYS and name.replace("_", "-") in KEYS:
+        name = name.replace("_", "-")  # num_clients=3, as the Python API spells it
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

@@ -10,6 +10,7 @@ metadata. The schema, ``--help``, docs/CONFIG.md and pyproject.toml's
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ class Key:
         coerced, err = _coerce(self.type, value)
         choices = self.choices
         if err is None and choices and coerced not in choices:
-            err = f"must be one of {', '.join(choices)}"
+            close = difflib.get_close_matches(str(coerced), choices, n=1)
+            err = (f"is not allowed; did you mean {close[0]!r}? It must be one of "
+                   if close else "must be one of ") + ", ".join(choices)
             if self.registry is not None:
                 err += self._own()
         if err is None and self.listing and self.registry is not None:

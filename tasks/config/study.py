@@ -140,6 +140,9 @@ class LeakageConfig(Section):
                                   "total-variation weight.", lo=0)
     dlg_iterations: int = key(300, "DLG: L-BFGS iterations per restart (restarts: "
                               "invert-restarts).", lo=1)
+    feature_iterations: int = key(600, "imprint (the malicious server's trap): Adam steps "
+                                  "inverting each recovered feature vector through the "
+                                  "convolutional trunk (it converges in a few hundred).", lo=1)
     invert_labels: str = key("recovered", "Labels the inversion uses: recovered from the "
                              "update (iDLG / counts), or given (the attacker is told them).",
                              choices=INVERT_LABELS)
