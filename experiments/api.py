@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 Echo = Callable[[str], None]
 
 
+def _silent(line: str) -> None:
+    """``echo=None``: no progress lines (the run's files are written as always)."""
+
+
 class Plots(dict):
     """A run's plots by name (``"accuracy"``, ``"leakage/roc"``) -> PNG path; shown as
     images in a notebook."""
@@ -208,10 +212,11 @@ def _keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = False,
-               verbose: bool = False, echo: Echo = print) -> Result:
+               verbose: bool = False, echo: Echo | None = print) -> Result:
     """Run one validated config (in-process, on Flower's simulation runtime, or on real
     SuperNodes on loopback with ``supernodes``: :mod:`experiments.runtime.choice`) and
     read back what it wrote."""
+    echo = echo or _silent
     fed = cfg.federation
     echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
@@ -241,9 +246,10 @@ def _warm(cfg: RunConfig, supernodes: bool) -> Iterator[InProcessLink]:
         yield link
 
 
-def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo = print) -> Result:
+def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = print) -> Result:
     """Continue a crashed, interrupted or failed run from its last checkpointed round, in
     its own folder, with its own config (:mod:`server.checkpoint`)."""
+    echo = echo or _silent
     path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo, simulated=True)
     with InProcessLink() as link:
         return _launch(cfg, path, pre, False, verbose, echo, link)
@@ -292,7 +298,15 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
              f"the checkpoint of round {rounds} ({attempt + 1}/{MAX_RESTARTS})")
         RunFolder(run_dir).reopen({"from-round": rounds, "at": now(), "automatic": True})
         cfg = validate({**cfg.flat(), "run-dir": str(run_dir), "resume": True})
-    # the config it was given (the ServerApp may have died before writing config.toml)
+    return _result(run_dir, cfg, outcome)
+
+
+def _result(run_dir: Path, cfg: RunConfig, outcome: RunOutcome) -> Result:
+    """What the run wrote, read back as :func:`load` reads it: the saved config (with its
+    run-dir and run-id), or the config it was given when the ServerApp died before
+    writing config.toml."""
+    if (run_dir / "config.toml").is_file():
+        cfg = validate(read_saved_config(run_dir, f"the run in {run_dir}"))
     return Result(run_dir, cfg, read_ledger(run_dir),
                   {**outcome.info, "status": outcome.status, "error": outcome.error})
 
@@ -322,10 +336,11 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
 
 
 def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
-                 verbose: bool = False, echo: Echo = print) -> Result:
+                 verbose: bool = False, echo: Echo | None = print) -> Result:
     """Submit ``cfg`` to a running deployment (``fedpriv deploy superlink``) and wait for
     it; the ServerApp writes the usual results folder on the SuperLink's host (run this
     there, or give a results-dir that exists there)."""
+    echo = echo or _silent
     echo(f"fedpriv deploy run · {link.address} · {cfg.data.dataset} · "
          f"{cfg.federation.num_server_rounds} rounds · seed {cfg.training.seed}")
     given = given_run_dir(cfg.results)
@@ -335,10 +350,11 @@ def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
 
 
 def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = False,
-                    echo: Echo = print) -> Result:
+                    echo: Echo | None = print) -> Result:
     """Continue a deployed run (e.g. one Flower marked failed when its SuperLink restarted)
     from its last checkpointed round; every SuperNode must have kept its state
     (``--state-dir``), or the ServerApp refuses before the first round."""
+    echo = echo or _silent
     path, cfg, pre = _reopened(run_dir, f"fedpriv deploy run --resume ({link.address})", echo)
     return _submit(cfg, link, path, pre, verbose, echo)
 
@@ -348,14 +364,14 @@ def _submit(cfg: RunConfig, link: Connection, run_dir: Path, pre: Preflight, ver
     with DeployedSuperLink(link) as deployed:
         outcome = execute(deployed, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                           echo=echo, label_counts=pre.label_counts)
-    return Result(run_dir, cfg, read_ledger(run_dir),
-                  {**outcome.info, "status": outcome.status, "error": outcome.error})
+    return _result(run_dir, cfg, outcome)
 
 
 def run(preset: str | None = None, *, name: str | None = None, supernodes: bool = False,
-        verbose: bool = False, echo: Echo = print, **overrides: Any) -> Result:
+        verbose: bool = False, echo: Echo | None = print, **overrides: Any) -> Result:
     """Run a preset (a bundled name such as ``"mnist"`` or a TOML file; None: the
     defaults) with keys overridden, e.g. ``run(num_clients=10, dp="local")``."""
+    echo = echo or _silent
     return run_config(resolve(preset, (), _keys(overrides)), name=name, supernodes=supernodes,
                       verbose=verbose, echo=echo)
 
