@@ -3,6 +3,7 @@
 From the repository root::
 
     fedpriv run --set plugins=examples.custom_model --set model=tiny-mlp
+    python examples/custom_model_study.py     # tiny-mlp against the built-in small-cnn
 
 ``plugins`` makes every fedpriv process — the CLI, the pre-flight check, the ServerApp and
 each ClientApp (Ray workers) — import this module before it checks the run config, so

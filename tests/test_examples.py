@@ -116,3 +116,35 @@ def test_plugins_reach_the_server_and_the_ray_workers_in_a_real_run(tmp_path, re
     assert again.returncode == 0, again.stdout + again.stderr
     lines = _lines(run)
     assert lines["grad-norm"]["auc"] == first["auc"] and "auc" in lines["mia"]
+
+
+def _script(name: str, *args: str, tmp) -> str:
+    """Run examples/NAME as a researcher would (from another folder), return its output."""
+    tmp.mkdir()
+    done = subprocess.run([sys.executable, str(REPO / "examples" / name), *args,
+                           "--results-dir", str(tmp / "results")], cwd=tmp,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_the_three_study_scripts_run_and_report(tmp_path):
+    out = _script("dp_tradeoff.py", "--epsilons", "2", "--rounds", "2", "--clients", "3",
+                  tmp=tmp_path / "dp")
+    lines = out.splitlines()
+    table = lines[next(i for i, x in enumerate(lines) if "test_accuracy" in x):]
+    assert table[1].split()[:3] == ["1", "local", "2.0"] and table[2].split()[1] == "none"
+    assert 1.9 < float(table[1].split()[3]) <= 2.0  # the epsilon spent, within the target
+    assert next((tmp_path / "dp" / "results" / "sweeps").iterdir()).joinpath(
+        "tradeoff.png").is_file()
+
+    out = _script("leakage_study.py", "--defence", "dp-local", "--rounds", "1",
+                  "--clients", "3", tmp=tmp_path / "leak")
+    lines = out.splitlines()
+    rows = lines[next(i for i, x in enumerate(lines) if x.startswith("defence ")):]
+    assert "mia auc" in rows[0] and rows[1].split()[0] == "off" and rows[2].split()[0] == "on"
+
+    out = _script("custom_model_study.py", "--rounds", "1", "--clients", "3",
+                  tmp=tmp_path / "model")
+    assert "small-cnn  tiny-mlp" in out and f"tiny-mlp {TINY_MLP_PARAMETERS:,}" in out
