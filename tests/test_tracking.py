@@ -164,3 +164,74 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_goes_on(tmp_path, c
     ea.Reload()
     assert ea.Tags()["images"] == ["plots/c"]
     assert (ea.Images("plots/c")[0].width, ea.Images("plots/c")[0].height) == (40, 30)
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow"])
+def test_a_crashed_then_resumed_run_is_one_tracked_run_with_every_round_once(tmp_path,
+                                                                               tracker):
+    from server.app import run_one
+    from server.checkpoint import Checkpoint, resumable
+
+    from .test_resume import LostReplies
+
+    results = tmp_path / "results"
+    cfg = validate({**SMALL, "num-server-rounds": 3, "tracking": tracker,
+                    "results-dir": str(results), "run-dir": str(results / "crashed")})
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=cfg.flat())
+    with pytest.raises(ConnectionError):  # round 2's replies are lost
+        run_one(LostReplies(cfg, 2), context, cfg)
+    folder, again = resumable(results / "crashed")
+    RunFolder(folder).reopen({"from-round": Checkpoint.load(folder).round})
+    if tracker == "mlflow":
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri(results))
+        (crashed,) = client.search_runs([client.get_experiment_by_name("fedpriv")
+                                         .experiment_id])
+        assert crashed.info.status == "FAILED"
+    run_one(InProcessGrid(again, simulated=True), context, again)
+    assert [r.round for r in read_ledger(folder)] == [1, 2, 3]
+    want = _expected(folder)
+    if tracker == "mlflow":
+        (run,) = client.search_runs([crashed.info.experiment_id])
+        assert run.info.run_id == crashed.info.run_id and run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "test/accuracy")
+        assert sorted((m.step, m.value) for m in history) == sorted(
+            (s, v["test/accuracy"]) for s, v in want.items())
+        assert run.data.params["resume"] == "false"  # the config it started with
+    else:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        from tensorboard.util.tensor_util import make_ndarray
+
+        ea = EventAccumulator(str(folder / "tensorboard"), size_guidance={"tensors": 0})
+        ea.Reload()
+        got = [(e.step, float(make_ndarray(e.tensor_proto)))
+               for e in ea.Tensors("test/accuracy")]
+        assert got == sorted((s, v["test/accuracy"]) for s, v in want.items())
+
+
+@pytest.mark.slow
+def test_the_ray_runtime_tracks_through_the_same_serverapp(tmp_path):
+    """``runtime = "ray"``: the ServerApp runs in Flower's simulation process; the same hook
+    logs to the same store."""
+    from mlflow.tracking import MlflowClient
+
+    from .conftest import run_cli
+
+    results = tmp_path / "results"
+    res = run_cli("run", "--set", "runtime=ray", "--set", "num-clients=3", "--set",
+                  "num-server-rounds=2", "--set", "tracking=mlflow", "--set",
+                  f"results-dir={results}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run_dir,) = [p for p in results.iterdir() if (p / "run.json").is_file()]
+    assert read_run_info(run_dir)["runtime"] == "ray"
+    client = MlflowClient(tracking_uri=tracking_uri(results))
+    (run,) = client.search_runs([client.get_experiment_by_name("fedpriv").experiment_id])
+    assert run.info.run_name == run_dir.name and run.info.status == "FINISHED"
+    want = _expected(run_dir)
+    history = client.get_metric_history(run.info.run_id, "test/loss")
+    assert {m.step: m.value for m in history} == {s: v["test/loss"] for s, v in want.items()}
+    assert run.data.params["runtime"] == "ray"
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {f"{tag}.png" for _, tag in plot_files(run_dir)} == arts
