@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tasks.config import ConfigError, RunConfig, Scalar
+from tasks.results.folder import read_run_info
 from tasks.results.ledger import RoundRecord
 
 from .console import say
@@ -141,7 +142,7 @@ class MlflowLog(Backend):
                                       (root / MLFLOW_ARTIFACTS).as_uri())
         run_id = cfg.results.run_id or str(run_dir)
         found = self.client.search_runs([experiment], f"tags.`{RUN_ID_TAG}` = '{run_id}'",
-                                        max_results=1) if start > 1 else []
+                                        max_results=1)  # a resume, or the CLI's additions
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -223,7 +224,10 @@ class Tracking:
     its ledger go on."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, start: int = 1,
-                 initial: Callable[[], Mapping[str, float] | None] = lambda: None) -> None:
+                 initial: Callable[[], Mapping[str, float] | None] = lambda: None,
+                 reopen: bool = False) -> None:
+        """``start`` > 1: a resume at that round; ``reopen``: the run's rounds are all
+        logged, this adds to them (:func:`after_run`)."""
         self.name = cfg.results.tracking
         self.run_dir = run_dir
         self.initial = initial if start == 1 else (lambda: None)
@@ -231,7 +235,7 @@ class Tracking:
         self.warned = False
         self.backend: Backend | None = self._safe(
             "opening its store", lambda: BACKENDS[self.name](cfg, run_dir, start))
-        if self.backend is not None:
+        if self.backend is not None and not reopen:
             self._safe("the run config", self.backend.config, cfg.flat())
 
     def _safe(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -257,12 +261,13 @@ class Tracking:
                    round_numbers(record))
         self.last_round = record.round
 
-    def finish(self) -> None:
-        """Log the plots as they are now (the plot hook before this one drew them last)
-        and close the run: FAILED or KILLED when the loop is stopping on an error."""
+    def finish(self, plots: Iterable[tuple[Path, str]] | None = None) -> None:
+        """Log the plots as they are now (the plot hook before this one drew them last;
+        ``plots``: only these) and close the run: FAILED or KILLED when the loop is
+        stopping on an error."""
         if self.backend is None:
             return
-        for path, tag in plot_files(self.run_dir):
+        for path, tag in plot_files(self.run_dir) if plots is None else plots:
             self._safe(f"the plot {tag}", self.backend.image, tag, path, self.last_round)
         error = sys.exc_info()[0]  # set while server.loop finishes the hooks after a failure
         status = ("FINISHED" if error is None else
@@ -275,3 +280,22 @@ def plot_files(run_dir: Path) -> Iterable[tuple[Path, str]]:
     """Every image under ``plots/`` and its tag: the path inside the run folder, no suffix."""
     for path in sorted((run_dir / "plots").rglob("*.png")):
         yield path, path.relative_to(run_dir).with_suffix("").as_posix()
+
+
+def after_run(cfg: RunConfig, run_dir: Path, since: float) -> None:
+    """What the CLI adds to a finished run once the ServerApp has ended, logged to the same
+    tracked run: the plots drawn since ``since`` (the partitioner's label plot, the release
+    plot) and the leakage attacks' summary (run.json's ``leakage``, as ``leakage/...`` at
+    the last round). Warns, never raises."""
+    if cfg.results.tracking not in BACKENDS:
+        return
+    plots = [(p, tag) for p, tag in plot_files(run_dir) if p.stat().st_mtime >= since]
+    info = read_run_info(run_dir)
+    leakage = numbers(info.get("leakage") or {}, "leakage/")
+    if not plots and not leakage:
+        return
+    last = int(info.get("rounds-completed") or 0)
+    hook = Tracking(cfg, run_dir, start=last + 1, reopen=True)
+    if hook.backend is not None and leakage:
+        hook._safe("the leakage summary", hook.backend.metrics, last, leakage)
+    hook.finish(plots)

@@ -235,3 +235,30 @@ def test_the_ray_runtime_tracks_through_the_same_serverapp(tmp_path):
     assert run.data.params["runtime"] == "ray"
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {f"{tag}.png" for _, tag in plot_files(run_dir)} == arts
+
+
+def test_what_the_cli_adds_after_the_serverapp_goes_to_the_same_tracked_run(tmp_path):
+    """The partitioner's label plot and the leakage attacks come after the ServerApp
+    (experiments.runtime.runner.after_run, in the CLI): logged to the same MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    from experiments.runtime.runner import after_run
+    from server.tracking import numbers
+
+    cfg, run_dir = _run(tmp_path, tracking="mlflow", **{
+        "leakage-rounds": "2", "observed-examples": 2, "attacks": "labels"})
+    assert not (run_dir / "plots" / "label_distribution.png").exists()  # not disclosed
+    lines: list[str] = []
+    after_run(cfg, run_dir, "finished", None, 1.0, lines.append,
+              label_counts=[[10] * 10, [20] * 10, [30] * 10])
+    leakage = numbers(read_run_info(run_dir)["leakage"], "leakage/")
+    assert "leakage/labels/label-accuracy" in leakage, lines
+    client = MlflowClient(tracking_uri=tracking_uri(tmp_path / "results"))
+    (run,) = client.search_runs([client.get_experiment_by_name("fedpriv").experiment_id])
+    assert run.info.status == "FINISHED"
+    for tag, value in leakage.items():
+        assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)
+                ] == [(2, value)], tag
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/label_distribution.png", "plots/accuracy.png"} <= arts
+    assert len(client.get_metric_history(run.info.run_id, "test/accuracy")) == 3  # 0, 1, 2
