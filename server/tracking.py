@@ -19,6 +19,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -212,7 +213,8 @@ def require(cfg: RunConfig) -> None:
         raise ConfigError(
             f"tracking = {name!r} needs the Python package {module!r}, which is not installed "
             f"in this environment ({sys.executable}). Install fedpriv's tracking extra "
-            f"(`{INSTALL}`, which brings tensorboard and mlflow-skinny), or run with "
+            f"(`{INSTALL}`; in a checkout `pip install -e '.[tracking]'`; it brings "
+            "tensorboard and mlflow-skinny), or run with "
             f"tracking = 'none' (allowed: none | {' | '.join(BACKENDS)}); the ledger "
             "(metrics.jsonl) and the plots are written either way.")
 
@@ -295,6 +297,9 @@ def after_run(cfg: RunConfig, run_dir: Path, since: float) -> None:
     if not plots and not leakage:
         return
     last = int(info.get("rounds-completed") or 0)
+    # the CLI's config may predate the run's id, which the ServerApp recorded in run.json
+    cfg = replace(cfg, results=replace(cfg.results,
+                                       run_id=info.get("run-id") or cfg.results.run_id))
     hook = Tracking(cfg, run_dir, start=last + 1, reopen=True)
     if hook.backend is not None and leakage:
         hook._safe("the leakage summary", hook.backend.metrics, last, leakage)

@@ -5,6 +5,7 @@ back with the libraries' own readers and compared with the ledger."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 from flwr.app import Context, RecordDict
@@ -249,7 +250,8 @@ def test_what_the_cli_adds_after_the_serverapp_goes_to_the_same_tracked_run(tmp_
         "leakage-rounds": "2", "observed-examples": 2, "attacks": "labels"})
     assert not (run_dir / "plots" / "label_distribution.png").exists()  # not disclosed
     lines: list[str] = []
-    after_run(cfg, run_dir, "finished", None, 1.0, lines.append,
+    cli = replace(cfg, results=replace(cfg.results, run_id=""))  # the CLI's, before the id
+    after_run(cli, run_dir, "finished", None, 1.0, lines.append,
               label_counts=[[10] * 10, [20] * 10, [30] * 10])
     leakage = numbers(read_run_info(run_dir)["leakage"], "leakage/")
     assert "leakage/labels/label-accuracy" in leakage, lines
