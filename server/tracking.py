@@ -141,16 +141,17 @@ class MlflowLog(Backend):
         self.client = MlflowClient(tracking_uri=tracking_uri(root))
         experiment = self._experiment(cfg.results.tracking_experiment or "fedpriv",
                                       (root / MLFLOW_ARTIFACTS).as_uri())
-        run_id = cfg.results.run_id or str(run_dir)
+        run_id = cfg.results.run_id  # set by fedpriv (a uuid) for every run it starts
         found = self.client.search_runs([experiment], f"tags.`{RUN_ID_TAG}` = '{run_id}'",
-                                        max_results=1)  # a resume, or the CLI's additions
+                                        max_results=1) if run_id else []  # a resume, or
+        # the CLI's additions after the ServerApp
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
         else:
             self.run_id = self.client.create_run(
                 experiment, run_name=run_dir.name,
-                tags={RUN_ID_TAG: run_id, "fedpriv.run-dir": str(run_dir)}).info.run_id
+                tags={RUN_ID_TAG: run_id or "", "fedpriv.run-dir": str(run_dir)}).info.run_id
 
     def _experiment(self, name: str, artifacts: str) -> str:
         from mlflow.exceptions import MlflowException
