@@ -75,15 +75,19 @@ class Backend:
         """Open the store for the run in ``run_dir``; ``start`` > 1: a resume at that round."""
 
     def config(self, flat: Mapping[str, Scalar]) -> None:
+        """Log the run config (MLflow: only keys it lacks, so a resume keeps the first)."""
         raise NotImplementedError
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Log ``values`` (tag -> number) at ``step`` (the round; 0: the initial model)."""
         raise NotImplementedError
 
     def image(self, tag: str, path: Path, step: int) -> None:
+        """Log the PNG at ``path`` as ``tag`` (its path in the run folder, no suffix)."""
         raise NotImplementedError
 
     def close(self, status: str) -> None:
+        """End the run: FINISHED, FAILED or KILLED (MLflow's names)."""
         raise NotImplementedError
 
 
