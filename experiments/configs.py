@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from server.tracking import require as require_tracking
 from strategies.registry import STRATEGIES
 from tasks.config import ConfigError, Key, RunConfig, parse_assignment, validate, validate_partial
 from tasks.config.effect import describe_idle, idle_keys
@@ -25,6 +26,7 @@ def check_registered(cfg: RunConfig) -> None:
     flat = cfg.flat()
     for name, registry in REGISTERED_ABOVE.items():
         registry.check(str(flat[name]), key=name)
+    require_tracking(cfg)  # the tracker's library (the schema only knows its name)
 
 
 def allowed(key: Key) -> str:

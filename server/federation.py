@@ -60,6 +60,8 @@ from .recorder import RoundRecorder
 from .summary import write_summary
 from .tamper import Tamper
 from .task import ServerTask, discover
+from .tracking import BACKENDS as TRACKERS
+from .tracking import Tracking, require
 
 VERSIONS = ("flwr", "torch", "ray", "opacus", "numpy")
 
@@ -91,6 +93,7 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     message, :class:`strategies.grid.FederationGrid`).
     """
     t0 = time.perf_counter()
+    require(cfg)  # tracking's library, before any work (the CLI has asked already)
     checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
     info = start_info(cfg, run, checkpoint, runtime_of(grid))
     fed = assemble(grid, context, cfg, run, info, checkpoint, cell)
@@ -160,6 +163,9 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
     if cfg.results.checkpoint:
         hooks.append(CheckpointHook(run.path, runner, privacy, anonymization, info,
                                     resume_config(cfg)))
+    if cfg.results.tracking in TRACKERS:  # last: it logs the plots the hooks above drew
+        hooks.append(Tracking(cfg, run.path, initial=lambda: info.initial,
+                              start=checkpoint.round + 1 if checkpoint is not None else 1))
     central = runner.central
     return Federation(
         task, runner, privacy, task.evaluator(cfg),

@@ -13,7 +13,7 @@ imported once per FAB (from the FAB, as ``flwr-clientapp`` does, never from this
 environment), and process-level caches survive between messages, as in Flower's
 simulation, where one Ray actor serves many messages.
 
-Flower 1.41's ``flwr-clientapp`` serves exactly one task and then exits
+Flower's ``flwr-clientapp`` (1.41, 1.42) serves exactly one task and then exits
 (``flwr.supernode.runtime.run_clientapp.run_clientapp`` ends in ``flwr_exit``), so it
 cannot be kept warm. This module reuses that module's ``pull_task_input``,
 ``push_message`` and ``push_task_output`` and repeats ``run_clientapp``'s steps between
@@ -55,7 +55,7 @@ def preload(names: tuple[str, ...] = PRELOAD) -> list[str]:
 
 
 def pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
-    """The task's Message, Context, Run and FAB: Flower 1.41's
+    """The task's Message, Context, Run and FAB: Flower's (1.41, 1.42)
     ``run_clientapp.pull_task_input``, but retrying a message object that is not there
     yet after ``PULL_BACKOFF`` s instead of Flower's 1 s. A worker that is already
     running claims a task as soon as the SuperNode creates it, which is before the
@@ -158,7 +158,7 @@ class Worker:
         self.app = self.fab_hash = self.app_dir = None
 
     def run_task(self, token: str) -> None:
-        """Serve one claimed task, as ``flwr-clientapp`` does (1.41's ``run_clientapp``),
+        """Serve one claimed task, as ``flwr-clientapp`` does (``run_clientapp``, 1.41-1.42),
         without exiting afterwards."""
         from flwr.app import Message
         from flwr.app.error import Error

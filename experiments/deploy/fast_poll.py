@@ -1,6 +1,6 @@
-"""Shorter polls in the SuperNode's main loop (Flower 1.41 has no setting for them).
+"""Shorter polls in the SuperNode's main loop (Flower 1.41 and 1.42 have no setting for them).
 
-After an empty pull from the SuperLink, Flower 1.41's SuperNode sleeps a fixed 3 s
+After an empty pull from the SuperLink, Flower's SuperNode (1.41, 1.42) sleeps a fixed 3 s
 (``time.sleep(3)`` in ``flwr.supernode.start_client_internal.start_client_internal``),
 and while its ClientApp works it looks for the reply every 0.5 s
 (``time.sleep(0.5)`` in ``_push_messages``); neither is read from an argument or an
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 MODULE = "flwr.supernode.start_client_internal"
-IDLE_SLEEP = 3  # Flower 1.41: `time.sleep(3)` after an empty pull
-REPLY_SLEEP = 0.5  # Flower 1.41: `time.sleep(0.5)` while the ClientApp's reply is pending
+IDLE_SLEEP = 3  # Flower 1.41, 1.42: `time.sleep(3)` after an empty pull
+REPLY_SLEEP = 0.5  # Flower 1.41, 1.42: `time.sleep(0.5)` while the ClientApp's reply is pending
 PULL = "_pull_and_store_message"
 OBJECTS = "pull_objects"  # the SuperNode's pull of a message's objects from the SuperLink
 OBJECT_BACKOFF = 0.02  # s before asking again for an object not there yet (Flower: 1 s)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from server.console import PREFIX
+from server.tracking import after_run as track_after_run
 from tasks.config import RunConfig
 from tasks.files import explain
 from tasks.results.folder import RunFolder, read_run_info, run_identity
@@ -179,7 +180,9 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
               echo: Callable[[str], None] = print,
               label_counts: list[list[int]] | None = None) -> RunOutcome:
     """What follows a finished run in the CLI: the ground-truth label plot when the clients
-    did not send their histograms, the release plot, and the leakage study's attacks."""
+    did not send their histograms, the release plot, and the leakage study's attacks
+    (all logged to the run's tracker, with ``tracking``)."""
+    since = time.time()
     plot = run_dir / "plots" / "label_distribution.png"
     if label_counts and status == "finished" and not plot.exists():
         plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
@@ -191,4 +194,6 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")
     if status == "finished" and cfg.leakage.enabled:
         attack_run(run_dir, echo)
+    if status == "finished":
+        track_after_run(cfg, run_dir, since)
     return RunOutcome(run_dir, status, error, read_run_info(run_dir), wall_s)

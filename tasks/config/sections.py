@@ -22,6 +22,7 @@ DP_TRAIN_DATA = ("released", "original")
 DEVICES = ("auto", "cpu", "cuda")
 RUNTIMES = ("auto", "inprocess", "ray")  # experiments.runtime.choice decides "auto"
 SECURE_AGGREGATION = ("off", "secagg+", "he")
+TRACKING = ("none", "tensorboard", "mlflow")  # server.tracking.BACKENDS implements the rest
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,14 @@ class ResultsConfig(Section):
     sweep_cells: str = key("", "A sweep's cells file (JSON, written by fedpriv sweep): the "
                            "ServerApp runs each cell in it, one after another, in this one "
                            "simulation. Empty = one run.")
+    tracking: str = key("none", "Also log every number of each round's ledger record, the "
+                        "run config and, at the end, the plots to a local experiment tracker: "
+                        "tensorboard (an event log in `RUN_DIR/tensorboard`) or mlflow (the "
+                        "store `RESULTS_DIR/mlflow.db`, artifacts in `RESULTS_DIR/mlruns`, one "
+                        "MLflow run per run). Needs `pip install 'fedpriv[tracking]'`.",
+                        choices=TRACKING)
+    tracking_experiment: str = key("fedpriv", "The MLflow experiment the run is logged to "
+                                   "(tracking = mlflow).")
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
