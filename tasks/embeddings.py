@@ -34,6 +34,7 @@ from .cache import array_digest, cache_path, save_atomic
 from .config import DataConfig, EmbeddingsConfig
 from .datasets import DatasetBundle, load_dataset, public_mask
 from .errors import ConfigError
+from .progress import Bar
 from .registry import BACKBONES
 from .training import evaluate, make_loader, sgd, train_epochs
 
@@ -190,10 +191,15 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
     net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
     x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
     opt = sgd(net, 0.05, 0.9)
-    for epoch in range(spec.epochs):
-        res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
-        _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
-                  f"train accuracy {res.accuracy:.3f}")
+    with Bar(f"backbone {spec.arch} training (epochs)", spec.epochs, eager=True) as bar:
+        for epoch in range(spec.epochs):
+            res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1,
+                               torch.device("cpu"))
+            bar.advance(description=f"backbone {spec.arch} training (epochs; train accuracy "
+                                    f"{res.accuracy:.3f})")
+    if spec.epochs:
+        _progress(f"backbone {spec.arch} trained on {where}: {spec.epochs} epoch(s), train "
+                  f"accuracy {res.accuracy:.3f}")
     net.eval()
     info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
             "public-train-accuracy": res.accuracy if spec.epochs else None}

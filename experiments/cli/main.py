@@ -136,9 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
+    from tasks.progress import relay_to_children
+
     from ..runtime.procs import PipeGuard
 
     sys.stdout = PipeGuard(sys.stdout)  # a closed pipe stops a run as Ctrl-C does
+    relay_to_children()  # on a terminal, the apps' progress bars are drawn here
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
     try:
         return COMMANDS[args.command](args)
