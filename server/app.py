@@ -56,8 +56,7 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
     run = RunFolder.open(cfg.results, default_run_name(cfg))
     if not cfg.results.resume:  # a resumed run keeps the config it started with
         run.write_config(cfg)
-    quiet = shown_by_cli(cfg.results.run_id, cell)  # the CLI prints the folder at the end
-    if not quiet:
+    if not shown_by_cli(cfg.results.run_id, cell):  # else the CLI prints it at the end
         say(f"results: {run.path}")
     try:
         info = run_federation(grid, context, cfg, run, cell)
@@ -77,8 +76,7 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
         raise
     final = info.final or {}
     say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
-        f"{info.rounds_completed or 0} rounds in {info.wall_s or 0.0:.1f} s"
-        + ("" if quiet else f" · {run.path}"))
+        f"{info.rounds_completed or 0} rounds in {info.wall_s or 0.0:.1f} s")
     return info
 
 

@@ -7,8 +7,9 @@ Where a :class:`Bar` shows depends on where its process writes:
   erased when the step ends; several at once share one display (nested steps);
 - in a child of the fedpriv CLI whose output is a pipe (the ServerApp and ClientApp of
   the in-process runtime, the attack stage), when the CLI draws bars itself
-  (:func:`relay_to_children` set ``FEDPRIV_PROGRESS=relay``): a throttled line per
-  update, which the CLI's :class:`Relay` draws as a bar and does not print;
+  (:func:`relay_to_children` set ``FEDPRIV_PROGRESS=relay``): a ``MARK`` line at most
+  every ``RELAY_EVERY_S`` (none for a shorter step), which the CLI's :class:`Relay`
+  draws as a bar and does not print;
 - anywhere else (tests, pipes, CI logs): nothing.
 
 This module travels in the Flower app bundle (tasks/), so it imports nothing of
