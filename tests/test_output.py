@@ -239,3 +239,23 @@ def test_a_plain_run_says_the_data_and_the_results_folder_once(tmp_path):
     table = [line for line in res.stdout.splitlines() if line.count("|") >= 5]
     assert len(table) == 3 and len({len(line) for line in table}) == 1, res.stdout
     assert "[fedpriv-progress]" not in res.stdout
+
+
+def test_the_summarys_round_table_is_markdown_even_when_the_loss_explodes(tmp_path):
+    from server.summary import write_summary
+    from tasks.config import validate
+    from tasks.results.folder import RunFolder
+    from tasks.results.info import RunInfo
+    from tasks.results.ledger import RoundRecord
+
+    records = [RoundRecord(round=r, test={"accuracy": acc, "loss": loss},
+                           train={"loss": loss} if r > 1 else {}, sampled=[0, 1],
+                           clients=[{}, {}], failures=[], time={"round-s": 0.5},
+                           tampered="binning" if r == 2 else None)
+               for r, acc, loss in ((1, 0.5, 1.25), (2, 0.1, 5.05e31), (3, 0.1, float("nan")))]
+    write_summary(RunFolder(tmp_path), validate({}), RunInfo(status="finished"), records)
+    rows = _md_rows((tmp_path / "summary.md").read_text().splitlines())
+    assert rows == [["round", "test acc", "test loss", "train loss", "clients", "round s"],
+                    ["1", "0.5000", "1.2500", "-", "2/2", "0.50"],
+                    ["2 (tampered)", "0.1000", "5.05e+31", "5.05e+31", "2/2", "0.50"],
+                    ["3", "0.1000", "nan", "nan", "2/2", "0.50"]]
