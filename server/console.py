@@ -60,17 +60,17 @@ def table_header(with_epsilon: bool = False) -> str:
 def table_row(rnd: int, test: dict, train: dict | None, clients: str, seconds: float | None,
               epsilon: float | None = None) -> str:
     """One progress line; ``epsilon`` (if not None) adds the privacy column."""
-    cells = [str(rnd), _num(test["accuracy"]), _num(test["loss"]),
-             _num(train["loss"]) if train and "loss" in train else "-",
+    cells = [str(rnd), number(test["accuracy"]), number(test["loss"]),
+             number(train["loss"]) if train and "loss" in train else "-",
              clients, "-" if seconds is None else
              f"{seconds:.2f}s" if seconds < 1e4 else f"{seconds:.0f}s"]
     if epsilon is not None:
-        cells.append(_num(epsilon, 3))
+        cells.append(number(epsilon, 3))
     return _line(cells, epsilon is not None)
 
 
-def _num(value: float, digits: int = 4) -> str:
-    """A number for a column of the table: ``digits`` decimals, or 3 significant digits
-    when that would be too wide (an exploding loss: 5.05e+31; nan; inf)."""
+def number(value: float, digits: int = 4) -> str:
+    """A number for a table (this one, summary.md's): ``digits`` decimals, or 3
+    significant digits when that would be too wide (an exploding loss: 5.05e+31; nan)."""
     v = float(value)
     return f"{v:.{digits}f}" if math.isfinite(v) and abs(v) < 1e4 else f"{v:.3g}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,8 @@ from tasks.markdown import markdown_table
 from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
 from tasks.results.ledger import RoundRecord, outcome
+
+from .console import number
 
 RELEASE_SCATTER = "release_scatter.png"  # experiments/leakage/release_plot.py draws it
 SCATTER_LINE = f"![original vs released embeddings](plots/{RELEASE_SCATTER})"
@@ -161,18 +162,12 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
     for r in records:
         train_loss = r.train.get("loss")
         rows.append([f"{r.round}{' (tampered)' if r.tampered else ''}",
-                     f"{r.test['accuracy']:.4f}", _num(r.test["loss"]),
-                     "-" if train_loss is None else _num(train_loss),
+                     f"{r.test['accuracy']:.4f}", number(r.test["loss"]),
+                     "-" if train_loss is None else number(train_loss),
                      f"{len(r.clients)}/{len(r.sampled)}", f"{r.time['round-s']:.2f}"])
     return lines + markdown_table(
         ["round", "test acc", "test loss", "train loss", "clients", "round s"], rows,
         ["right"] * 6)
-
-
-def _num(value: float) -> str:
-    """A loss: 4 decimals, or 3 significant digits when it exploded (5.05e+31, nan)."""
-    v = float(value)
-    return f"{v:.4f}" if math.isfinite(v) and abs(v) < 1e4 else f"{v:.3g}"
 
 
 def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
