@@ -259,3 +259,19 @@ def test_the_summarys_round_table_is_markdown_even_when_the_loss_explodes(tmp_pa
                     ["1", "0.5000", "1.2500", "-", "2/2", "0.50"],
                     ["2 (tampered)", "0.1000", "5.05e+31", "5.05e+31", "2/2", "0.50"],
                     ["3", "0.1000", "nan", "nan", "2/2", "0.50"]]
+
+
+def test_on_a_terminal_the_sweep_table_never_cuts_a_value_short(tmp_path):
+    """rich lays the table out for the terminal's width (a header word a line); where even
+    that does not fit, the sweep prints the Markdown table and the terminal wraps it."""
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from tests.test_output import _sweep_cells
+        from experiments.sweep.table import print_table
+        spec, cells = _sweep_cells(Path({str(tmp_path)!r}))
+        print_table(Path({str(tmp_path)!r}), spec, cells)
+    """)
+    wide = _on_a_pty(code, env={"COLUMNS": "120"})
+    assert "…" not in wide and "|" not in wide and "0.7900" in wide and "steady" in wide
+    narrow = _on_a_pty(code, env={"COLUMNS": "50"})
+    assert "…" not in narrow and "| 2    | 0.05 | finished | 0.7900" in narrow

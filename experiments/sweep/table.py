@@ -77,7 +77,8 @@ def shown(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> tuple[list[str],
 
 
 def print_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
-    """The comparison table on the terminal (rich), as plain text when not on one."""
+    """The comparison table on the terminal (rich), as Markdown when not on one (or on
+    one too narrow for it)."""
     import io
 
     from rich import box
@@ -85,15 +86,21 @@ def print_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     from rich.table import Table
 
     head, rows = shown(out, spec, cells)
-    table = Table(*head, box=box.SIMPLE_HEAD, header_style="bold")
+    console = Console(highlight=False)
+    if console.is_terminal:  # a header word a line ("best-round": "best" over "round"), so
+        # that the columns fit a terminal's width without cutting the names short
+        table = Table(*[h.replace("-", "\n") for h in head], box=box.SIMPLE_HEAD,
+                      header_style="bold", pad_edge=False, collapse_padding=True)
+        for row in rows:
+            table.add_row(*[str(x) for x in row])
+        wide = console.options.update_width(10_000)
+        if console.measure(table, options=wide).minimum <= console.width:  # none cut short
+            console.print(table)
+            return
+    # a log, a pipe or a narrow terminal: a Markdown table, every column at full width
+    table = Table(*head, box=box.MARKDOWN)
     for row in rows:
         table.add_row(*[str(x) for x in row])
-    console = Console(highlight=False)
-    if console.is_terminal:
-        console.print(table)
-        return
-    # a log or a pipe: a Markdown table, every column at full width, no trailing blanks
-    table.box = box.MARKDOWN
     plain = io.StringIO()
     Console(file=plain, width=1000, color_system=None, highlight=False).print(table)
     print("\n".join(line.rstrip() for line in plain.getvalue().splitlines() if line.strip()))
