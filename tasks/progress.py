@@ -191,11 +191,13 @@ def _emit(event: dict[str, Any]) -> None:
         pass
 
 
-def track(items: Iterable[T], description: str, total: float | None = None) -> Iterator[T]:
-    """Yield ``items``, advancing a bar after each (``total`` defaults to their length)."""
+def track(items: Iterable[T], description: str, total: float | None = None,
+          eager: bool = False) -> Iterator[T]:
+    """Yield ``items``, advancing a bar after each (``total`` defaults to their length;
+    ``eager`` as for :class:`Bar`)."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
-    with Bar(description, total) as bar:
+    with Bar(description, total, eager) as bar:
         for item in items:
             yield item
             bar.advance()
