@@ -100,8 +100,8 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
                           run_config=dict(values))
             try:
                 run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
-            except WorkerLost as exc:  # the warm clients are broken: the later cells cannot
-                for rest in cells[n:]:  # run
+            except WorkerLost as exc:  # the warm clients are broken: the later cells
+                for rest in cells[n:]:  # cannot run
                     folder = Path(rest["config"]["run-dir"])
                     folder.mkdir(parents=True, exist_ok=True)
                     RunFolder(folder).write_info(RunInfo(
