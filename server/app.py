@@ -26,7 +26,7 @@ from tasks.results.folder import (
 )
 from tasks.results.info import RunInfo
 
-from .console import say, shown_by_cli
+from .console import say
 from .federation import run_federation
 
 app = ServerApp()
@@ -56,8 +56,7 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
     run = RunFolder.open(cfg.results, default_run_name(cfg))
     if not cfg.results.resume:  # a resumed run keeps the config it started with
         run.write_config(cfg)
-    if not shown_by_cli(cfg.results.run_id, cell):  # else the CLI prints it at the end
-        say(f"results: {run.path}")
+    say(f"results: {run.path}")  # the one line that names the folder (open it while it runs)
     try:
         info = run_federation(grid, context, cfg, run, cell)
     except OutcomeAlreadyRecorded as exc:

@@ -27,9 +27,9 @@ def say(text: str) -> None:
 
 def shown_by_cli(run_id: str, cell: object | None) -> bool:
     """True for a run fedpriv's CLI started on its own (run, resume, deploy run; it sets
-    ``run-id``): the CLI printed the data in its pre-flight line and prints the results
-    folder when the run ends, so the ServerApp does not repeat them. A sweep's cell, or a
-    run submitted with `flwr run`, gets them from the ServerApp."""
+    ``run-id``): the CLI's pre-flight line has described the data, so the ServerApp does
+    not again. A sweep's cell, or a run submitted with `flwr run`, gets it from the
+    ServerApp."""
     return cell is None and bool(run_id)
 
 

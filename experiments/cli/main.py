@@ -44,7 +44,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result = run_config(resolve(args.config, args.set), name=args.name,
                             supernodes=args.supernodes, verbose=args.verbose)
     if result.ok:
-        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
+        # the folder was named when the run started ("results: ..."), once
+        print(f"finished in {time.perf_counter() - t0:.1f} s; the results folder holds:")
         print(f"  {list_results(result.run_dir)}")
         return 0
     print(f"run {result.status}: {result.error}\n  partial results and the full log "
