@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from .conftest import REPO, only_run, run_cli
 
@@ -275,3 +276,24 @@ def test_on_a_terminal_the_sweep_table_never_cuts_a_value_short(tmp_path):
     assert "…" not in wide and "|" not in wide and "0.7900" in wide and "steady" in wide
     narrow = _on_a_pty(code, env={"COLUMNS": "50"})
     assert "…" not in narrow and "| 2    | 0.05 | finished | 0.7900" in narrow
+
+
+def test_fedpriv_sweep_ends_with_the_comparison_table(tmp_path):
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text(tomli_w.dumps({
+        "name": "tiny", "preset": "mnist",
+        "fixed": {"num-server-rounds": 1, "num-clients": 2, "save-model": False,
+                  "results-dir": str(tmp_path / "results")},
+        "grid": {"lr": [0.05, 0.1]}}))
+    res = run_cli("sweep", str(sweep), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    end = res.stdout[res.stdout.rindex("done: test accuracy"):]
+    table = _md_rows(end.splitlines())
+    head, rows = table[0], table[1:]
+    assert head[:3] == ["cell", "lr", "status"] and "final-acc" in head, end
+    assert [r[:3] for r in rows] == [["1", "0.05", "finished"], ["2", "0.1", "finished"]]
+    assert all(any(r[i] for r in rows) for i in range(len(head)))  # no empty column
+    md = _md_rows((only_run(tmp_path / "results" / "sweeps") / "sweep.md").read_text()
+                  .splitlines())
+    assert md == table  # the same table as sweep.md
+    assert "sweep finished in" in end.splitlines()[-1]
