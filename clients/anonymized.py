@@ -24,6 +24,7 @@ from privacy.analysis.release_metrics import evaluate
 from privacy.anonymize import ANONYMIZERS, Release, anonymize
 from tasks.cache import array_digest, cache_path, save_atomic
 from tasks.config import AnonymizationConfig
+from tasks.progress import Bar
 from tasks.splits import Split
 
 CODE = ["privacy.anonymize.registry", "privacy.anonymize.ksame", "privacy.anonymize.density",
@@ -101,11 +102,25 @@ def released_data(a: AnonymizationConfig, split: Split, seed: int) -> Released:
 
         release = sample_release(_client_cvae(a, split, seed), y[members], seed + 1)
     else:
-        release = anonymize(a.anonymizer, x[members], y[members], a.params(), seed,
-                            split.num_classes)
+        release = _anonymized(a, x[members], y[members], seed, split.num_classes)
     released = _scored(x, members, holdout, release, seed, path)
     released.x = released.x.reshape(len(released.x), *shape)
     return released
+
+
+def _anonymized(a: AnonymizationConfig, x: np.ndarray, y: np.ndarray, seed: int,
+                num_classes: int) -> Release:
+    """The anonymizer's release of (x, y); training a CVAE shows a progress bar."""
+    if a.anonymizer != "cvae":
+        return anonymize(a.anonymizer, x, y, a.params(), seed, num_classes)
+    from privacy.anonymize.cvae import EPOCH_DONE
+
+    with Bar(f"CVAE training, {len(y):,} rows (epochs; early stopping)", a.cvae_epochs) as bar:
+        token = EPOCH_DONE.set(bar.advance)
+        try:
+            return anonymize(a.anonymizer, x, y, a.params(), seed, num_classes)
+        finally:
+            EPOCH_DONE.reset(token)
 
 
 def _client_cvae(a: AnonymizationConfig, split: Split, seed: int):
@@ -121,8 +136,10 @@ def _client_cvae(a: AnonymizationConfig, split: Split, seed: int):
         with np.load(path) as f:
             model.load_state_dict({k: torch.from_numpy(f[k]) for k in f.files})
         return TrainedCVAE(model.eval(), scaler, {})
-    trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
-                         scaler=scaler)
+    with Bar(f"CVAE training, {len(members):,} rows (epochs; early stopping)",
+             a.cvae_epochs) as bar:
+        trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
+                             scaler=scaler, on_epoch=bar.advance)
     state = {k: v.numpy() for k, v in trained.model.state_dict().items()}
     save_atomic(path, lambda tmp: np.savez(tmp, **state))
     return trained
@@ -162,9 +179,12 @@ def federated_cvae_round(a: AnonymizationConfig, context: Context, split: Split,
     members, _ = holdout_split(len(y), a.privacy_holdout, seed)
     encoder = (context.state.array_records[ENCODER_KEY].to_torch_state_dict()
                if ENCODER_KEY in context.state.array_records else None)
-    trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
-                         epochs=a.cvae_local_epochs, decoder_state=decoder.to_torch_state_dict(),
-                         encoder_state=encoder, scaler=fit_scaler(x[members]))
+    with Bar(f"CVAE local training, {len(members):,} rows (epochs)",
+             a.cvae_local_epochs) as bar:
+        trained = train_cvae(x[members], y[members], split.num_classes, a.params(), seed,
+                             epochs=a.cvae_local_epochs,
+                             decoder_state=decoder.to_torch_state_dict(), encoder_state=encoder,
+                             scaler=fit_scaler(x[members]), on_epoch=bar.advance)
     state = trained.model.state_dict()
     context.state.array_records[ENCODER_KEY] = ArrayRecord(
         {k: v for k, v in state.items() if not k.startswith("decoder.")})

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from strategies.rounds import WorkerLost
 from tasks.config import RunConfig, validate
+from tasks.progress import Bar
 from tasks.results.folder import (
     OutcomeAlreadyRecorded,
     RunFolder,
@@ -55,7 +56,7 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
     run = RunFolder.open(cfg.results, default_run_name(cfg))
     if not cfg.results.resume:  # a resumed run keeps the config it started with
         run.write_config(cfg)
-    say(f"results: {run.path}")
+    say(f"results: {run.path}")  # the one line that names the folder (open it while it runs)
     try:
         info = run_federation(grid, context, cfg, run, cell)
     except OutcomeAlreadyRecorded as exc:
@@ -74,7 +75,7 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
         raise
     final = info.final or {}
     say(f"done: test accuracy {final.get('accuracy', float('nan')):.4f} after "
-        f"{info.rounds_completed or 0} rounds in {info.wall_s or 0.0:.1f} s · {run.path}")
+        f"{info.rounds_completed or 0} rounds in {info.wall_s or 0.0:.1f} s")
     return info
 
 
@@ -88,22 +89,24 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
     """
     cells = json.loads(cells_file.read_text())["cells"]
     host = dict(context.run_config)
-    for n, cell in enumerate(cells, 1):
-        values = cell["config"]
-        say(f"cell {cell['index']} ({n}/{len(cells)}): {cell['label']}")
-        differs = {k: v for k, v in values.items() if host.get(k) != v}
-        own = Context(run_id=context.run_id, node_id=context.node_id,
-                      node_config=dict(context.node_config), state=RecordDict(),
-                      run_config=dict(values))
-        try:
-            run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
-        except WorkerLost as exc:  # the warm clients are broken: the later cells cannot run
-            for rest in cells[n:]:
-                folder = Path(rest["config"]["run-dir"])
-                folder.mkdir(parents=True, exist_ok=True)
-                RunFolder(folder).write_info(RunInfo(
-                    status="failed", finished=now(),
-                    error=f"not run: in cell {cell['index']}, {exc}. Run this cell again."))
-            raise
-        except Exception:  # recorded in the cell's run.json; the sweep goes on
-            continue
+    with Bar("sweep: cells done", len(cells), eager=True) as bar:
+        for n, cell in enumerate(cells, 1):
+            values = cell["config"]
+            say(f"cell {cell['index']} ({n}/{len(cells)}): {cell['label']}")
+            differs = {k: v for k, v in values.items() if host.get(k) != v}
+            own = Context(run_id=context.run_id, node_id=context.node_id,
+                          node_config=dict(context.node_config), state=RecordDict(),
+                          run_config=dict(values))
+            try:
+                run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
+            except WorkerLost as exc:  # the warm clients are broken: the later cells
+                for rest in cells[n:]:  # cannot run
+                    folder = Path(rest["config"]["run-dir"])
+                    folder.mkdir(parents=True, exist_ok=True)
+                    RunFolder(folder).write_info(RunInfo(
+                        status="failed", finished=now(),
+                        error=f"not run: in cell {cell['index']}, {exc}. Run this cell again."))
+                raise
+            except Exception:  # recorded in the cell's run.json; the sweep goes on
+                pass
+            bar.advance()

@@ -26,6 +26,7 @@ from strategies.protocols.plain import PlainProtocol
 from strategies.runner import RoundRunner
 from tasks import messages
 from tasks.config import RunConfig
+from tasks.progress import track
 from tasks.results.folder import RunFolder
 
 from .console import say
@@ -46,7 +47,7 @@ def run_cvae_phase(grid: Grid, cfg: RunConfig, partition_of: Mapping[int, int], 
     say(f"phase 1: {a.cvae_rounds} rounds of federated CVAE training (only decoders are "
         "shared)")
     arrays = ArrayRecord(decoder.state_dict())
-    for rnd in range(1, a.cvae_rounds + 1):
+    for rnd in track(range(1, a.cvae_rounds + 1), "CVAE phase 1: rounds", eager=True):
         result = rounds.run_round(rnd, arrays)
         arrays = result.arrays or arrays
         log = result.log

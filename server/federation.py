@@ -42,7 +42,7 @@ from .checkpoint import (
     rewind_ledger,
 )
 from .client_state import check_client_state
-from .console import say
+from .console import say, shown_by_cli
 from .cvae_phase import run_cvae_phase
 from .discovery import ClientInfo, runtime_of, simulated
 from .evaluation import CentralEvaluator, ModelSelection
@@ -131,7 +131,7 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
     recorder, the hooks and the stop conditions."""
     _seed_everything(cfg.training.seed)
     task = ServerTask.load(cfg)
-    task.describe(cfg, info)
+    task.describe(cfg, info, show_data=not shown_by_cli(cfg.results.run_id, cell))
     clients = discover(grid, cfg, task, run, task.title(cfg))
     grid = federation_grid(grid, cfg, run, clients, info, checkpoint, cell)
     _say_federation(cfg, task, clients, grid, info)

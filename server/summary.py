@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from privacy.dp.disclosure import declined
 from strategies.rounds import short_reason
 from tasks.config import RunConfig
+from tasks.markdown import markdown_table
 from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
 from tasks.results.ledger import RoundRecord, outcome
+
+from .console import number
+
+RELEASE_SCATTER = "release_scatter.png"  # experiments/leakage/release_plot.py draws it
+SCATTER_LINE = f"![original vs released embeddings](plots/{RELEASE_SCATTER})"
+LOSS_LINE = "![loss](plots/loss.png)"
 
 
 def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
@@ -149,16 +157,17 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
         f"round on average ({res['steady-round-s']:.2f} s after round 1)",
         *reported_lines(info),
         "",
-        "| round | test acc | test loss | train loss | clients | round s |",
-        "|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in records:
         train_loss = r.train.get("loss")
-        lines.append(
-            f"| {r.round}{' (tampered)' if r.tampered else ''} | {r.test['accuracy']:.4f} | "
-            f"{r.test['loss']:.4f} | {'-' if train_loss is None else f'{train_loss:.4f}'} | "
-            f"{len(r.clients)}/{len(r.sampled)} | {r.time['round-s']:.2f} |")
-    return lines
+        rows.append([f"{r.round}{' (tampered)' if r.tampered else ''}",
+                     f"{r.test['accuracy']:.4f}", number(r.test["loss"]),
+                     "-" if train_loss is None else number(train_loss),
+                     f"{len(r.clients)}/{len(r.sampled)}", f"{r.time['round-s']:.2f}"])
+    return lines + markdown_table(
+        ["round", "test acc", "test loss", "train loss", "clients", "round s"], rows,
+        ["right"] * 6)
 
 
 def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
@@ -192,9 +201,11 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
     lines += failure_lines(records, info)
     if res:
         lines += outcome_lines(info, res, records)
-    lines += ["", "![accuracy](plots/accuracy.png)", "", "![loss](plots/loss.png)", ""]
+    lines += ["", "![accuracy](plots/accuracy.png)", "", LOSS_LINE, ""]
     if (info.privacy or {}).get("mode") in ("local", "central"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
+    if (run.path / "plots" / RELEASE_SCATTER).exists():  # drawn by the CLI after the run
+        lines += [SCATTER_LINE, ""]
     if (run.path / "plots" / "label_distribution.png").exists():
         lines += ["![label distribution](plots/label_distribution.png)", ""]
     else:
@@ -206,3 +217,20 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
               "(status, timings, versions)"
               + (", `model.pt` (final global model)" if cfg.results.save_model else "") + ".", ""]
     run.write_text("summary.md", "\n".join(lines))
+
+
+def embed_release_scatter(run_dir: Path) -> bool:
+    """Add the release scatter to summary.md (after the loss plot), once: the CLI draws it
+    after the ServerApp has written the page. True when it was added."""
+    page = run_dir / "summary.md"
+    if not (run_dir / "plots" / RELEASE_SCATTER).is_file() or not page.is_file():
+        return False
+    text = page.read_text()
+    if SCATTER_LINE in text:
+        return False
+    if LOSS_LINE + "\n" in text:
+        text = text.replace(LOSS_LINE + "\n", f"{LOSS_LINE}\n\n{SCATTER_LINE}\n", 1)
+    else:
+        text = text.rstrip("\n") + f"\n\n{SCATTER_LINE}\n"
+    RunFolder(run_dir).write_text("summary.md", text)
+    return True

@@ -62,15 +62,17 @@ class ServerTask:
                                self.data.std if images else (1.0,),
                                "image" if images else "vector")
 
-    def describe(self, cfg: RunConfig, info: RunInfo) -> None:
-        """Record (and print) the data, the model and the backbone in run.json."""
+    def describe(self, cfg: RunConfig, info: RunInfo, show_data: bool = True) -> None:
+        """Record (and print) the data, the model and the backbone in run.json
+        (``show_data``: False when the CLI's pre-flight line has shown the data)."""
         info.dataset, info.dataset_source = self.data.summary(), self.data.source
         info.model, info.parameters = self.model_name, count_parameters(self.model)
         if cfg.embeddings.enabled:
             b = info.backbone = backbone_info(backbone_spec(cfg.embeddings, cfg.data))
             say(f"features: {b.get('embedding-dim')}-d embeddings from a frozen "
                 f"{b.get('backbone')} trained on {b.get('trained-on')}")
-        say(f"data: {self.data.summary()}")
+        if show_data:
+            say(f"data: {self.data.summary()}")
 
     def title(self, cfg: RunConfig) -> str:
         """The plots' title."""

@@ -23,8 +23,10 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,7 @@ from .cache import array_digest, cache_path, save_atomic
 from .config import DataConfig, EmbeddingsConfig
 from .datasets import DatasetBundle, load_dataset, public_mask
 from .errors import ConfigError
+from .progress import Bar
 from .registry import BACKBONES
 from .training import evaluate, make_loader, sgd, train_epochs
 
@@ -170,6 +173,13 @@ def _progress(text: str) -> None:
     print(f"[fedpriv] {text}", file=sys.stderr, flush=True)
 
 
+def _ticking(batches: Iterable[Any], bar: Bar) -> Iterator[Any]:
+    """``batches``, advancing ``bar`` as each one is trained on."""
+    for batch in batches:
+        yield batch
+        bar.advance()
+
+
 def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, dict]:
     """Train an EmbeddingNet on data no client holds; return it with a description."""
     if spec.data == "public-split":
@@ -190,10 +200,17 @@ def _train_backbone(spec: BackboneSpec, raw: DatasetBundle) -> tuple[nn.Module, 
     net = EmbeddingNet(spec.arch, raw.input_shape, spec.dim, pub.num_classes)
     x, y = pub.to_tensor(pub.x_train), torch.from_numpy(pub.y_train)
     opt = sgd(net, 0.05, 0.9)
-    for epoch in range(spec.epochs):
-        res = train_epochs(net, make_loader(x, y, 128, epoch), opt, 1, torch.device("cpu"))
-        _progress(f"backbone {spec.arch} on {where}: epoch {epoch + 1}/{spec.epochs}, "
-                  f"train accuracy {res.accuracy:.3f}")
+    batches = -(-len(y) // 128)
+    with Bar(f"backbone {spec.arch} training, {spec.epochs} epoch(s) (batches)",
+             spec.epochs * batches, eager=True) as bar:
+        for epoch in range(spec.epochs):
+            loader = make_loader(x, y, 128, epoch)
+            res = train_epochs(net, _ticking(loader, bar), opt, 1, torch.device("cpu"))
+            bar.advance(0, description=f"backbone {spec.arch} training, epoch {epoch + 1} of "
+                                       f"{spec.epochs} done, train accuracy {res.accuracy:.3f}")
+    if spec.epochs:
+        _progress(f"backbone {spec.arch} trained on {where}: {spec.epochs} epoch(s), train "
+                  f"accuracy {res.accuracy:.3f}")
     net.eval()
     info = {"backbone": spec.arch, "embedding-dim": spec.dim, "trained-on": where,
             "public-train-accuracy": res.accuracy if spec.epochs else None}

@@ -55,6 +55,7 @@ anonymizer = "identity"
         assert anon["anonymizer"] == name and len(anon["clients"]) == 3
         assert records[-1]["test"]["accuracy"] > 0.3, name  # real test embeddings, 10 classes
         assert (run / "plots" / "release_scatter.png").is_file()
+        assert "](plots/release_scatter.png)" in (run / "summary.md").read_text()  # shown
         info = read_run_info(run)
         assert "public 20% split of mnist" in info["backbone"]["trained-on"]
     mean = {n: read_run_info(out / r["run-dir"])["anonymization"]["mean"]

@@ -238,7 +238,7 @@ server-trap = "binning-disguised"
     assert (out / "plots" / "malicious_reconstructions.png").is_file()
     summary = (Path(screened["run-dir"]) / "summary.md").read_text()
     assert "**malicious server**: in round(s) 1 the server sent trap weights" in summary
-    assert "| 1 (tampered) |" in summary
+    assert "| 1 (tampered) |" in " ".join(summary.split())  # the table's padding
     assert "client 0: refused the weights (client-screen)" in summary
 
     run = Path(plain["run-dir"])

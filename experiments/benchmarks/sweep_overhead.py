@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import tomli_w
+
 from experiments.benchmarks.fedavg_overhead import bench_fedpriv, print_table
 from experiments.benchmarks.plain_fedavg import plain_fedavg
 from experiments.configs import resolve
@@ -36,17 +38,11 @@ SEEDS = [1, 2]
 
 def sweep_file(folder: Path) -> Path:
     path = folder / "bench.toml"
-    path.write_text(f"""
-name = "bench"
-seeds = {SEEDS}
-[fixed]
-num-clients = 10
-num-server-rounds = 5
-save-model = false
-results-dir = "{folder / 'results'}"
-[grid]
-lr = {LRS}
-""")
+    path.write_text(tomli_w.dumps({
+        "name": "bench", "seeds": SEEDS,
+        "fixed": {"num-clients": 10, "num-server-rounds": 5, "save-model": False,
+                  "results-dir": str(folder / "results")},
+        "grid": {"lr": LRS}}))
     return path
 
 

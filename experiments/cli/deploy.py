@@ -306,7 +306,8 @@ def _run(args: argparse.Namespace) -> int:
         connection.refuse_public_port(link)
         result = run_deployed(cfg, link, name=args.name, verbose=args.verbose)
     if result.ok:
-        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
+        # the ServerApp named the folder (on the SuperLink's host) when the run started
+        print(f"finished in {time.perf_counter() - t0:.1f} s")
         return 0
     print(f"run {result.status}: {result.error}\n  partial results and the full log "
           f"(flwr.log) are in {result.run_dir}")

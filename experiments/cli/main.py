@@ -48,7 +48,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result = run_config(resolve(args.config, args.set), name=args.name,
                             supernodes=args.supernodes, verbose=args.verbose)
     if result.ok:
-        print(f"finished in {time.perf_counter() - t0:.1f} s · results: {result.run_dir}")
+        # the folder was named when the run started ("results: ..."), once
+        print(f"finished in {time.perf_counter() - t0:.1f} s; the results folder holds:")
         print(f"  {list_results(result.run_dir)}")
         return 0
     print(f"run {result.status}: {result.error}\n  partial results and the full log "
@@ -140,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up at once, even in a pipe
+    from tasks.progress import relay_to_children
+
     from ..runtime.procs import PipeGuard
 
     sys.stdout = PipeGuard(sys.stdout)  # a closed pipe stops a run as Ctrl-C does
+    relay_to_children()  # on a terminal, the apps' progress bars are drawn here
     signal.signal(signal.SIGTERM, _terminate)  # run the same cleanup as Ctrl-C
     try:
         return COMMANDS[args.command](args)

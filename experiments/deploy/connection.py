@@ -19,9 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
+
 from tasks.config import ConfigError
 
-from ..runtime.superlink import LocalSuperLink, flower_env, flower_executable
+from ..runtime.superlink import LocalSuperLink, flower_config, flower_env, flower_executable
 from .credentials import read_certificate
 from .fleet_gateway import OPERATOR_ONLY
 
@@ -47,11 +49,15 @@ class Connection:
         if self.ca is not None:
             read_certificate(self.ca, "--ca")
 
+    def table(self) -> dict[str, str | bool]:
+        """This connection's entry in ``$FLWR_HOME/config.toml``."""
+        trust: dict[str, str | bool] = ({"root-certificates": str(self.ca.resolve())}
+                                        if self.ca is not None else {"insecure": True})
+        return {"address": self.address, **trust}
+
     def toml(self, name: str) -> str:
         """This connection as a ``[superlink.<name>]`` table of ``$FLWR_HOME/config.toml``."""
-        trust = (f'root-certificates = "{self.ca.resolve()}"' if self.ca is not None
-                 else "insecure = true")
-        return f'[superlink.{name}]\naddress = "{self.address}"\n{trust}\n'
+        return tomli_w.dumps({"superlink": {name: self.table()}})
 
     def flags(self) -> list[str]:
         return (["--root-certificates", str(self.ca)] if self.ca is not None
@@ -103,8 +109,7 @@ def register(link: Connection, keys: Sequence[Path], action: str = "register",
                               "`fedpriv deploy keys`).")
     home = Path(tempfile.mkdtemp(prefix="fp-deploy-"))
     try:
-        (home / "config.toml").write_text('[superlink]\ndefault = "deploy"\n\n'
-                                          + link.toml("deploy"))
+        (home / "config.toml").write_text(flower_config("deploy", {"deploy": link.table()}))
         env = flower_env(home)
         worst = 0
         for arg in ([str(k) for k in keys] if keys else [None]):
@@ -136,7 +141,7 @@ class DeployedSuperLink(LocalSuperLink):
         refuse_public_port(self.link)
         self.home = Path(tempfile.mkdtemp(prefix="fp-deploy-"))
         (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{self.CONNECTION}"\n\n' + self.link.toml(self.CONNECTION))
+            flower_config(self.CONNECTION, {self.CONNECTION: self.link.table()}))
         self.port = int(self.link.address.rpartition(":")[2])
         return self
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.config import ConfigError
+from tasks.progress import Relay
 
 from ..runtime.procs import stream_child
 from ..runtime.superlink import flower_env, flower_executable
@@ -59,8 +60,11 @@ class _Attempt:
         self.on_join = on_join
         self.held: list[str] | None = [] if on_join else None
         self.refused = self.not_activated = False
+        self.progress = Relay()  # the ClientApps' progress bars, drawn on this terminal
 
     def line(self, text: str) -> None:
+        if self.progress.feed(text):
+            return
         self.refused = self.refused or REFUSED in text
         self.not_activated = self.not_activated or NOT_ACTIVATED in text
         if self.held is None:
@@ -97,6 +101,7 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], 
     env = flower_env(None)
     attempt = _Attempt(echo)
     code = stream_child(cmd, attempt.line, env)
+    attempt.progress.close()
     if not attempt.refused:
         return code
     if key is None or not attempt.not_activated or rejoin_wait <= 0:
@@ -118,6 +123,7 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], 
                                                  f"after {time.monotonic() - start:.0f} s "
                                                  f"(attempt {n})")
         code = stream_child(cmd, attempt.line, env)
+        attempt.progress.close()
         if not (attempt.refused and attempt.not_activated):
             attempt.release()  # it joined and has ended, or failed in another way
             return code

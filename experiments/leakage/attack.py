@@ -53,6 +53,7 @@ from tasks.config import (
     RunConfig,
 )
 from tasks.files import read_text
+from tasks.progress import Bar
 from tasks.results.folder import read_run_info
 from tasks.results.ledger import read_ledger
 from tasks.seeding import derive_seed
@@ -269,25 +270,33 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
             per_client[o.client] = per_client.get(o.client, 0) + 1
     audited: dict[str, dict[Any, list[AuditedRound]]] = {}  # attack -> client -> rounds
     truths: dict[Any, np.ndarray] = {}
-    for obs in chosen:
-        attacker = Attacker(cfg, obs, task, run_dir, echo)
-        attacker.audit_family = family_size(per_client)
-        broken = attacker.non_finite()
-        new = []
-        for name in attacks:
-            result = {"skipped": broken} if broken else attacker.run(name)
-            line = {"round": obs.round,
-                    "client": "aggregate" if obs.client is None else obs.client,
-                    "attack": name, **result}
-            new.append(line)
-            echo(f"  {obs.name} {name}: {headline(line)}")
-            if attacker.audited is not None and "skipped" not in result:
-                audited.setdefault(name, {}).setdefault(obs.client, []).append(attacker.audited)
-                truths[obs.client] = attacker.truth.canaries[1]
-                attacker.audited = None
-        lines = _merge(run_dir / LEDGER, new)  # written per observation: a crash keeps these
-        (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
-                                              for x in lines))
+    with Bar("attacks", len(chosen) * len(attacks), eager=True) as bar:
+        for obs in chosen:
+            attacker = Attacker(cfg, obs, task, run_dir, echo)
+            attacker.audit_family = family_size(per_client)
+            broken = attacker.non_finite()
+            if bar.mode != "quiet":  # an attack's own steps show in the bar, not as lines
+                attacker.context.progress = lambda text, o=obs: bar.advance(
+                    0, description=f"attacks: {o.name}: {text.strip()}")
+            new = []
+            for name in attacks:
+                bar.advance(0, description=f"attacks: {obs.name} {name}")
+                result = {"skipped": broken} if broken else attacker.run(name)
+                line = {"round": obs.round,
+                        "client": "aggregate" if obs.client is None else obs.client,
+                        "attack": name, **result}
+                new.append(line)
+                echo(f"  {obs.name} {name}: {headline(line)}")
+                if attacker.audited is not None and "skipped" not in result:
+                    audited.setdefault(name, {}).setdefault(obs.client, []).append(
+                        attacker.audited)
+                    truths[obs.client] = attacker.truth.canaries[1]
+                    attacker.audited = None
+                bar.advance()
+            # written per observation: a crash keeps these
+            lines = _merge(run_dir / LEDGER, new)
+            (run_dir / LEDGER).write_text("".join(json.dumps(x, default=float) + "\n"
+                                                  for x in lines))
     for name, rounds in audited.items():  # the whole run's audit, per client
         new = whole_run_lines(cfg, name, rounds, truths, family_size(per_client))
         for line in new:

@@ -19,6 +19,7 @@ from typing import Any
 
 from scipy.stats import binomtest
 
+from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
 
 from .sweep import _cell, _read_config, _reconstructions, defence, setting
@@ -91,8 +92,7 @@ def write_malicious_table(out: Path, cells: Sequence[Any]) -> bool:
           "each bin's bias scale). "
           f"holds: under {HELD:.0%} recovered. declined: clients that sent no update "
           "(their client-screen refused the weights).", "",
-          "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    md += ["| " + " | ".join(_show(r.get(c)) for c in shown) + " |" for r in rows]
+          *markdown_table(shown, [[_show(r.get(c)) for c in shown] for r in rows])]
     if grid:
         md += ["", f"![reconstructions per defence](plots/{grid})"]
     page = out / "leakage.md"

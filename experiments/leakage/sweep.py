@@ -21,6 +21,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from tasks.config import RunConfig
+from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
 
 from ..sweep.pareto import pareto_front
@@ -146,8 +147,7 @@ def write_leakage_table(out: Path, rows: Sequence[dict[str, Any]]) -> None:
           "the loss-drop membership attack (fixed in advance), its AUC and TPR at 1% FPR. "
           "Empty: not "
           "measured in that cell.", "",
-          "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
+          *markdown_table(shown, [[_cell(r.get(c)) for c in shown] for r in rows])]
     md += ["", "![PSNR vs epsilon](plots/psnr_vs_epsilon.png)", "",
            "![accuracy vs PSNR](plots/accuracy_vs_psnr.png)", "",
            "![ROC per defence](plots/roc_by_defence.png)", "",

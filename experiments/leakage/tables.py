@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from privacy.attacks.registry import ATTACKS
+from tasks.markdown import markdown_table
 
 from .sweep import defence, setting
 
@@ -85,9 +86,8 @@ def write_attack_tables(out: Path, cells: Sequence[Any]) -> bool:
             writer.writeheader()
             writer.writerows({k: _cell(r.get(k)) for k in columns} for r in rows)
         shown = [c for c in columns if c != "setting"]
-        md += ["", f"## {title}", "", note, "", "| " + " | ".join(shown) + " |",
-               "|" + "---|" * len(shown)]
-        md += ["| " + " | ".join(_cell(r.get(c)) for c in shown) + " |" for r in rows]
+        md += ["", f"## {title}", "", note, "",
+               *markdown_table(shown, [[_cell(r.get(c)) for c in shown] for r in rows])]
     page = out / "leakage.md"
     text = page.read_text() if page.exists() else "# What leaked\n"
     page.write_text(text.split("\n## Membership inference\n")[0].split("\n## Audits\n")[0]

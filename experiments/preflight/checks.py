@@ -30,6 +30,7 @@ from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, res
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.models import count_parameters
+from tasks.progress import track
 from tasks.seeding import derive_seed
 from tasks.splits import (
     client_split,
@@ -167,7 +168,7 @@ def _anonymizer_check(cfg: RunConfig, splits: list) -> None:
     a = cfg.anonymization
     if a.anonymizer in ("none", "cvae", "cvae-online", "cvae-federated"):
         return
-    for pid, split in enumerate(splits):
+    for pid, split in enumerate(track(splits, f"pre-flight: {a.anonymizer} on each client")):
         try:
             released_data(a, split, derive_seed(cfg.training.seed, pid))
         except AnonymizationError as exc:
@@ -265,7 +266,8 @@ def main() -> None:
     given = json.loads(sys.stdin.read())
     if isinstance(given, list):
         answers = []
-        for values in given:  # a broken cell must not hide the others' answers
+        # a broken cell must not hide the others' answers
+        for values in track(given, "pre-flight: checking cells"):
             try:
                 answers.append(_answer(values))
             except Exception as exc:

@@ -8,7 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tasks.config import defaults, to_toml
+import tomli_w
+
+from tasks.config import defaults
 
 APP_PACKAGES = ("tasks", "server", "clients", "strategies", "privacy")
 
@@ -33,9 +35,10 @@ def stage_app() -> Path:
         src = Path(importlib.import_module(name).__file__).parent  # type: ignore[arg-type]
         shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__",
                                                                          "*.pyc"))
-    (stage / "pyproject.toml").write_text(
-        '[project]\nname = "fedpriv"\nversion = "0.1.0"\n\n'
-        '[tool.flwr.app]\npublisher = "fedpriv"\n\n'
-        '[tool.flwr.app.components]\nserverapp = "server.app:app"\n'
-        'clientapp = "clients.app:app"\n\n[tool.flwr.app.config]\n' + to_toml(defaults()))
+    (stage / "pyproject.toml").write_text(tomli_w.dumps({
+        "project": {"name": "fedpriv", "version": "0.1.0"},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedpriv",
+            "components": {"serverapp": "server.app:app", "clientapp": "clients.app:app"},
+            "config": dict(defaults())}}}}))
     return stage

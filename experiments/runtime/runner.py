@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from server.console import PREFIX
+from server.summary import embed_release_scatter
 from server.tracking import after_run as track_after_run
 from tasks.config import RunConfig
 from tasks.files import explain
+from tasks.progress import Relay
 from tasks.results.folder import RunFolder, read_run_info, run_identity
 from tasks.results.plots import plot_label_distribution
 
@@ -59,9 +61,12 @@ class LogFilter:
         self.errors_shown = 0
         self.last_error: str | None = None  # the ServerApp's last "error: ..." line
         self.t0 = time.perf_counter()
+        self.progress = Relay()  # the apps' progress bars (tasks.progress), drawn here
 
     def __call__(self, raw: str) -> None:
         line = ANSI.sub("", raw)
+        if self.progress.feed(line):
+            return
         self._write(f"[{time.perf_counter() - self.t0:7.2f}s] {line}\n")
         if PREFIX in line:
             own = line.split(PREFIX, 1)[1]
@@ -94,6 +99,7 @@ class LogFilter:
             self.log = None
 
     def close(self) -> None:
+        self.progress.close()
         if self.log is not None:
             with contextlib.suppress(OSError):
                 self.log.close()
@@ -104,8 +110,12 @@ def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
     (torch stays out of the CLI); True when they completed."""
     echo("attacking what the server observed (privacy.attacks; `fedpriv attack` re-runs "
          "them)...")
-    code = stream_child([sys.executable, "-m", "experiments.leakage.attack", str(run_dir)],
-                        lambda line: echo(f"  {line}"))
+    progress = Relay()
+    try:
+        code = stream_child([sys.executable, "-m", "experiments.leakage.attack", str(run_dir)],
+                            lambda line: progress.feed(line) or echo(f"  {line}"))
+    finally:
+        progress.close()
     if code != 0:
         echo(f"  the attacks did not complete (exit code {code}); the run's results are "
              f"intact. Re-run them with: fedpriv attack {run_dir}")
@@ -191,6 +201,7 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
                                 "not sent to the server)")
     if status == "finished" and cfg.anonymization.enabled:
         if plot_in_child(run_dir):
+            embed_release_scatter(run_dir)
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")
     if status == "finished" and cfg.leakage.enabled:
         attack_run(run_dir, echo)

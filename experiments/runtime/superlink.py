@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import tomli_w
 
 from tasks.config import plugin_roots, to_toml
 
@@ -36,6 +37,12 @@ OWNER_FILE = "owner.json"
 # a new flwr-clientapp process per message, 3 s idle polls). Read when not passed.
 CLIENTAPPS_ENV = "FEDPRIV_CLIENTAPPS"
 CLIENTAPP_MODES = ("warm", "per-message")
+
+
+def flower_config(default: str, connections: Mapping[str, Mapping[str, Any]]) -> str:
+    """``$FLWR_HOME/config.toml`` (by tomli-w): the SuperLink ``connections`` by name,
+    ``default`` the one Flower's commands use."""
+    return tomli_w.dumps({"superlink": {"default": default, **connections}})
 
 
 def remove_stale_homes(root: Path | None = None) -> list[Path]:
@@ -174,9 +181,9 @@ class LocalSuperLink:
                                                         "started": me.create_time()}))
         (self.home / "ray").mkdir()
         self.port = free_port()
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        (self.home / "config.toml").write_text(flower_config(
+            self.CONNECTION, {self.CONNECTION: {"address": f"127.0.0.1:{self.port}",
+                                                "insecure": True}}))
         mode = [] if self.num_supernodes else ["--simulation"]
         self.proc = self._spawn("superlink.log", [
             flower_executable("flower-superlink"), "--insecure", *mode,

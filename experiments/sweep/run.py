@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate
 from tasks.config.effect import idle_keys
+from tasks.progress import track
 from tasks.results.folder import new_run_dir, read_run_info, run_identity
 from tasks.results.ledger import outcome as run_outcome
 from tasks.results.ledger import read_ledger
@@ -38,7 +39,7 @@ from ..runtime.runner import (
 from ..runtime.superlink import LocalSuperLink
 from .plots import sweep_plots
 from .spec import Cell, SweepSpec, load_sweep
-from .table import REPORTED, write_table
+from .table import REPORTED, print_table, write_table
 
 
 @dataclass
@@ -92,6 +93,8 @@ def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
         write_table(out, spec, cells)
         sweep_plots(out / "plots", spec.name, cells)
     failed = sum(c.status != "finished" for c in cells)
+    print()
+    print_table(out, spec, cells)
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} runs finished · {out / 'sweep.md'}")
     return SweepRun(out, cells)
@@ -176,7 +179,7 @@ def _run_separately(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[
                     verbose: bool) -> None:
     """The fallback: one simulation per cell (Ray's on the same SuperLink)."""
     app = app_dir()
-    for c in cells:
+    for c in track(cells, "sweep: cells done"):
         print(f"\n[{c.index}/{len(cells)}] {c.label}", flush=True)
         try:
             pre = _checked(c, preflight_isolated(c.config))

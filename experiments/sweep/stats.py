@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     """(mean, half-width) of Student's t interval for the mean of independent runs
-    (each seed one draw); the half-width is nan with fewer than two values."""
+    (each seed one draw; ``scipy.stats.t.interval``); the half-width is nan with fewer
+    than two values."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
         return math.nan, math.nan
-    mean = sum(xs) / len(xs)
+    mean = statistics.fmean(xs)
     if len(xs) < 2:
         return mean, math.nan
-    from scipy.stats import t  # lazy: only sweeps over seeds need it
+    from scipy import stats  # lazy: only sweeps over seeds need it
 
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return mean, float(t.ppf(0.5 + level / 2, len(xs) - 1)) * sd / math.sqrt(len(xs))
+    sem = stats.sem(xs)
+    if sem == 0:  # every seed gave the same value (t.interval would give nan)
+        return mean, 0.0
+    low, high = stats.t.interval(level, len(xs) - 1, loc=mean, scale=sem)
+    return mean, float(high - low) / 2
 
 
 def fmt_ci(values: Sequence[float], digits: int = 4) -> str:

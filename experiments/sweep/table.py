@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks.markdown import drop_empty_columns, markdown_table
 from tasks.results.ledger import headline_epsilon
 
 from ..leakage.malicious import write_malicious_table
@@ -39,7 +40,9 @@ def _reported(r: dict[str, Any]) -> list[str]:
     return [str(selection.get("round", "")), _fmt(auroc, 3), noise]
 
 
-def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
+               ) -> tuple[list[str], list[list[Any]]]:
+    """The sweep's table, one row per run: the head and the rows (run-dir and error last)."""
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
             "target-round", "epsilon", "delta", "server-sees", "reid-top1", "mia-auc",
@@ -63,15 +66,55 @@ def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
                      _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
+    return head, rows
+
+
+def shown(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> tuple[list[str], list[list[Any]]]:
+    """The columns sweep.md and the terminal show: without run-dir and error (they have
+    their own lines) and without a column that is empty in every row."""
+    head, rows = comparison(out, spec, cells)
+    return drop_empty_columns(head[:-2], [row[:-2] for row in rows], keep=("cell", "status"))
+
+
+def print_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    """The comparison table on the terminal (rich), as Markdown when not on one (or on
+    one too narrow for it)."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    head, rows = shown(out, spec, cells)
+    console = Console(highlight=False)
+    if console.is_terminal:  # a header word a line ("best-round": "best" over "round"), so
+        # that the columns fit a terminal's width without cutting the names short
+        table = Table(*[h.replace("-", "\n") for h in head], box=box.SIMPLE_HEAD,
+                      header_style="bold", pad_edge=False, collapse_padding=True)
+        for row in rows:
+            table.add_row(*[str(x) for x in row])
+        wide = console.options.update_width(10_000)
+        if console.measure(table, options=wide).minimum <= console.width:  # none cut short
+            console.print(table)
+            return
+    # a log, a pipe or a narrow terminal: a Markdown table, every column at full width
+    table = Table(*head, box=box.MARKDOWN)
+    for row in rows:
+        table.add_row(*[str(x) for x in row])
+    plain = io.StringIO()
+    Console(file=plain, width=1000, color_system=None, highlight=False).print(table)
+    print("\n".join(line.rstrip() for line in plain.getvalue().splitlines() if line.strip()))
+
+
+def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    head, rows = comparison(out, spec, cells)
     with open(out / "sweep.csv", "w", newline="") as f:
         csv.writer(f).writerows([head, *rows])
     md = [f"# Sweep {spec.name}", "", f"From `{spec.path}`; fixed keys: "
           + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), ""]
     if spec.seeds:
         md += _seed_table(spec, cells)
-    md += ["| " + " | ".join(head[:-2]) + " |", "|" + "---|" * (len(head) - 2)]
-    for row in rows:
-        md.append("| " + " | ".join(str(x) for x in row[:-2]) + " |")
+    md += markdown_table(*shown(out, spec, cells))
     failed = [c for c in cells if c.error]
     if failed:
         md += ["", "Failed cells:", ""] + [f"- cell {c.index} ({c.label}): {c.error}"
@@ -103,15 +146,17 @@ def _seed_table(spec: SweepSpec, cells: Sequence[Cell]) -> list[str]:
     groups: dict[str, list[Cell]] = {}
     for c in cells:
         groups.setdefault(c.group, []).append(c)
-    md = [f"Mean ± 95% interval (Student's t) over seeds {spec.seeds}, finished runs only:",
-          "", "| cell | final-acc | best-acc | epsilon | steady-round-s |", "|---|---|---|---|---|"]
+    rows = []
     for group, runs in groups.items():
         done = [c.result for c in runs if c.status == "finished"]
-        md.append(f"| {group} | {fmt_ci([r.get('final', {}).get('accuracy') for r in done])} | "
-                  f"{fmt_ci([r.get('best', {}).get('accuracy') for r in done])} | "
-                  f"{fmt_ci([headline_epsilon(r.get('privacy')) for r in done], 3)} | "
-                  f"{fmt_ci([r.get('steady-round-s') for r in done], 3)} |")
-    return [*md, "", "Every run:", ""]
+        rows.append([group, fmt_ci([r.get("final", {}).get("accuracy") for r in done]),
+                     fmt_ci([r.get("best", {}).get("accuracy") for r in done]),
+                     fmt_ci([headline_epsilon(r.get("privacy")) for r in done], 3),
+                     fmt_ci([r.get("steady-round-s") for r in done], 3)])
+    head, rows = drop_empty_columns(
+        ["cell", "final-acc", "best-acc", "epsilon", "steady-round-s"], rows, keep=("cell",))
+    return [f"Mean ± 95% interval (Student's t) over seeds {spec.seeds}, finished runs only:",
+            "", *markdown_table(head, rows), "", "Every run:", ""]
 
 
 def _anon(result: dict[str, Any], key: str) -> float | None:

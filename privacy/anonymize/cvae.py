@@ -24,7 +24,8 @@ sharing only the decoder (FedAvg); :func:`train_cvae` with ``decoder_state`` and
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,11 @@ def fit_scaler(x: np.ndarray) -> MinMaxScaler:
     return MinMaxScaler(clip=True).fit(x)
 
 
+# called after each epoch of a CVAE trained in this context (a progress bar's advance) by
+# callers that cannot pass ``on_epoch``: the anonymizer registry's signature is fixed
+EPOCH_DONE: ContextVar[Callable[[], None] | None] = ContextVar("cvae_epoch_done", default=None)
+
+
 @dataclass
 class TrainedCVAE:
     model: CVAE
@@ -94,8 +100,10 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
                seed: int = 0, epochs: int | None = None,
                decoder_state: Mapping[str, torch.Tensor] | None = None,
                encoder_state: Mapping[str, torch.Tensor] | None = None,
-               scaler: MinMaxScaler | None = None) -> TrainedCVAE:
-    """Fit a CVAE on (x, y); early stopping unless DP or a fixed number of ``epochs``."""
+               scaler: MinMaxScaler | None = None,
+               on_epoch: Callable[[], None] | None = None) -> TrainedCVAE:
+    """Fit a CVAE on (x, y); early stopping unless DP or a fixed number of ``epochs``
+    (``on_epoch``, e.g. a progress bar's advance, is called after each epoch)."""
     torch.manual_seed(seed)
     max_epochs = int(epochs if epochs is not None else p.cvae_epochs)
     scaler = scaler or fit_scaler(x)
@@ -125,6 +133,8 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
     epoch, total, seen = 0, 0.0, 0
     for epoch in range(1, max_epochs + 1):
         total, seen = _epoch(model, loader, opt, p.cvae_beta, epoch)
+        if (tick := on_epoch or EPOCH_DONE.get()) is not None:
+            tick()
         if early:
             model.eval()
             with torch.no_grad():

@@ -71,6 +71,7 @@ RULES: dict[str, Unless] = {
     "embedding-dim": Unless("features", ("raw",)),
     "backbone-epochs": Unless("features", ("raw",)),
     "privacy-holdout": Unless("anonymizer", ("none",)),
+    "tracking-experiment": Unless("tracking", ("none", "tensorboard")),
     "cvae-rounds": Unless("anonymizer", tuple(n for n in ANONYMIZERS.names
                                              if n != "cvae-federated")),
     "cvae-local-epochs": Unless("anonymizer", tuple(n for n in ANONYMIZERS.names
