@@ -100,8 +100,13 @@ def line_plot(path: Path | None, series: Mapping[str, tuple[Sequence[float], Seq
     if ylim is None and wants_log(drawn + [y for y, _ in levels]):
         ax.set_yscale("log")
     elif ylim:
-        ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3, which="both" if ax.get_yscale() == "log" else "major")
+        top = ylim[1]
+        if top is None and levels:  # room above a target line, off the axes' edge
+            top = 1.08 * max([*drawn, *(y for y, _ in levels)])
+        ax.set_ylim(ylim[0], top)
+    ax.grid(alpha=0.3)
+    if ax.get_yscale() == "log":
+        ax.grid(alpha=0.1, which="minor", axis="y")
     place_legend(ax)
     if path is not None:
         _save(fig, path)
