@@ -7,10 +7,12 @@ low-FPR result it is not."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 
 class RocCurve(NamedTuple):
@@ -39,6 +41,17 @@ def roc_limits(curves: Sequence[RocCurve]) -> tuple[float, float]:
             1 / max(max(c.members for c in curves), 1))
 
 
+def log_ticks(lo: float) -> list[float]:
+    """Ticks from ``lo`` to 1 on a log axis: 1, 2 and 5 per decade over a short range,
+    decades alone over a long one (matplotlib labels a short range's minor ticks in a
+    clutter of overlapping powers of ten)."""
+    k0 = math.floor(math.log10(lo) + 1e-9)
+    ticks = [m * 10.0 ** k for k in range(k0, 1) for m in (1, 2, 5)
+             if lo - 1e-12 <= m * 10.0 ** k <= 1 + 1e-12]
+    return ticks if len(ticks) <= 7 else [t for t in ticks if math.isclose(
+        10 ** round(math.log10(t)), t)]
+
+
 def draw_roc(ax: Any, curves: Sequence[RocCurve], colors: Any = None) -> tuple[float, float]:
     """(label, fpr, tpr, members, nonmembers) curves and chance on log axes limited to the
     lowest rates the samples measure, each curve drawn only where its own sample measures;
@@ -54,6 +67,10 @@ def draw_roc(ax: Any, curves: Sequence[RocCurve], colors: Any = None) -> tuple[f
     ax.set_yscale("log")
     ax.set_xlim(x0, 1)
     ax.set_ylim(y0, 1)
+    for axis, lo in ((ax.xaxis, x0), (ax.yaxis, y0)):
+        ticks = log_ticks(lo)
+        axis.set_ticks(ticks, [f"{t:g}" for t in ticks])
+        axis.set_minor_formatter(NullFormatter())
     own = "" if len({(c.members, c.nonmembers) for c in curves}) == 1 else \
         "; each curve to its own sample"
     ax.set_xlabel(f"false positive rate (lowest measurable: 1/{round(1 / x0):,} "

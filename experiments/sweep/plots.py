@@ -117,7 +117,7 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3, which="both")
     place_legend(ax, fontsize=7)
-    ax.set_title(wrap_title(f"privacy-accuracy trade-off \u00b7 {title}"), fontsize=10)
+    ax.set_title("privacy-accuracy trade-off\n" + wrap_title(title), fontsize=10)
     curves = {}
     for label, records in ledgers.items():
         pts = [(r.round, headline_epsilon(r.privacy)) for r in records]
@@ -219,7 +219,7 @@ def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
         ax.set_ylabel("final test accuracy (real test embeddings)")
         ax.grid(alpha=0.3, which="both")
         place_legend(ax, fontsize=6, ncols=1 if len(names) < 12 else 2)
-        ax.set_title(wrap_title(f"accuracy vs {key} (lower x = more private) \u00b7 {title}"),
+        ax.set_title(f"accuracy vs {key} (lower x = more private)\n" + wrap_title(title),
                      fontsize=10)
         figs[fname] = fig
     return figs

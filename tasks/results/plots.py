@@ -46,7 +46,7 @@ def integer_rounds(ax: Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def wrap_title(title: str, width: int = 72) -> str:
+def wrap_title(title: str, width: int = 64) -> str:
     """A long title broken into lines at its ' · ' separators, none much over ``width``."""
     lines: list[str] = []
     for part in title.split(" \u00b7 "):
