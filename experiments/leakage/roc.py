@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
+PAD = 1.06  # the axes reach this factor beyond the lowest measurable rate and 1
+
 
 class RocCurve(NamedTuple):
     """One attack's ROC and the sample it was measured on."""
@@ -65,8 +67,9 @@ def draw_roc(ax: Any, curves: Sequence[RocCurve], colors: Any = None) -> tuple[f
     ax.plot(grid, grid, ls="--", color="gray", label="chance")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(x0, 1)
-    ax.set_ylim(y0, 1)
+    # a hair of room (PAD) so that points on the floor or at 1 are not hidden by the frame
+    ax.set_xlim(x0 / PAD, PAD)
+    ax.set_ylim(y0 / PAD, PAD)
     for axis, lo in ((ax.xaxis, x0), (ax.yaxis, y0)):
         ticks = log_ticks(lo)
         axis.set_ticks(ticks, [f"{t:g}" for t in ticks])
