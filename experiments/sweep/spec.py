@@ -88,7 +88,7 @@ SHORT_KEYS = {"target-epsilon": "eps", "max-epsilon": "eps", "noise-multiplier":
               "dirichlet-alpha": "alpha", "num-clients": "clients", "num-server-rounds": "rounds",
               "noise-epsilon": "eps", "local-epochs": "epochs", "batch-size": "batch"}
 BARE_VALUES = {"partitioner", "anonymizer", "strategy", "model", "dataset", "features"}
-MAX_FOLDER = 80  # characters: the index keeps names unique, the rest is for people
+MAX_FOLDER = 48  # characters: the index keeps names unique, the rest is for people
 
 
 def cell_folder(index: int, params: Mapping[str, Any]) -> str:
@@ -97,7 +97,9 @@ def cell_folder(index: int, params: Mapping[str, Any]) -> str:
     ``01-dp-local-eps5``; ``secure-aggregation='secagg+'`` -> ``secagg``."""
     pieces = []
     for key, value in params.items():
-        if isinstance(value, bool):
+        if key == "secure-aggregation" and isinstance(value, bool):
+            pieces.append("secagg" if value else "no-secagg")
+        elif isinstance(value, bool):
             pieces.append(key if value else f"no-{key}")
         elif isinstance(value, (int, float)):
             pieces.append(f"{SHORT_KEYS.get(key, key)}{value:g}")
@@ -109,7 +111,10 @@ def cell_folder(index: int, params: Mapping[str, Any]) -> str:
             pieces.append(str(value))
         else:
             pieces.append(f"{key}-{value}")
-    slug = safe_name("-".join(pieces))[:MAX_FOLDER].strip("-.") if pieces else ""
+    slug = safe_name("-".join(pieces)) if pieces else ""
+    if len(slug) > MAX_FOLDER:  # cut at a word: the table and sweep.csv give every key
+        slug = slug[:MAX_FOLDER + 1].rsplit("-", 1)[0]
+    slug = slug.strip("-.")
     return f"{index:02d}-{slug}" if slug and slug != "run" else f"{index:02d}"
 
 
