@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from privacy.analysis.leakage_metrics import to_pixels
 from privacy.dp.tradeoff import Claim
-from tasks.results.plots import place_legend
+from tasks.results.plots import place_legend, wrap_title
 
 from .roc import RocCurve, draw_roc
 
@@ -58,7 +58,7 @@ def roc_figure(curves: Mapping[str, Mapping[str, Any]], title: str,
         keep = bound >= y0
         ax.plot(grid[keep], bound[keep], color="crimson", lw=1.6,
                 label=f"DP bound: \u03b5 = {claim.epsilon:.3g}, \u03b4 = {claim.delta:.2g}")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(wrap_title(title, 56), fontsize=9)
     place_legend(ax, fontsize=7)
     return fig
 
