@@ -76,8 +76,8 @@ def draw_roc(ax: Any, curves: Sequence[RocCurve], colors: Any = None) -> tuple[f
         axis.set_minor_formatter(NullFormatter())
     own = "" if len({(c.members, c.nonmembers) for c in curves}) == 1 else \
         "; each curve to its own sample"
-    ax.set_xlabel(f"false positive rate (lowest measurable: 1/{round(1 / x0):,} "
+    ax.set_xlabel(f"false positive rate\n(lowest measurable: 1/{round(1 / x0):,} "
                   f"non-members{own})")
-    ax.set_ylabel(f"true positive rate (lowest: 1/{round(1 / y0):,} members)")
+    ax.set_ylabel(f"true positive rate\n(lowest measurable: 1/{round(1 / y0):,} members)")
     ax.grid(alpha=0.3, which="both")
     return x0, y0

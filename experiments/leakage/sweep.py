@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from tasks.config import RunConfig
 from tasks.results.ledger import headline_epsilon, read_ledger
-from tasks.results.plots import place_legend
+from tasks.results.plots import annotate_inside, place_legend
 
 from ..sweep.pareto import pareto_front
 from .roc import RocCurve, draw_roc
@@ -242,8 +242,7 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     ax.step([r["psnr"] for r in front], [r["accuracy"] for r in front], where="post",
             color="black", lw=0.8, label="Pareto front (less leakage, more accuracy)")
     for r in front:
-        ax.annotate(r["setting"], (r["psnr"], r["accuracy"]), fontsize=6, xytext=(3, -8),
-                    textcoords="offset points")
+        annotate_inside(ax, r["setting"], (r["psnr"], r["accuracy"]), dy=-8)
     ax.set_xlabel("reconstruction PSNR at the first observed round (dB; lower = less "
                   "leaked)")
     ax.set_ylabel("final test accuracy")
@@ -276,7 +275,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)
-    fig.savefig(out / "roc_by_defence.png", dpi=110)
+    fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
     return "roc_by_defence.png"
 
 

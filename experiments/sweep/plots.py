@@ -13,7 +13,14 @@ from matplotlib.figure import Figure
 from tasks.config import ConfigError, RunConfig, validate
 from tasks.results.folder import run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
-from tasks.results.plots import integer_rounds, line_plot, place_legend, wrap_title
+from tasks.results.plots import (
+    annotate_inside,
+    integer_rounds,
+    line_plot,
+    place_legend,
+    shorten,
+    wrap_title,
+)
 
 from ..leakage.sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front
@@ -104,14 +111,15 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
     ax = fig.subplots()
     ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:blue",
             label="with DP (epsilon spent)")
-    for eps, acc, label in points:
-        ax.annotate(label, (eps, acc), fontsize=6, xytext=(3, 3), textcoords="offset points")
     styles = ["--", "-.", ":", (0, (5, 1))]
     plain = [c for c, eps in private if eps is None and c.result.get("final")]
     for i, c in enumerate(plain):
         ax.axhline(c.result["final"]["accuracy"], ls=styles[i % len(styles)], color="gray",
-                   label=f"no DP ({c.label})")
+                   label=shorten(f"no DP ({c.label})"))
     ax.set_xscale("log")
+    ax.set_ylim(0, 1)
+    for eps, acc, label in points:
+        annotate_inside(ax, label, (eps, acc))
     ax.set_xlabel("epsilon spent (local: max over clients; central: client-level)")
     ax.set_ylabel("final test accuracy")
     ax.set_ylim(0, 1)
@@ -209,12 +217,11 @@ def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
         front = [pts[i] for i in pareto_front([(p[0], p[1]) for p in pts])]
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black",
                 lw=0.8, label="Pareto front", zorder=2)
-        for x, y, label, _ in front:
-            if _short(label):
-                ax.annotate(_short(label), (x, y), fontsize=6, xytext=(3, -8),
-                            textcoords="offset points")
         if key == "reid-top1":
             ax.set_xscale("log")
+        for x, y, label, _ in front:
+            if _short(label):
+                annotate_inside(ax, _short(label), (x, y), dy=-8)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("final test accuracy (real test embeddings)")
         ax.grid(alpha=0.3, which="both")

@@ -41,6 +41,22 @@ def place_legend(ax: Axes, **kwargs: Any) -> Legend | None:
                                          **kwargs})
 
 
+def annotate_inside(ax: Axes, text: str, xy: tuple[float, float], dy: float = 3) -> None:
+    """A point's label on the side of it towards the middle of the axes, so that labels
+    of points near the right edge do not run out of the axes (into the legend). Call it
+    once the axes' scales and limits are set."""
+    ax.get_xlim(), ax.get_ylim()  # settle autoscaling before reading the transform
+    fx = ax.transAxes.inverted().transform(ax.transData.transform(xy))[0]
+    right = fx > 0.6
+    ax.annotate(text, xy, fontsize=6, xytext=(-3 if right else 3, dy),
+                textcoords="offset points", ha="right" if right else "left")
+
+
+def shorten(label: str, width: int = 60) -> str:
+    """A legend label cut to ``width`` characters, with an ellipsis when cut."""
+    return label if len(label) <= width else label[:width - 1].rstrip(", ") + "\u2026"
+
+
 def integer_rounds(ax: Axes) -> None:
     """Round ticks on whole numbers only (matplotlib would put them at 0.5)."""
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -87,8 +103,8 @@ def line_plot(path: Path | None, series: Mapping[str, tuple[Sequence[float], Seq
     for label, (xs, ys) in series.items():
         xs, ys, dropped = _finite(xs, [float(y) for y in ys])
         if xs or dropped:
-            ax.plot(xs, ys, label=label + (f" ({dropped} non-finite not drawn)"
-                                           if dropped else ""),
+            ax.plot(xs, ys, label=shorten(label) + (f" ({dropped} non-finite not drawn)"
+                                                    if dropped else ""),
                     **{"marker": "o", "markersize": 3, **(styles or {}).get(label, {})})
         drawn += ys
     for y, label in levels:
