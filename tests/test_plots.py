@@ -227,6 +227,8 @@ def test_a_seeded_sweep_without_ledgers_draws_without_a_legend_warning(tmp_path)
     ({"secure-aggregation": "secagg+"}, "mnist-fedavg-iid-secagg", "SecAgg+"),
     ({"features": "embeddings", "anonymizer": "ksame", "k": 10},
      "mnist-fedavg-iid-ksame-k10", "ksame k=10"),
+    ({"features": "embeddings", "anonymizer": "density", "density-classwise": True},
+     "mnist-fedavg-iid-density-eps3-classwise", "density eps=3 classwise"),
 ])
 def test_run_folder_names_and_titles_carry_the_settings(values, name, title):
     cfg = validate(values)
@@ -238,6 +240,8 @@ def test_sweep_cell_folders_are_named_by_their_keys_after_an_index():
     assert cell_folder(1, {"dp": "local", "target-epsilon": 5}) == "01-dp-local-eps5"
     assert cell_folder(2, {"secure-aggregation": "secagg+"}) == "02-secagg"
     assert cell_folder(3, {"anonymizer": "ksame", "k": 10}) == "03-ksame-k10"
+    assert cell_folder(8, {"anonymizer": "density", "dbscan-eps": 3.0, "dbscan-min-samples": 3,
+                           "density-classwise": True}) == "08-density-eps3-minpts3-classwise"
     assert cell_folder(12, {"test-noise": "0.1,0.5 / x"}) == "12-test-noise-0.1-0.5---x"
     assert cell_folder(4, {}) == "04"
     assert len(cell_folder(5, {f"key-{i}": "v" * 20 for i in range(20)})) <= 51

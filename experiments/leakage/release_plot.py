@@ -63,7 +63,7 @@ def release_figure(a: Any, labels_a: Any, b: Any, labels_b: Any, num_classes: in
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(10, 4.4))
+    fig = Figure(figsize=(10, 4.6), layout="constrained")  # the suptitle clear of the axes
     axes = fig.subplots(1, 2, sharex=True, sharey=True)
     cmap = colormaps["tab10" if num_classes <= 10 else "tab20"]
     for ax, pts, labels, name in ((axes[0], a, labels_a, left), (axes[1], b, labels_b, right)):

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from tasks.config import RunConfig
 from tasks.results.ledger import headline_epsilon, read_ledger
-from tasks.results.plots import annotate_inside, place_legend
+from tasks.results.plots import label_points, place_legend
 
 from ..sweep.pareto import pareto_front
 from .roc import RocCurve, draw_roc
@@ -241,8 +241,7 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     front = [rows[i] for i in pareto_front(points)]
     ax.step([r["psnr"] for r in front], [r["accuracy"] for r in front], where="post",
             color="black", lw=0.8, label="Pareto front (less leakage, more accuracy)")
-    for r in front:
-        annotate_inside(ax, r["setting"], (r["psnr"], r["accuracy"]), dy=-8)
+    label_points(ax, [(r["setting"], (r["psnr"], r["accuracy"])) for r in front])
     ax.set_xlabel("reconstruction PSNR at the first observed round (dB; lower = less "
                   "leaked)")
     ax.set_ylabel("final test accuracy")

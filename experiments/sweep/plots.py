@@ -14,8 +14,8 @@ from tasks.config import ConfigError, RunConfig, validate
 from tasks.results.folder import run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
 from tasks.results.plots import (
-    annotate_inside,
     integer_rounds,
+    label_points,
     line_plot,
     place_legend,
     shorten,
@@ -118,8 +118,7 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
                    label=shorten(f"no DP ({c.label})"))
     ax.set_xscale("log")
     ax.set_ylim(0, 1)
-    for eps, acc, label in points:
-        annotate_inside(ax, label, (eps, acc))
+    label_points(ax, [(label, (eps, acc)) for eps, acc, label in points])
     ax.set_xlabel("epsilon spent (local: max over clients; central: client-level)")
     ax.set_ylabel("final test accuracy")
     ax.set_ylim(0, 1)
@@ -219,9 +218,7 @@ def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
                 lw=0.8, label="Pareto front", zorder=2)
         if key == "reid-top1":
             ax.set_xscale("log")
-        for x, y, label, _ in front:
-            if _short(label):
-                annotate_inside(ax, _short(label), (x, y), dy=-8)
+        label_points(ax, [(_short(label), (x, y)) for x, y, label, _ in front if _short(label)])
         ax.set_xlabel(xlabel)
         ax.set_ylabel("final test accuracy (real test embeddings)")
         ax.grid(alpha=0.3, which="both")

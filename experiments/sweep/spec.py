@@ -86,7 +86,11 @@ class Cell:
 
 SHORT_KEYS = {"target-epsilon": "eps", "max-epsilon": "eps", "noise-multiplier": "z",
               "dirichlet-alpha": "alpha", "num-clients": "clients", "num-server-rounds": "rounds",
-              "noise-epsilon": "eps", "local-epochs": "epochs", "batch-size": "batch"}
+              "noise-epsilon": "eps", "local-epochs": "epochs", "batch-size": "batch",
+              "dbscan-eps": "eps", "dbscan-min-samples": "minpts", "mask-fraction": "mask",
+              "pca-components": "pc", "cvae-latent": "latent", "cvae-beta": "beta",
+              "noise-scale": "scale", "ksame-classwise": "classwise",
+              "density-classwise": "classwise"}
 BARE_VALUES = {"partitioner", "anonymizer", "strategy", "model", "dataset", "features"}
 MAX_FOLDER = 48  # characters: the index keeps names unique, the rest is for people
 
@@ -100,7 +104,8 @@ def cell_folder(index: int, params: Mapping[str, Any]) -> str:
         if key == "secure-aggregation" and isinstance(value, bool):
             pieces.append("secagg" if value else "no-secagg")
         elif isinstance(value, bool):
-            pieces.append(key if value else f"no-{key}")
+            name = SHORT_KEYS.get(key, key)
+            pieces.append(name if value else f"no-{name}")
         elif isinstance(value, (int, float)):
             pieces.append(f"{SHORT_KEYS.get(key, key)}{value:g}")
         elif key == "secure-aggregation":

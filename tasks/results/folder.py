@@ -93,9 +93,14 @@ def run_settings(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append((name, "SecAgg+" if name == "secagg" else name.upper()))
     if a.anonymizer != "none":
         eps = ("eps", "\u03b5", a.noise_epsilon)
-        param = {"ksame": ("k", "k", a.k), "gaussian": eps, "laplace": eps}.get(a.anonymizer)
-        out.append((a.anonymizer + (f"-{param[0]}{param[2]:g}" if param else ""),
-                    a.anonymizer + (f" {param[1]}={param[2]:g}" if param else "")))
+        param = {"ksame": ("k", "k", a.k), "gaussian": eps, "laplace": eps,
+                 "density": ("eps", "eps", a.dbscan_eps)}.get(a.anonymizer)
+        classwise = (a.anonymizer == "ksame" and a.ksame_classwise) or \
+            (a.anonymizer == "density" and a.density_classwise)
+        out.append((a.anonymizer + (f"-{param[0]}{param[2]:g}" if param else "")
+                    + ("-classwise" if classwise else ""),
+                    a.anonymizer + (f" {param[1]}={param[2]:g}" if param else "")
+                    + (" classwise" if classwise else "")))
     return out
 
 

@@ -41,15 +41,41 @@ def place_legend(ax: Axes, **kwargs: Any) -> Legend | None:
                                          **kwargs})
 
 
-def annotate_inside(ax: Axes, text: str, xy: tuple[float, float], dy: float = 3) -> None:
-    """A point's label on the side of it towards the middle of the axes, so that labels
-    of points near the right edge do not run out of the axes (into the legend). Call it
+def label_points(ax: Axes, points: Sequence[tuple[str, tuple[float, float]]]) -> None:
+    """Label each point beside it, on whichever side (right, left, below, above) keeps
+    the label inside the axes and off the labels already placed and the points; call it
     once the axes' scales and limits are set."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ax.get_figure()
+    if fig.canvas is None or not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
     ax.get_xlim(), ax.get_ylim()  # settle autoscaling before reading the transform
-    fx = ax.transAxes.inverted().transform(ax.transData.transform(xy))[0]
-    right = fx > 0.6
-    ax.annotate(text, xy, fontsize=6, xytext=(-3 if right else 3, dy),
-                textcoords="offset points", ha="right" if right else "left")
+    frame = ax.get_window_extent(renderer)
+    dots = [ax.transData.transform(xy) for _, xy in points]
+    placed: list[Any] = []
+    sides = [((3, 3), "left", "bottom"), ((3, -3), "left", "top"),
+             ((-3, 3), "right", "bottom"), ((-3, -3), "right", "top")]
+    for text, xy in points:
+        best, best_cost = None, math.inf
+        for offset, ha, va in sides:
+            label = ax.annotate(text, xy, fontsize=6, xytext=offset, textcoords="offset points",
+                                ha=ha, va=va)
+            box = label.get_window_extent(renderer)
+            cost = (sum(box.overlaps(other) for other in placed) * 10
+                    + sum(box.contains(*d) for d in dots) * 3
+                    + (0 if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+                       else 5))
+            if cost < best_cost:
+                if best is not None:
+                    best.remove()
+                best, best_cost = label, cost
+            else:
+                label.remove()
+            if cost == 0:
+                break
+        placed.append(best.get_window_extent(renderer))
 
 
 def shorten(label: str, width: int = 60) -> str:
