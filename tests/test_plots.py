@@ -262,3 +262,13 @@ def test_a_real_run_is_named_and_titled_by_its_settings(tmp_path, results):
     assert {p.name for p in (run / "plots").glob("*.png")} >= {"accuracy.png", "loss.png",
                                                                "epsilon.png"}
     assert budget(run) == 5.0
+
+
+def test_more_series_than_matplotlibs_ten_colours_stay_told_apart():
+    from tasks.results.plots import line_plot
+
+    fig = line_plot(None, {f"cell {i}": ([1, 2], [0.1, 0.2 + i / 100]) for i in range(21)},
+                    "round", "accuracy", "t", ylim=(0, 1))
+    looks = {(line.get_color(), line.get_linestyle(), line.get_marker())
+             for line in _ax(fig).lines}
+    assert len(looks) == 21

@@ -126,12 +126,16 @@ def line_plot(path: Path | None, series: Mapping[str, tuple[Sequence[float], Seq
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.subplots()
     drawn: list[float] = []
-    for label, (xs, ys) in series.items():
+    many = len(series) > 10  # beyond matplotlib's 10 colours: 20, and markers, and dashes
+    for i, (label, (xs, ys)) in enumerate(series.items()):
         xs, ys, dropped = _finite(xs, [float(y) for y in ys])
+        look = {"color": colormaps["tab20"](i % 20), "marker": "os^vD"[i % 5],
+                "ls": "-" if i < 20 else "--"} if many else {}
         if xs or dropped:
             ax.plot(xs, ys, label=shorten(label) + (f" ({dropped} non-finite not drawn)"
                                                     if dropped else ""),
-                    **{"marker": "o", "markersize": 3, **(styles or {}).get(label, {})})
+                    **{"marker": "o", "markersize": 3, **look,
+                       **(styles or {}).get(label, {})})
         drawn += ys
     for y, label in levels:
         ax.axhline(y, color="crimson", ls=":", lw=1.4, label=label)
