@@ -72,7 +72,10 @@ def draw_roc(ax: Any, curves: Sequence[RocCurve], colors: Any = None) -> tuple[f
     ax.set_ylim(y0 / PAD, PAD)
     for axis, lo in ((ax.xaxis, x0), (ax.yaxis, y0)):
         ticks = log_ticks(lo)
-        axis.set_ticks(ticks, [f"{t:g}" for t in ticks])
+        labels = [f"{t:g}" for t in ticks]
+        if all(t / lo > 1.3 for t in ticks):  # the floor itself, as the fraction it is
+            ticks, labels = [lo, *ticks], [f"1/{round(1 / lo):,}", *labels]
+        axis.set_ticks(ticks, labels)
         axis.set_minor_formatter(NullFormatter())
     own = "" if len({(c.members, c.nonmembers) for c in curves}) == 1 else \
         "; each curve to its own sample"
