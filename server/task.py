@@ -11,7 +11,7 @@ from tasks.config import RunConfig
 from tasks.datasets import DatasetBundle
 from tasks.embeddings import backbone_info, backbone_spec
 from tasks.models import count_parameters
-from tasks.results.folder import RunFolder
+from tasks.results.folder import RunFolder, settings_title
 from tasks.results.info import RunInfo
 from tasks.results.plots import plot_label_distribution
 from tasks.splits import (
@@ -77,7 +77,7 @@ class ServerTask:
     def title(self, cfg: RunConfig) -> str:
         """The plots' title."""
         return (f"{cfg.data.dataset} · {self.model_name} · {cfg.federation.strategy} · "
-                f"{cfg.federation.num_clients} clients ({cfg.data.partitioner})")
+                f"{cfg.federation.num_clients} clients · {settings_title(cfg)}")
 
     def evaluator(self, cfg: RunConfig) -> CentralEvaluator:
         return CentralEvaluator(self.model, self.test, cfg.training.eval_batch_size,

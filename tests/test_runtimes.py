@@ -109,6 +109,12 @@ def test_auto_picks_inprocess_unless_the_run_needs_ray(values, cuda, expected):
         assert choose(validate(values), cuda=cuda, supernodes=True).name == "deployment"
 
 
+def _cell_dir(sweep, n):
+    """A sweep cell's run folder by its index (the folder name goes on with its keys)."""
+    (path,) = [p for p in (sweep / "cells").iterdir() if p.name.split("-")[0] == f"{n:02d}"]
+    return path
+
+
 def _ledger_view(run):
     return [(r["round"], r["test"], r["sampled"], r.get("privacy"),
              r["train"].get("loss")) for r in ledger_json(run)]
@@ -150,7 +156,7 @@ secure-aggregation = "he"
         where = "in-process" if runtime == "inprocess" else "on Flower's simulation runtime (Ray)"
         assert res.stdout.count(f"run(s) {where}") == 1, res.stdout
     for n in range(1, 6):
-        a, b = (folders[r] / "cells" / f"{n:02d}" for r in ("inprocess", "ray"))
+        a, b = (_cell_dir(folders[r], n) for r in ("inprocess", "ray"))
         assert read_run_info(a)["runtime"] == "inprocess" and read_run_info(b)["runtime"] == "ray"
         assert len(ledger_json(a)) == 2
         if n < 5:
@@ -247,7 +253,7 @@ train-together = [false, true]
     res = run_cli("sweep", str(sweep), "--set", f"results-dir={tmp_path / 'r'}", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     (folder,) = (tmp_path / "r" / "sweeps").iterdir()
-    alone, together_ = (ledger_json(folder / "cells" / f"{n:02d}") for n in (1, 2))
+    alone, together_ = (ledger_json(_cell_dir(folder, n)) for n in (1, 2))
     assert len(alone) == len(together_) == 2
     assert [r["sampled"] for r in alone] == [r["sampled"] for r in together_]
     first, batched = alone[0], together_[0]

@@ -13,6 +13,7 @@ from privacy.analysis.membership_metrics import membership_scores
 from privacy.attacks.registry import MembershipScores
 from privacy.dp.tradeoff import Claim, check_roc
 from strategies.central_dp import central_params
+from tasks.results.folder import settings_title
 from tasks.results.ledger import read_ledger
 
 from .claims import RELEASED, membership_claim
@@ -43,8 +44,9 @@ def score_membership(attacker: Attacker, name: str, result: MembershipScores
     head = result.headline
     nonmembers = curves[head]["nonmembers"]
     plot = roc_plot(attacker.run_dir / "plots" / "leakage" / f"{attacker.obs.name}-{name}.png",
-                    curves, f"{attacker.obs.name}: membership inference ({k} members, "
-                            f"{nonmembers} held out)", claim)
+                    curves, f"{attacker.obs.name} · {settings_title(attacker.cfg)} · "
+                            f"membership inference ({k} members, {nonmembers} held out)",
+                    claim)
     roc = curves[head]["roc"]
     keep = np.unique(np.linspace(0, len(roc["fpr"]) - 1, min(200, len(roc["fpr"])))
                      .astype(int))

@@ -12,13 +12,9 @@ from matplotlib.figure import Figure
 
 from privacy.analysis.leakage_metrics import to_pixels
 from privacy.dp.tradeoff import Claim
+from tasks.results.plots import place_legend, wrap_title
 
-from .roc import draw_roc
-
-
-def _floor(nonmembers: int) -> float:
-    """The lowest FPR the plot shows: what the non-members can resolve, not below."""
-    return max(1e-4, 10 ** np.floor(np.log10(1 / max(nonmembers, 1))))
+from .roc import RocCurve, draw_roc
 
 
 def reconstruction_grid(path: Path, original: torch.Tensor, recon: torch.Tensor,
@@ -46,21 +42,31 @@ def reconstruction_grid(path: Path, original: torch.Tensor, recon: torch.Tensor,
     return path
 
 
-def roc_plot(path: Path, curves: Mapping[str, Mapping[str, Any]], title: str,
-             claim: Claim | None = None) -> Path:
-    """Every membership attack's ROC curve for one observation, above the highest curve
-    the run's DP claim allows (when it has one)."""
+def roc_figure(curves: Mapping[str, Mapping[str, Any]], title: str,
+               claim: Claim | None = None) -> Figure:
+    """Every membership attack's ROC curve for one observation on axes that stop at the
+    lowest rates its members and non-members measure, above the highest curve the run's
+    DP claim allows (when it has one)."""
     fig = Figure(figsize=(5.2, 4.4))
     ax = fig.subplots()
-    nonmembers = min(int(c["nonmembers"]) for c in curves.values())
-    draw_roc(ax, [(f"{label} (AUC {c['auc']:.3f})", c["roc"]["fpr"], c["roc"]["tpr"])
-                  for label, c in curves.items()], floor=_floor(nonmembers))
+    x0, y0 = draw_roc(ax, [RocCurve(f"{label} (AUC {c['auc']:.3f})", c["roc"]["fpr"],
+                                    c["roc"]["tpr"], int(c["members"]), int(c["nonmembers"]))
+                           for label, c in curves.items()])
     if claim is not None:
-        grid = np.logspace(-5, 0, 200)
-        ax.plot(grid, np.maximum(claim.curve(grid), 1e-5), color="crimson", lw=1.6,
+        grid = np.logspace(np.log10(x0), 0, 200)
+        bound = np.asarray(claim.curve(grid), dtype=float)
+        keep = bound >= y0
+        ax.plot(grid[keep], bound[keep], color="crimson", lw=1.6,
                 label=f"DP bound: \u03b5 = {claim.epsilon:.3g}, \u03b4 = {claim.delta:.2g}")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(wrap_title(title, 56), fontsize=9)
+    place_legend(ax, fontsize=7)
+    return fig
+
+
+def roc_plot(path: Path, curves: Mapping[str, Mapping[str, Any]], title: str,
+             claim: Claim | None = None) -> Path:
+    """:func:`roc_figure`, saved to ``path``."""
+    fig = roc_figure(curves, title, claim)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path

@@ -15,17 +15,16 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 
 def release_scatter(run_dir: Path, client: int = 0) -> Path:
     # torch, scikit-learn and matplotlib: this runs in a child process (plot_in_child)
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
     from sklearn.decomposition import PCA
 
     from clients.anonymized import holdout_split, released_data
     from tasks.config import validate
-    from tasks.results.folder import read_run_info
+    from tasks.results.folder import read_run_info, settings_title
     from tasks.seeding import derive_seed
     from tasks.splits import client_split
 
@@ -42,26 +41,45 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
     members, _ = holdout_split(len(split), anon.privacy_holdout, seed)
     x, y = split.x.numpy()[members], split.y.numpy()[members]
     pca = PCA(n_components=2, random_state=0).fit(x)
-    a, b = pca.transform(x), pca.transform(released.x.numpy())
-    fig = Figure(figsize=(10, 4.4))
-    axes = fig.subplots(1, 2, sharex=True, sharey=True)
-    cmap = colormaps["tab10" if split.num_classes <= 10 else "tab20"]
-    for ax, pts, labels, title in ((axes[0], a, y, f"client {client}: original ({len(x)})"),
-                                   (axes[1], b, released.y.numpy(),
-                                    f"released by {anon.anonymizer} ({len(b)})")):
-        ax.scatter(pts[:, 0], pts[:, 1], c=[cmap(int(c) % cmap.N) for c in labels], s=6,
-                   alpha=0.7, linewidths=0)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("PC 1")
-    axes[0].set_ylabel("PC 2 (PCA of the originals)")
     s = released.scores
-    fig.suptitle(f"re-identification top-1 {s.get('reid-top1', float('nan')):.3f} · MIA AUC "
-                 f"{s.get('mia-auc', float('nan')):.3f} · k-level {s.get('k-level')}",
-                 fontsize=9)
+    fig = release_figure(pca.transform(x), y, pca.transform(released.x.numpy()),
+                         released.y.numpy(), split.num_classes,
+                         f"client {client}: original", f"released by {anon.anonymizer}",
+                         f"{cfg.data.dataset} · {settings_title(cfg)}\n"
+                         f"re-identification top-1 {s.get('reid-top1', float('nan')):.3f} · "
+                         f"MIA AUC {s.get('mia-auc', float('nan')):.3f} · k-level "
+                         f"{s.get('k-level')}")
     out = run_dir / "plots" / "release_scatter.png"
     out.parent.mkdir(exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     return out
+
+
+def release_figure(a: Any, labels_a: Any, b: Any, labels_b: Any, num_classes: int,
+                   left: str, right: str, title: str) -> Any:
+    """Originals (``a``, 2-D) beside the release (``b``) on shared axes, coloured by class,
+    with a class legend beside them; returns the matplotlib Figure."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(10, 4.6), layout="constrained")  # the suptitle clear of the axes
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    cmap = colormaps["tab10" if num_classes <= 10 else "tab20"]
+    for ax, pts, labels, name in ((axes[0], a, labels_a, left), (axes[1], b, labels_b, right)):
+        ax.scatter(pts[:, 0], pts[:, 1], c=[cmap(int(c) % cmap.N) for c in labels], s=6,
+                   alpha=0.7, linewidths=0)
+        ax.set_title(f"{name} ({len(pts)})", fontsize=10)
+        ax.set_xlabel("PC 1")
+    axes[0].set_ylabel("PC 2 (PCA of the originals)")
+    shown = sorted({int(c) for c in [*labels_a, *labels_b]})
+    if len(shown) <= 20:
+        axes[1].legend([Line2D([], [], ls="", marker="o", ms=5, color=cmap(c % cmap.N))
+                        for c in shown], [str(c) for c in shown], title="class", fontsize=7,
+                       loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                       ncols=2 if len(shown) > 10 else 1)
+    fig.suptitle(title, fontsize=9)
+    return fig
 
 
 def _federated_release(run_dir: Path, anon, split, seed: int):

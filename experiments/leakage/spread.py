@@ -19,6 +19,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy import stats
 
+from tasks.results.plots import place_legend
+
 LEVEL = 0.95
 
 
@@ -95,10 +97,11 @@ def _strip(path: Path, groups: Sequence[tuple[str, Sequence[float]]], title: str
         if m["ci95"] is not None:
             ax.errorbar(i + 0.32, m["mean"], yerr=[[m["mean"] - m["ci95"][0]],
                                                    [m["ci95"][1] - m["mean"]]],
-                        fmt="D", color="black", capsize=3, ms=4)
+                        fmt="D", color="black", capsize=3, ms=4,
+                        label="mean, 95% interval" if i == 1 else None)
     if random_level is not None:
         ax.axhline(random_level, color="gray", ls="--", lw=1, label="random images")
-        ax.legend(fontsize=7, loc="lower right")
+    place_legend(ax, fontsize=7)
     ax.set_xticks(range(1, len(groups) + 1),
                   [f"{label}\n(n = {len(v)})" for label, v in groups], fontsize=7)
     ax.set_ylabel("reconstruction PSNR per update (dB)")

@@ -23,9 +23,10 @@ from matplotlib.figure import Figure
 from tasks.config import RunConfig
 from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
+from tasks.results.plots import label_points, place_legend
 
 from ..sweep.pareto import pareto_front
-from .roc import draw_roc
+from .roc import RocCurve, draw_roc
 from .spread import pooled, pooled_markdown, row_spread, sweep_spread_plots
 
 COLUMNS = ("cell", "defence", "setting", "round", "accuracy", "epsilon-claimed",
@@ -240,14 +241,12 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     front = [rows[i] for i in pareto_front(points)]
     ax.step([r["psnr"] for r in front], [r["accuracy"] for r in front], where="post",
             color="black", lw=0.8, label="Pareto front (less leakage, more accuracy)")
-    for r in front:
-        ax.annotate(r["setting"], (r["psnr"], r["accuracy"]), fontsize=6, xytext=(3, -8),
-                    textcoords="offset points")
+    label_points(ax, [(r["setting"], (r["psnr"], r["accuracy"])) for r in front])
     ax.set_xlabel("reconstruction PSNR at the first observed round (dB; lower = less "
                   "leaked)")
     ax.set_ylabel("final test accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right")
+    place_legend(ax, fontsize=6)
     ax.set_title(f"accuracy vs leakage — sweep {name}", fontsize=10)
     fig.savefig(out / "accuracy_vs_psnr.png", dpi=110, bbox_inches="tight")
     return "accuracy_vs_psnr.png"
@@ -268,14 +267,24 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
         return None
     fig = Figure(figsize=(9.0, 5.2), layout="constrained")
     ax = fig.subplots()
-    draw_roc(ax, [(f"{label} ({x.get('attack-used')}, AUC {x['auc']:.2f})",
-                   x["roc-curve"]["fpr"], x["roc-curve"]["tpr"]) for label, x in curves],
-             floor=1e-3, colors=colormaps["tab20"])
+    draw_roc(ax, [RocCurve(f"{label} ({x.get('attack-used')}, AUC {x['auc']:.2f})",
+                           x["roc-curve"]["fpr"], x["roc-curve"]["tpr"],
+                           _sample(x, "members", "tpr"), _sample(x, "nonmembers", "fpr"))
+                  for label, x in curves], colors=colormaps["tab20"])
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)
-    fig.savefig(out / "roc_by_defence.png", dpi=110)
+    fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
     return "roc_by_defence.png"
+
+
+def _sample(line: dict[str, Any], key: str, rate: str) -> int:
+    """How many members (non-members) a membership line scored; for a line written before
+    it said so, what its curve's smallest non-zero rate implies."""
+    if line.get(key):
+        return int(line[key])
+    steps = [v for v in line["roc-curve"][rate] if v > 0]
+    return max(1, round(1 / min(steps))) if steps else 1
 
 
 def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],

@@ -17,7 +17,7 @@ from server.tracking import after_run as track_after_run
 from tasks.config import RunConfig
 from tasks.files import explain
 from tasks.progress import Relay
-from tasks.results.folder import RunFolder, read_run_info, run_identity
+from tasks.results.folder import RunFolder, read_run_info, run_identity, settings_title
 from tasks.results.plots import plot_label_distribution
 
 from ..leakage.release_plot import plot_in_child
@@ -197,8 +197,9 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
     if label_counts and status == "finished" and not plot.exists():
         plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
                                        for i, c in enumerate(label_counts)],
-                                "label distribution (ground truth from the partitioner, "
-                                "not sent to the server)")
+                                f"label distribution · {cfg.data.dataset} · "
+                                f"{cfg.federation.num_clients} clients · {settings_title(cfg)} · "
+                                "ground truth from the partitioner, not sent to the server")
     if status == "finished" and cfg.anonymization.enabled:
         if plot_in_child(run_dir):
             embed_release_scatter(run_dir)

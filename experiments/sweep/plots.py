@@ -3,48 +3,84 @@
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
+from tasks.config import ConfigError, RunConfig, validate
+from tasks.results.folder import run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
-from tasks.results.plots import line_plot
+from tasks.results.plots import (
+    integer_rounds,
+    label_points,
+    line_plot,
+    place_legend,
+    shorten,
+    wrap_title,
+)
 
 from ..leakage.sweep import leakage_plots, sweep_rows
 from .pareto import pareto_front
 from .stats import mean_ci
 
 
-def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
+def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]:
     """accuracy_vs_round, final_accuracy and, when cells used DP, privacy_accuracy and
-    epsilon_vs_round."""
+    epsilon_vs_round (and the anonymization and leakage plots); returns the accuracy,
+    privacy and anonymization figures by file name."""
     out.mkdir(parents=True, exist_ok=True)
     ledgers = {c.label: ledger for c in cells
                if c.run_dir and (ledger := read_ledger(c.run_dir))}
     groups: dict[str, list[Any]] = {}
     for c in cells:
         groups.setdefault(c.group, []).append(c)
+    title = sweep_title(name, cells)
     if any(c.seed is not None for c in cells):
-        _seed_plots(out, name, groups, ledgers)
+        figs = _seed_plots(title, groups, ledgers)
     else:
-        _accuracy_plots(out, name, cells, ledgers)
-    _anonymization_plots(out, name, cells)
+        figs = _accuracy_plots(title, cells, ledgers)
+    figs |= _anonymization_plots(title, cells)
+    figs |= _privacy_plots(title, cells, ledgers)
+    for file, fig in figs.items():
+        fig.savefig(out / file, dpi=110, bbox_inches="tight")
     leaked = sweep_rows(cells)
     if leaked:
         leakage_plots(out, name, leaked)
-    _privacy_plots(out, name, cells, ledgers)
+    return figs
 
 
-def _accuracy_plots(out: Path, name: str, cells: Sequence[Any],
-                    ledgers: dict[str, list[Any]]) -> None:
+def _config(cell: Any) -> RunConfig | None:
+    """The cell's config: given, or read back from its run folder (--replot)."""
+    if cell.config is not None:
+        return cell.config
+    try:
+        with open(Path(cell.run_dir) / "config.toml", "rb") as f:
+            return validate(tomllib.load(f))
+    except (OSError, TypeError, tomllib.TOMLDecodeError, ConfigError):
+        return None
+
+
+def sweep_title(name: str, cells: Sequence[Any]) -> str:
+    """'sweep NAME · mnist · fedavg · Dirichlet α=0.3 · ...': the settings every cell
+    shares (what varies is in the legend)."""
+    configs = [cfg for c in cells if (cfg := _config(c)) is not None]
+    if not configs:
+        return f"sweep {name}"
+    pieces = [[cfg.data.dataset, cfg.federation.strategy, *(t for _, t in run_settings(cfg))]
+              for cfg in configs]
+    common = [p for p in pieces[0] if all(p in other for other in pieces[1:])]
+    return " \u00b7 ".join([f"sweep {name}", *common])
+
+
+def _accuracy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any]]
+                    ) -> dict[str, Figure]:
     """One run per cell: accuracy per round, and each cell's final accuracy as a bar."""
-    line_plot(out / "accuracy_vs_round.png",
-              {k: ([r.round for r in v], [r.accuracy for r in v])
-               for k, v in ledgers.items()},
-              "round", "test accuracy", f"sweep {name}", ylim=(0.0, 1.0))
+    figs = {"accuracy_vs_round.png": line_plot(
+        None, {k: ([r.round for r in v], [r.accuracy for r in v]) for k, v in ledgers.items()},
+        "round", "test accuracy", title, ylim=(0.0, 1.0))}
     fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
     ax = fig.subplots()
     values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
@@ -53,51 +89,55 @@ def _accuracy_plots(out: Path, name: str, cells: Sequence[Any],
     ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
-    ax.set_xlabel("final test accuracy (red: cell did not finish)")
-    ax.set_title(f"sweep {name}", fontsize=10)
+    unfinished = sum(c.status != "finished" for c in cells)
+    ax.set_xlabel("final test accuracy" + (f" (red: {unfinished} cell(s) did not finish)"
+                                           if unfinished else ""))
+    ax.set_title(wrap_title(title), fontsize=10)
     for i, v in enumerate(values):
         ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
-    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
+    figs["final_accuracy.png"] = fig
+    return figs
 
 
-def _privacy_plots(out: Path, name: str, cells: Sequence[Any],
-                   ledgers: dict[str, list[Any]]) -> None:
+def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any]]
+                   ) -> dict[str, Figure]:
     """When cells used DP: final accuracy against epsilon spent, and epsilon per round."""
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
     points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in private
                     if eps is not None and c.result.get("final"))
     if not points:
-        return
+        return {}
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
     ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:blue",
             label="with DP (epsilon spent)")
-    for eps, acc, label in points:
-        ax.annotate(label, (eps, acc), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    for c, eps in private:
-        if eps is None and c.result.get("final"):
-            ax.axhline(c.result["final"]["accuracy"], ls="--", color="gray",
-                       label=f"no DP ({c.label})")
+    styles = ["--", "-.", ":", (0, (5, 1))]
+    plain = [c for c, eps in private if eps is None and c.result.get("final")]
+    for i, c in enumerate(plain):
+        ax.axhline(c.result["final"]["accuracy"], ls=styles[i % len(styles)], color="gray",
+                   label=shorten(f"no DP ({c.label})"))
     ax.set_xscale("log")
+    ax.set_ylim(0, 1)
+    label_points(ax, [(label, (eps, acc)) for eps, acc, label in points])
     ax.set_xlabel("epsilon spent (local: max over clients; central: client-level)")
     ax.set_ylabel("final test accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    ax.set_title(f"privacy-accuracy trade-off — sweep {name}", fontsize=10)
-    fig.savefig(out / "privacy_accuracy.png", dpi=110, bbox_inches="tight")
+    place_legend(ax, fontsize=7)
+    ax.set_title("privacy-accuracy trade-off\n" + wrap_title(title), fontsize=10)
     curves = {}
     for label, records in ledgers.items():
         pts = [(r.round, headline_epsilon(r.privacy)) for r in records]
         pts = [(x, y) for x, y in pts if y is not None]
         if pts:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])
-    line_plot(out / "epsilon_vs_round.png", curves, "round", "cumulative epsilon",
-              f"sweep {name}")
+    return {"privacy_accuracy.png": fig,
+            "epsilon_vs_round.png": line_plot(None, curves, "round", "cumulative epsilon",
+                                              title, ylim=(0.0, None))}
 
 
-def _seed_plots(out: Path, name: str, groups: dict[str, list[Any]],
-                ledgers: dict[str, list[Any]]) -> None:
+def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, list[Any]]
+                ) -> dict[str, Figure]:
     """Over seeds: the mean accuracy per round with its 95% interval shaded, and the mean
     final accuracy with its interval and each seed's value."""
     fig = Figure(figsize=(6.8, 4.2))
@@ -116,11 +156,11 @@ def _seed_plots(out: Path, name: str, groups: dict[str, list[Any]],
                         [m + h for m, h in zip(mean, half, strict=True)],
                         color=line[0].get_color(), alpha=0.2)
     ax.set(xlabel="round", ylabel="test accuracy (mean, 95% interval over seeds)", ylim=(0, 1))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"sweep {name}", fontsize=10)
+    integer_rounds(ax)
+    ax.set_title(wrap_title(title), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.savefig(out / "accuracy_vs_round.png", dpi=110, bbox_inches="tight")
+    place_legend(ax, fontsize=7)
+    figs = {"accuracy_vs_round.png": fig}
 
     fig = Figure(figsize=(7.0, 0.4 * max(len(groups), 3) + 1.2))
     ax = fig.subplots()
@@ -139,8 +179,9 @@ def _seed_plots(out: Path, name: str, groups: dict[str, list[Any]],
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel("final test accuracy: mean ± 95% interval over seeds (dots: each seed)")
-    ax.set_title(f"sweep {name}", fontsize=10)
-    fig.savefig(out / "final_accuracy.png", dpi=110, bbox_inches="tight")
+    ax.set_title(wrap_title(title), fontsize=10)
+    figs["final_accuracy.png"] = fig
+    return figs
 
 
 def _short(label: str) -> str:
@@ -150,13 +191,14 @@ def _short(label: str) -> str:
                      .replace("ksame-classwise=True", "classwise") for p in parts)
 
 
-def _anonymization_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
+def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     from matplotlib import colormaps
 
     rows = [(c, c.result.get("anonymization") or {}) for c in cells if c.result.get("final")]
     rows = [(c, a) for c, a in rows if a]
     names = sorted({a["anonymizer"] for _, a in rows})
     colour = {n: colormaps["tab20"](i % 20) for i, n in enumerate(names)}
+    figs = {}
     for key, fname, xlabel in (
             ("reid-top1", "reid_accuracy.png", "re-identification, top-1 (mean over clients)"),
             ("mia-auc", "mia_accuracy.png", "membership-inference AUC (mean over clients)")):
@@ -174,15 +216,14 @@ def _anonymization_plots(out: Path, name: str, cells: Sequence[Any]) -> None:
         front = [pts[i] for i in pareto_front([(p[0], p[1]) for p in pts])]
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black",
                 lw=0.8, label="Pareto front", zorder=2)
-        for x, y, label, _ in front:
-            if _short(label):
-                ax.annotate(_short(label), (x, y), fontsize=6, xytext=(3, -8),
-                            textcoords="offset points")
         if key == "reid-top1":
             ax.set_xscale("log")
+        label_points(ax, [(_short(label), (x, y)) for x, y, label, _ in front if _short(label)])
         ax.set_xlabel(xlabel)
         ax.set_ylabel("final test accuracy (real test embeddings)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6, ncols=2, loc="lower right")
-        ax.set_title(f"accuracy vs {key} — sweep {name} (lower x = more private)", fontsize=10)
-        fig.savefig(out / fname, dpi=110, bbox_inches="tight")
+        place_legend(ax, fontsize=6, ncols=1 if len(names) < 12 else 2)
+        ax.set_title(f"accuracy vs {key} (lower x = more private)\n" + wrap_title(title),
+                     fontsize=10)
+        figs[fname] = fig
+    return figs

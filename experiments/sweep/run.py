@@ -188,7 +188,7 @@ def _run_separately(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[
         if pre is None or (runtime := _runtime(c, pre)) is None:
             continue
         link = runtimes.link(runtime)
-        c.run_dir = out / "cells" / f"{c.index:02d}"
+        c.run_dir = out / "cells" / c.folder
         c.run_dir.mkdir(parents=True)
         try:
             res = execute(link, app, c.config, c.run_dir, cuda=pre.cuda, verbose=verbose,
@@ -227,7 +227,7 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
     for g, (key, group) in enumerate(groups.items(), 1):
         link = runtimes.link(key[0])
         for c in group:
-            c.run_dir = out / "cells" / f"{c.index:02d}"
+            c.run_dir = out / "cells" / c.folder
             c.run_dir.mkdir(parents=True)
             link.watch_run(c.run_dir)
         plan = out / f"cells-{g}.json"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate, validate_partial
+from tasks.files import safe_name
 
 from ..configs import SWEEPS, find_file, read_preset, read_toml
 
@@ -75,6 +76,52 @@ class Cell:
     @property
     def label(self) -> str:
         return self.group if self.seed is None else f"{self.group}, seed={self.seed}"
+
+    @property
+    def folder(self) -> str:
+        """The cell's run folder under ``cells/``: its index (order, uniqueness) and the
+        keys it sets, e.g. ``01-dp-local-eps5`` (:func:`cell_folder`)."""
+        return cell_folder(self.index, {**self.params, **({} if self.seed is None
+                                                          else {"seed": self.seed})})
+
+
+SHORT_KEYS = {"target-epsilon": "eps", "max-epsilon": "eps", "noise-multiplier": "z",
+              "dirichlet-alpha": "alpha", "num-clients": "clients", "num-server-rounds": "rounds",
+              "noise-epsilon": "eps", "local-epochs": "epochs", "batch-size": "batch",
+              "dbscan-eps": "eps", "dbscan-min-samples": "minpts", "mask-fraction": "mask",
+              "pca-components": "pc", "cvae-latent": "latent", "cvae-beta": "beta",
+              "noise-scale": "scale", "ksame-classwise": "classwise",
+              "density-classwise": "classwise"}
+BARE_VALUES = {"partitioner", "anonymizer", "strategy", "model", "dataset", "features"}
+MAX_FOLDER = 48  # characters: the index keeps names unique, the rest is for people
+
+
+def cell_folder(index: int, params: Mapping[str, Any]) -> str:
+    """``<index>-<setting>-...``: the index (two digits at least) then each key the cell
+    sets, short and in file-safe characters: ``dp=local, target-epsilon=5`` ->
+    ``01-dp-local-eps5``; ``secure-aggregation='secagg+'`` -> ``secagg``."""
+    pieces = []
+    for key, value in params.items():
+        if key == "secure-aggregation" and isinstance(value, bool):
+            pieces.append("secagg" if value else "no-secagg")
+        elif isinstance(value, bool):
+            name = SHORT_KEYS.get(key, key)
+            pieces.append(name if value else f"no-{name}")
+        elif isinstance(value, (int, float)):
+            pieces.append(f"{SHORT_KEYS.get(key, key)}{value:g}")
+        elif key == "secure-aggregation":
+            pieces.append({"off": "no-secagg", "secagg+": "secagg"}.get(value, str(value)))
+        elif key == "dp":
+            pieces.append(f"dp-{value}")
+        elif key in BARE_VALUES:
+            pieces.append(str(value))
+        else:
+            pieces.append(f"{key}-{value}")
+    slug = safe_name("-".join(pieces)) if pieces else ""
+    if len(slug) > MAX_FOLDER:  # cut at a word: the table and sweep.csv give every key
+        slug = slug[:MAX_FOLDER + 1].rsplit("-", 1)[0]
+    slug = slug.strip("-.")
+    return f"{index:02d}-{slug}" if slug and slug != "run" else f"{index:02d}"
 
 
 def _seeds(path: Path, raw: Mapping[str, Any], base: Mapping[str, Any],

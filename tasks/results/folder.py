@@ -68,8 +68,52 @@ def given_run_dir(results: ResultsConfig) -> Path | None:
     return path
 
 
+def run_settings(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The settings that tell runs apart, each as (folder-name piece, title piece): the
+    split (with Dirichlet's alpha), DP mode with its epsilon (or noise), secure
+    aggregation and the anonymizer with its parameter; defaults add nothing."""
+    d, p, a = cfg.data, cfg.privacy, cfg.anonymization
+    split = {"dirichlet": (f"dirichlet{d.dirichlet_alpha:g}",
+                           f"Dirichlet \u03b1={d.dirichlet_alpha:g}"),
+             "shard": (f"shard{d.shards_per_client}", f"{d.shards_per_client} shards/client"),
+             "pathological": (f"pathological{d.classes_per_client}",
+                              f"{d.classes_per_client} classes/client")}
+    out = [split.get(d.partitioner, (d.partitioner, d.partitioner))]
+    if p.dp == "local":
+        out.append((f"dp-local-eps{p.target_epsilon:g}", f"local DP \u03b5={p.target_epsilon:g}")
+                   if p.target_epsilon else
+                   (f"dp-local-z{p.noise_multiplier:g}", f"local DP z={p.noise_multiplier:g}"))
+    elif p.dp == "central":
+        budget = (f"-eps{p.max_epsilon:g}", f", \u03b5\u2264{p.max_epsilon:g}") \
+            if p.max_epsilon else ("", "")
+        out.append((f"dp-central-z{p.noise_multiplier:g}{budget[0]}",
+                    f"central DP z={p.noise_multiplier:g}{budget[1]}"))
+    if cfg.secagg.protocol != "off":
+        name = "secagg" if cfg.secagg.protocol == "secagg+" else cfg.secagg.protocol
+        out.append((name, "SecAgg+" if name == "secagg" else name.upper()))
+    if a.anonymizer != "none":
+        eps = ("eps", "\u03b5", a.noise_epsilon)
+        param = {"ksame": ("k", "k", a.k), "gaussian": eps, "laplace": eps,
+                 "density": ("eps", "eps", a.dbscan_eps)}.get(a.anonymizer)
+        classwise = (a.anonymizer == "ksame" and a.ksame_classwise) or \
+            (a.anonymizer == "density" and a.density_classwise)
+        out.append((a.anonymizer + (f"-{param[0]}{param[2]:g}" if param else "")
+                    + ("-classwise" if classwise else ""),
+                    a.anonymizer + (f" {param[1]}={param[2]:g}" if param else "")
+                    + (" classwise" if classwise else "")))
+    return out
+
+
 def default_run_name(cfg: RunConfig) -> str:
-    return f"{cfg.data.dataset}-{cfg.federation.strategy}-{cfg.data.partitioner}"
+    """``<dataset>-<strategy>-<split>[-<settings>]``, e.g. mnist-fedavg-iid or
+    mnist-fedavg-dirichlet0.3-dp-local-eps5-secagg (see :func:`run_settings`)."""
+    return "-".join([cfg.data.dataset, cfg.federation.strategy,
+                     *(name for name, _ in run_settings(cfg))])
+
+
+def settings_title(cfg: RunConfig) -> str:
+    """The settings of :func:`run_settings` for a plot's title, joined by ' · '."""
+    return " \u00b7 ".join(title for _, title in run_settings(cfg))
 
 
 class RunFolder:

@@ -1,18 +1,28 @@
-"""Plots of one run, redrawn from the ledger (matplotlib's object API: no GUI, thread-safe)."""
+"""Plots of one run, redrawn from the ledger (matplotlib's object API: no GUI, thread-safe).
+
+Every plot is drawn for a paper: integer round ticks, a log axis when the values span
+decades, non-finite values left out (and said so), legends outside the axes."""
 
 from __future__ import annotations
 
+import math
 import time
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.ticker import MaxNLocator
 
 from ..files import replacing
 from .ledger import RoundRecord, read_ledger
+
+LOG_DECADES = 2.0  # positive values spanning more decades than this get a log axis
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -20,24 +30,133 @@ def _save(fig: Figure, path: Path) -> None:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
-def line_plot(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-              xlabel: str, ylabel: str, title: str, ylim: tuple[float, float] | None = None
-              ) -> None:
-    """One line per named series of (x, y) points."""
+def place_legend(ax: Axes, **kwargs: Any) -> Legend | None:
+    """The legend outside the axes, right of them, where it covers no data; None (and no
+    matplotlib warning) when nothing is labelled."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    return ax.legend(handles, labels, **{"fontsize": 8, "loc": "upper left",
+                                         "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0,
+                                         **kwargs})
+
+
+def label_points(ax: Axes, points: Sequence[tuple[str, tuple[float, float]]]) -> None:
+    """Label each point beside it, on whichever side (right, left, below, above) keeps
+    the label inside the axes and off the labels already placed and the points; call it
+    once the axes' scales and limits are set."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ax.get_figure()
+    if fig.canvas is None or not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    ax.get_xlim(), ax.get_ylim()  # settle autoscaling before reading the transform
+    frame = ax.get_window_extent(renderer)
+    dots = [ax.transData.transform(xy) for _, xy in points]
+    placed: list[Any] = []
+    sides = [((3, 3), "left", "bottom"), ((3, -3), "left", "top"),
+             ((-3, 3), "right", "bottom"), ((-3, -3), "right", "top")]
+    for text, xy in points:
+        best, best_cost = None, math.inf
+        for offset, ha, va in sides:
+            label = ax.annotate(text, xy, fontsize=6, xytext=offset, textcoords="offset points",
+                                ha=ha, va=va)
+            box = label.get_window_extent(renderer)
+            cost = (sum(box.overlaps(other) for other in placed) * 10
+                    + sum(box.contains(*d) for d in dots) * 3
+                    + (0 if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+                       else 5))
+            if cost < best_cost:
+                if best is not None:
+                    best.remove()
+                best, best_cost = label, cost
+            else:
+                label.remove()
+            if cost == 0:
+                break
+        placed.append(best.get_window_extent(renderer))
+
+
+def shorten(label: str, width: int = 60) -> str:
+    """A legend label cut to ``width`` characters, with an ellipsis when cut."""
+    return label if len(label) <= width else label[:width - 1].rstrip(", ") + "\u2026"
+
+
+def integer_rounds(ax: Axes) -> None:
+    """Round ticks on whole numbers only (matplotlib would put them at 0.5)."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def wrap_title(title: str, width: int = 64) -> str:
+    """A long title broken into lines at its ' · ' separators, none much over ``width``."""
+    lines: list[str] = []
+    for part in title.split(" \u00b7 "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " \u00b7 " + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def wants_log(values: Sequence[float], decades: float = LOG_DECADES) -> bool:
+    """Whether a log axis shows ``values`` better: all finite ones positive and spanning
+    more than ``decades`` decades."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2 or min(finite) <= 0:
+        return False
+    return math.log10(max(finite) / min(finite)) > decades
+
+
+def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float], int]:
+    """The points whose y is finite, and how many were not."""
+    keep = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
+    return [x for x, _ in keep], [y for _, y in keep], len(xs) - len(keep)
+
+
+def line_plot(path: Path | None, series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+              xlabel: str, ylabel: str, title: str,
+              ylim: tuple[float | None, float | None] | None = None,
+              styles: Mapping[str, Mapping[str, Any]] | None = None,
+              levels: Sequence[tuple[float, str]] = ()) -> Figure:
+    """One line per named series of (x, y) points against round, saved to ``path`` (when
+    given) and returned. Non-finite y values are left out and counted in the legend; the
+    y axis is logarithmic when the positive values span more than two decades (unless
+    ``ylim`` fixes it); ``levels`` are labelled horizontal lines (e.g. a target)."""
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.subplots()
-    for label, (xs, ys) in series.items():
-        if len(xs):
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    drawn: list[float] = []
+    many = len(series) > 10  # beyond matplotlib's 10 colours: 20, and markers, and dashes
+    for i, (label, (xs, ys)) in enumerate(series.items()):
+        xs, ys, dropped = _finite(xs, [float(y) for y in ys])
+        look = {"color": colormaps["tab20"](i % 20), "marker": "os^vD"[i % 5],
+                "ls": "-" if i < 20 else "--"} if many else {}
+        if xs or dropped:
+            ax.plot(xs, ys, label=shorten(label) + (f" ({dropped} non-finite not drawn)"
+                                                    if dropped else ""),
+                    **{"marker": "o", "markersize": 3, **look,
+                       **(styles or {}).get(label, {})})
+        drawn += ys
+    for y, label in levels:
+        ax.axhline(y, color="crimson", ls=":", lw=1.4, label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if ylim:
-        ax.set_ylim(*ylim)
+    ax.set_title(wrap_title(title), fontsize=10)
+    integer_rounds(ax)
+    if ylim is None and wants_log(drawn + [y for y, _ in levels]):
+        ax.set_yscale("log")
+    elif ylim:
+        top = ylim[1]
+        if top is None and levels:  # room above a target line, off the axes' edge
+            top = 1.08 * max([*drawn, *(y for y, _ in levels)])
+        ax.set_ylim(ylim[0], top)
     ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=8)
-    _save(fig, path)
+    if ax.get_yscale() == "log":
+        ax.grid(alpha=0.1, which="minor", axis="y")
+    place_legend(ax)
+    if path is not None:
+        _save(fig, path)
+    return fig
 
 
 def _series(records: Sequence[Mapping[str, Any]], *path: str) -> tuple[list[int], list[float]]:
@@ -46,37 +165,75 @@ def _series(records: Sequence[Mapping[str, Any]], *path: str) -> tuple[list[int]
         value: Any = r
         for p in path:
             value = value.get(p) if isinstance(value, Mapping) else None
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             xs.append(r["round"])
             ys.append(float(value))
     return xs, ys
 
 
-def plot_run(out_dir: Path, ledger: Sequence[RoundRecord],
-             initial: Mapping[str, Any] | None, title: str) -> list[Path]:
-    """Accuracy and loss (and epsilon with DP) against round; returns the files written."""
+# max and mean over clients are often equal: a solid line with filled circles under a
+# dashed one with open squares keeps both visible
+EPSILON_STYLES = {"max over clients": {"ls": "-", "marker": "o", "markersize": 6, "lw": 2.0,
+                                       "color": "tab:blue", "zorder": 2},
+                  "mean over clients": {"ls": "--", "marker": "s", "markersize": 7,
+                                        "mfc": "none", "lw": 1.2, "color": "tab:orange",
+                                        "zorder": 3}}
+
+
+def run_figures(ledger: Sequence[RoundRecord], initial: Mapping[str, Any] | None, title: str,
+                target_epsilon: float | None = None) -> dict[str, Figure]:
+    """Accuracy and loss (and epsilon with DP) against round, by file name; the epsilon
+    plot starts at 0 and draws ``target_epsilon`` (the run's budget) when there is one."""
     records = [r.to_json() for r in ledger]
     rows = ([{"round": 0, "test": initial}] if initial else []) + list(records)
-    acc = out_dir / "accuracy.png"
-    line_plot(acc, {"test (server, held-out)": _series(rows, "test", "accuracy"),
-                    "train (clients, weighted)": _series(records, "train", "accuracy")},
-              "round", "accuracy", title, ylim=(0.0, 1.0))
-    loss = out_dir / "loss.png"
-    line_plot(loss, {"test (server, held-out)": _series(rows, "test", "loss"),
-                     "train (clients, weighted)": _series(records, "train", "loss")},
-              "round", "cross-entropy loss", title)
-    files = [acc, loss]
+    figs = {
+        "accuracy.png": line_plot(
+            None, {"test (server, held-out)": _series(rows, "test", "accuracy"),
+                   "train (clients, weighted)": _series(records, "train", "accuracy")},
+            "round", "accuracy", title, ylim=(0.0, 1.0)),
+        "loss.png": line_plot(
+            None, {"test (server, held-out)": _series(rows, "test", "loss"),
+                   "train (clients, weighted)": _series(records, "train", "loss")},
+            "round", "cross-entropy loss", title)}
     privacy = [r for r in records if "privacy" in r]
     if privacy:
-        eps = out_dir / "epsilon.png"
         if privacy[0]["privacy"]["mode"] == "central":
             series = {"client-level epsilon (central DP)": _series(privacy, "privacy", "epsilon")}
         else:
             series = {"max over clients": _series(privacy, "privacy", "epsilon-max"),
                       "mean over clients": _series(privacy, "privacy", "epsilon-mean")}
-        line_plot(eps, series, "round", "cumulative epsilon", title)
-        files.append(eps)
+            if target_epsilon is None:
+                target_epsilon = privacy[-1]["privacy"].get("target-epsilon")
+        levels = ([(float(target_epsilon), f"target \u03b5 = {target_epsilon:g}")]
+                  if target_epsilon else [])
+        figs["epsilon.png"] = line_plot(None, series, "round", "cumulative epsilon", title,
+                                        ylim=(0.0, None), styles=EPSILON_STYLES,
+                                        levels=levels)
+    return figs
+
+
+def plot_run(out_dir: Path, ledger: Sequence[RoundRecord],
+             initial: Mapping[str, Any] | None, title: str,
+             target_epsilon: float | None = None) -> list[Path]:
+    """Accuracy and loss (and epsilon with DP) against round; returns the files written."""
+    files = []
+    for name, fig in run_figures(ledger, initial, title, target_epsilon).items():
+        _save(fig, out_dir / name)
+        files.append(out_dir / name)
     return files
+
+
+def budget(run_dir: Path) -> float | None:
+    """The run's epsilon budget from its config.toml: target-epsilon (dp = local) or
+    max-epsilon (dp = central); None without DP, a budget or the file."""
+    try:
+        with open(run_dir / "config.toml", "rb") as f:
+            cfg = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    key = {"local": "target-epsilon", "central": "max-epsilon"}.get(cfg.get("dp"))
+    value = cfg.get(key) if key else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 class PlotHook:
@@ -96,7 +253,7 @@ class PlotHook:
 
     def finish(self) -> None:
         plot_run(self.run_dir / "plots", read_ledger(self.run_dir), self.info.get("initial"),
-                 self.title)
+                 self.title, budget(self.run_dir))
         self.last = time.perf_counter()
 
 
@@ -109,7 +266,7 @@ def _label_heatmap(path: Path, counts: np.ndarray, title: str) -> None:
     fig.colorbar(image, ax=ax, label="share of the client's examples")
     ax.set_xlabel(f"client (partition id, {len(counts):,} clients)")
     ax.set_ylabel("class")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap_title(title), fontsize=10)
     _save(fig, path)
 
 
@@ -134,7 +291,7 @@ def plot_label_distribution(path: Path, partitions: Sequence[Mapping[str, Any]],
         bottom += counts[:, c]
     ax.set_xlabel("client (partition id)")
     ax.set_ylabel("examples")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap_title(title), fontsize=10)
     step = max(1, n_clients // 20)
     ax.set_xticks(range(0, n_clients, step), [str(i) for i in ids[::step]])
     if n_classes <= 20:
