@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
-import difflib
 import html
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from server.checkpoint import FOLDER as CHECKPOINT
 from server.checkpoint import SERVER_FILE, Checkpoint, resumable
 from tasks.config import KEYS, ConfigError, RunConfig, validate
+from tasks.config.sections import unknown_key
 from tasks.results.folder import (
     RunFolder,
     default_run_name,
@@ -182,9 +182,7 @@ def _key(name: str) -> str:
     """A run-config key from a name with dashes or underscores (ConfigError if unknown)."""
     dashed = name.replace("_", "-")
     if dashed not in KEYS:
-        close = difflib.get_close_matches(dashed, KEYS, n=3)
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        raise ConfigError(f"{name!r} is not a run-config key.{hint}")
+        raise ConfigError(unknown_key(name))
     return dashed
 
 
@@ -443,16 +441,16 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
         **({"cells": [_keys(c) for c in cells]} if cells else {})}
     done = run_sweep(source, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
                      separate=separate, repeat=repeat)
-    return _sweep_result(done.out, [(c.index, c.params, c.seed, c.status, c.error, c.run_dir)
-                                    for c in done.cells])
+    cells = [{"index": c.index, "params": c.params, "seed": c.seed, "status": c.status,
+              "error": c.error} for c in done.cells]
+    runs = {c.index: r for c in done.cells if (r := _loaded(c.run_dir)) is not None}
+    return SweepResult(done.out, cells, runs)
 
 
-def _sweep_result(folder: Path | None, cells: Sequence[tuple]) -> SweepResult:
-    rows = [{"index": i, "params": p, "seed": s, "status": st, "error": e}
-            for i, p, s, st, e, _ in cells]
-    runs = {i: load(d) for i, _, _, _, _, d in cells if d is not None and
-            (Path(d) / "config.toml").exists()}
-    return SweepResult(folder, rows, runs)
+def _loaded(run_dir: Path | None) -> Result | None:
+    """A cell's run read back, or None when it never wrote its config."""
+    return load(run_dir) if run_dir is not None and (run_dir / "config.toml").exists() \
+        else None
 
 
 def load_sweep(folder: str | Path) -> SweepResult:
@@ -469,13 +467,14 @@ def load_sweep(folder: str | Path) -> SweepResult:
     # the keys that label cells: the columns between "cell" (and "seed") and "status"
     labels = [k for k in header[1:header.index("status")] if k != "seed"] \
         if "status" in header else []
-    cells = []
+    cells, runs = [], {}
     for row in rows:
-        run = row.get("run-dir") or ""
-        folder = (path / run) if run else None
-        saved = load(folder).config if folder and (folder / "config.toml").exists() else None
-        params = {k: (saved[k] if saved is not None else row[k]) for k in labels if row[k]}
+        index, run = int(row["cell"]), row.get("run-dir") or ""
+        result = _loaded(path / run) if run else None
+        params = {k: (result.config[k] if result else row[k]) for k in labels if row[k]}
         seed = int(row["seed"]) if row.get("seed") else None
-        cells.append((int(row["cell"]), params, seed, row.get("status", ""),
-                      row.get("error") or None, folder))
-    return _sweep_result(path, cells)
+        cells.append({"index": index, "params": params, "seed": seed,
+                      "status": row.get("status", ""), "error": row.get("error") or None})
+        if result is not None:
+            runs[index] = result
+    return SweepResult(path, cells, runs)

@@ -13,6 +13,7 @@ the run goes on. The libraries are imported only when tracking is on.
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import logging
 import math
@@ -66,29 +67,31 @@ def param_text(value: Scalar) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-class Backend:
-    """One tracker's store, opened for one run. ``module``: what must be importable."""
+class Backend(abc.ABC):
+    """One tracker's store, opened for one run (an interface: TensorBoard's and MLflow's
+    classes below implement it). ``module``: what must be importable."""
 
     module: ClassVar[str]
 
+    @abc.abstractmethod
     def __init__(self, cfg: RunConfig, run_dir: Path, start: int) -> None:
         """Open the store for the run in ``run_dir``; ``start`` > 1: a resume at that round."""
 
+    @abc.abstractmethod
     def config(self, flat: Mapping[str, Scalar]) -> None:
         """Log the run config (MLflow: only keys it lacks, so a resume keeps the first)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
         """Log ``values`` (tag -> number) at ``step`` (the round; 0: the initial model)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def image(self, tag: str, path: Path, step: int) -> None:
         """Log the PNG at ``path`` as ``tag`` (its path in the run folder, no suffix)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def close(self, status: str) -> None:
         """End the run: FINISHED, FAILED or KILLED (MLflow's names)."""
-        raise NotImplementedError
 
 
 class TensorBoardLog(Backend):

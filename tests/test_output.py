@@ -115,7 +115,8 @@ def test_relayed_progress_is_throttled_and_short_steps_send_nothing():
     res = subprocess.run([sys.executable, "-c", BAR_SCRIPT], cwd=REPO, capture_output=True,
                          text=True, env=env, timeout=60)
     relayed = [line for line in res.stdout.splitlines() if line.startswith(MARK)]
-    assert 1 <= len(relayed) <= 4 and relayed[-1].endswith('"end": true}'), res.stdout
+    # at most one per advance and the end (under load every 0.25 s step may pass 0.5 s)
+    assert 1 <= len(relayed) <= 5 and relayed[-1].endswith('"end": true}'), res.stdout
 
 
 def test_the_round_table_stays_aligned_for_huge_nan_and_inf_losses():

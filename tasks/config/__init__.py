@@ -12,7 +12,6 @@ layer, where the strategies are (:mod:`strategies.registry`).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import tomllib
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from .sections import (
     SecAggConfig,
     TrainingConfig,
     parse_hidden,
+    unknown_key,
 )
 
 SCHEMA: tuple[Key, ...] = tuple(k for _, section in SECTIONS for k in section.keys())
@@ -67,9 +67,7 @@ def _parse(values: Mapping[str, Any]) -> tuple[dict[str, Scalar], list[str]]:
     for name, value in values.items():
         key = KEYS.get(name)
         if key is None:
-            close = difflib.get_close_matches(name, KEYS, n=3)
-            hint = f" Did you mean {' or '.join(close)}?" if close else ""
-            errors.append(f"unknown key {name!r}.{hint} `fedpriv run --help` lists every key.")
+            errors.append(unknown_key(name))
             continue
         try:
             out[name] = key.parse(value)

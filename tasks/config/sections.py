@@ -374,13 +374,13 @@ class RunConfig:
     def __getitem__(self, name: str) -> Any:
         where = _WHERE.get(str(name).replace("_", "-"))
         if where is None:
-            raise KeyError(_unknown(str(name)))
+            raise KeyError(unknown_key(str(name)))
         return getattr(getattr(self, where[0]), where[1])
 
     def __getattr__(self, name: str) -> Any:
         where = None if name.startswith("_") else _WHERE.get(name.replace("_", "-"))
         if where is None:
-            raise AttributeError(_unknown(name))
+            raise AttributeError(unknown_key(name))
         return getattr(object.__getattribute__(self, where[0]), where[1])
 
     def __contains__(self, name: object) -> bool:
@@ -415,7 +415,8 @@ _WHERE: dict[str, tuple[str, str]] = {
 Mapping.register(RunConfig)
 
 
-def _unknown(name: str) -> str:
+def unknown_key(name: str) -> str:
+    """The one sentence for a name that is no run-config key, with the closest keys."""
     close = difflib.get_close_matches(name.replace("_", "-"), _WHERE, n=3)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    return f"{name!r} is not a run-config key.{hint}"
+    return f"unknown key {name!r}.{hint} `fedpriv run --help` lists every key."
