@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.checkpoint import FOLDER as CHECKPOINT
-from server.checkpoint import SERVER_FILE, Checkpoint, resumable
 from tasks.config import KEYS, ConfigError, RunConfig, validate
 from tasks.config.sections import unknown_key
 from tasks.results.folder import (
@@ -35,18 +33,17 @@ from tasks.results.folder import (
 from tasks.results.ledger import RoundRecord, headline_epsilon, read_ledger
 
 from .configs import resolve
-from .deploy.connection import Connection, DeployedSuperLink
 from .frames import changed, combine, ledger_frame
 from .preflight.isolated import Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
 from .runtime.choice import choose
 from .runtime.inprocess_link import InProcessLink
-from .runtime.runner import RunOutcome, execute
-from .runtime.superlink import LocalSuperLink
-from .sweep.run import run_sweep
 
-if TYPE_CHECKING:
-    import pandas
+if TYPE_CHECKING:  # the rest is imported where it is used: the CLI starts its run's child
+    import pandas  # before it imports Flower, torch or matplotlib (about a second)
+
+    from .deploy.connection import Connection
+    from .runtime.runner import RunOutcome
 
 Echo = Callable[[str], None]
 
@@ -256,6 +253,8 @@ def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = pr
 def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = False
               ) -> tuple[Path, RunConfig, Preflight]:
     """A resumable run folder, checked (pre-flight included) and marked running again."""
+    from server.checkpoint import Checkpoint, resumable
+
     path, cfg = resumable(run_dir)
     rounds = Checkpoint.load(path).round
     echo(f"{command} · {path.name} · round {rounds} of "
@@ -285,6 +284,9 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
     """Run ``cfg`` into ``run_dir``; when a simulated client's Ray worker dies
     (:class:`strategies.rounds.WorkerLost`), restart the simulation from the last
     checkpoint, up to :data:`MAX_RESTARTS` times."""
+    from server.checkpoint import FOLDER as CHECKPOINT
+    from server.checkpoint import SERVER_FILE, Checkpoint
+
     for attempt in range(MAX_RESTARTS + 1):
         outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo, inprocess)
         lost = outcome.status == "failed" and "WorkerLost" in (outcome.error or "")
@@ -311,6 +313,9 @@ def _result(run_dir: Path, cfg: RunConfig, outcome: RunOutcome) -> Result:
 
 def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
           echo: Echo, inprocess: InProcessLink) -> RunOutcome:
+    from .runtime.runner import execute
+    from .runtime.superlink import LocalSuperLink
+
     fed = cfg.federation
     runtime = choose(cfg, cuda=pre.cuda, supernodes=supernodes)
     if runtime.name == "inprocess":
@@ -359,6 +364,9 @@ def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = Fa
 
 def _submit(cfg: RunConfig, link: Connection, run_dir: Path, pre: Preflight, verbose: bool,
             echo: Echo) -> Result:
+    from .deploy.connection import DeployedSuperLink
+    from .runtime.runner import execute
+
     with DeployedSuperLink(link) as deployed:
         outcome = execute(deployed, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                           echo=echo, label_counts=pre.label_counts)
@@ -439,6 +447,8 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
         **({"fixed": _keys(fixed)} if fixed else {}),
         **({"grid": {k: list(v) for k, v in _keys(grid).items()}} if grid else {}),
         **({"cells": [_keys(c) for c in cells]} if cells else {})}
+    from .sweep.run import run_sweep
+
     done = run_sweep(source, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
                      separate=separate, repeat=repeat)
     cells = [{"index": c.index, "params": c.params, "seed": c.seed, "status": c.status,

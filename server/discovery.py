@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from strategies.grid import is_flower_grid
 from tasks import messages
 
 from .console import say
@@ -79,19 +80,15 @@ def _query(grid: Grid, node_ids: list[int], timeout: float) -> list[ClientInfo]:
 def runtime_of(grid: Grid) -> str:
     """The runtime behind ``grid``, as run.json names it: ``inprocess`` (fedpriv's),
     ``ray`` (Flower's simulation) or ``deployment`` (a SuperLink with real SuperNodes)."""
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
     inner = getattr(grid, "grid", grid)  # a FederationGrid's runtime grid
     if getattr(inner, "RUNTIME", ""):
         return str(inner.RUNTIME)
-    return "ray" if isinstance(inner, InMemoryGrid) else "deployment"
+    return "ray" if is_flower_grid(inner, "inmemory") else "deployment"
 
 
 def simulated(grid: Grid) -> bool:
     """True for the simulation runtime's grid (interchangeable nodes on one machine)."""
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    return isinstance(grid, InMemoryGrid) or bool(getattr(grid, "assigns_partitions", False))
+    return is_flower_grid(grid, "inmemory") or bool(getattr(grid, "assigns_partitions", False))
 
 
 def assign_partitions(grid: Grid, num_clients: int, timeout: float) -> list[ClientInfo]:

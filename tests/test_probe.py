@@ -35,6 +35,26 @@ def test_auroc_matches_an_independent_implementation():
     assert auroc(np.zeros(5, dtype=int), np.full((5, 4), 0.25)) is None
 
 
+def test_auroc_equals_scikit_learn_with_ties_and_absent_classes():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(1)
+    for n, k, absent in ((300, 10, (3, 7)), (200, 4, ()), (50, 3, (1,))):
+        labels = np.setdiff1d(np.arange(k), absent)
+        y = rng.choice(labels, n)
+        probs = rng.dirichlet(np.ones(k), n).round(2)  # rounded: many tied scores
+        probs /= probs.sum(1, keepdims=True)
+        if len(labels) == 2:
+            want = roc_auc_score(y == labels[1], probs[:, labels[1]])
+        else:
+            cols = probs[:, labels] / probs[:, labels].sum(1, keepdims=True)
+            want = roc_auc_score(y, cols, multi_class="ovr", average="macro", labels=labels)
+        assert auroc(y, probs) == pytest.approx(want, abs=1e-12)
+    y = np.array([1, 1, 0, 0, 1])
+    scores = np.array([[0.5, 0.5], [0.2, 0.8], [0.5, 0.5], [0.9, 0.1], [0.3, 0.7]])
+    assert auroc(y, scores) == pytest.approx(roc_auc_score(y, scores[:, 1]), abs=1e-12)
+
+
 def _context(cfg):
     return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                    run_config=cfg.flat())

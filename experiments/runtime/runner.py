@@ -12,13 +12,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from server.console import PREFIX
-from server.summary import embed_release_scatter
-from server.tracking import after_run as track_after_run
 from tasks.config import RunConfig
 from tasks.files import explain
 from tasks.progress import Relay
 from tasks.results.folder import RunFolder, read_run_info, run_identity, settings_title
-from tasks.results.plots import plot_label_distribution
 
 from ..leakage.release_plot import plot_in_child
 from .procs import interruption, stream_child
@@ -192,15 +189,23 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
     """What follows a finished run in the CLI: the ground-truth label plot when the clients
     did not send their histograms, the release plot, and the leakage study's attacks
     (all logged to the run's tracker, with ``tracking``)."""
+    # imported where needed, not before the run: matplotlib and Flower would add a
+    # second to the CLI's start (before its run's child starts) and half one to its end
+    from server.tracking import after_run as track_after_run
+
     since = time.time()
     plot = run_dir / "plots" / "label_distribution.png"
     if label_counts and status == "finished" and not plot.exists():
+        from tasks.results.plots import plot_label_distribution
+
         plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
                                        for i, c in enumerate(label_counts)],
                                 f"label distribution · {cfg.data.dataset} · "
                                 f"{cfg.federation.num_clients} clients · {settings_title(cfg)} · "
                                 "ground truth from the partitioner, not sent to the server")
     if status == "finished" and cfg.anonymization.enabled:
+        from server.summary import embed_release_scatter
+
         if plot_in_child(run_dir):
             embed_release_scatter(run_dir)
             echo("  plots/release_scatter.png: client 0's original vs released embeddings")

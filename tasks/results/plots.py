@@ -245,7 +245,7 @@ class PlotHook:
         self.info = info
         self.title = title
         self.every_s = every_s
-        self.last = 0.0
+        self.last = time.perf_counter()  # a run shorter than every_s draws once, at the end
 
     def after_round(self, record: RoundRecord, arrays: Any, result: Any) -> None:
         if time.perf_counter() - self.last >= self.every_s:
