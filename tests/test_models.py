@@ -73,3 +73,25 @@ def test_training_a_backbone_leaves_the_callers_random_stream_alone():
         torch.manual_seed(3)
         load_backbone(backbone_spec(cfg.embeddings, cfg.data))
         assert torch.equal(torch.rand(4), expected)
+
+
+def test_channels_last_pooling_is_bit_for_bit_torchs_pooling():
+    """tasks.models.MaxPool2d only changes the layout torch pools in: outputs and
+    gradients equal nn.MaxPool2d's exactly, ties (ReLU's zeros) included, inside and
+    outside torch.func.vmap."""
+    from torch.func import vmap
+
+    from tasks.models import MaxPool2d
+
+    gen = torch.Generator().manual_seed(0)
+    for shape, kernel, stride in (((8, 16, 14, 14), 2, 1), ((5, 64, 14, 14), 2, 2),
+                                  ((3, 32, 5, 5), 2, 1), ((4, 3, 9, 9), 2, 2)):
+        x = torch.randn(shape, generator=gen).relu().requires_grad_()
+        ours, theirs = MaxPool2d(kernel, stride), torch.nn.MaxPool2d(kernel, stride)
+        upstream = torch.randn(theirs(x).shape, generator=gen)
+        got, want = ours(x), theirs(x)
+        assert got.is_contiguous() and torch.equal(got, want)
+        assert torch.equal(torch.autograd.grad(got, x, upstream)[0],
+                           torch.autograd.grad(want, x, upstream)[0])
+        batched = torch.randn((2, *shape), generator=gen)
+        assert torch.equal(vmap(ours)(batched), vmap(theirs)(batched))
