@@ -5,6 +5,8 @@ All are Opacus-compatible: no BatchNorm, only layers Opacus computes per-sample 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -13,20 +15,47 @@ from .errors import ConfigError
 from .registry import MODELS
 
 
+def _pair(v: int | tuple[int, ...]) -> list[int]:
+    return list(v) if isinstance(v, tuple) else [v, v]
+
+
+class _ChannelsLastPool(torch.autograd.Function):
+    """Max-pooling of an NCHW tensor, computed (both ways) on a channels-last copy; the
+    input gradient comes back NCHW, so the layers around it stay on their fast kernels.
+    (Not for torch.func transforms: :class:`MaxPool2d` leaves them torch's own pooling.)"""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, args: tuple) -> torch.Tensor:
+        last = x.contiguous(memory_format=torch.channels_last)
+        out, indices = torch.ops.aten.max_pool2d_with_indices(last, *args)
+        ctx.args = args
+        ctx.save_for_backward(last, indices)
+        return out.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        last, indices = ctx.saved_tensors
+        grad_x = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad.contiguous(memory_format=torch.channels_last), last, *ctx.args, indices)
+        return grad_x.contiguous(), None
+
+
 class MaxPool2d(nn.MaxPool2d):
     """``nn.MaxPool2d`` computed in channels-last layout on the CPU: the same outputs and
-    gradients bit for bit (a maximum is exact, ties go to the same first index), about 3x
-    faster for the CNNs' pooling shapes, where torch's NCHW CPU kernel is slow (2x2 over
-    16x14x14: 1.29 ms against 0.40 ms forward and backward, batch 32, one thread)."""
+    gradients bit for bit (a maximum is exact; ties go to the same first index), and a
+    small-CNN step 2.5 -> 1.5 ms (batch 32, one thread), torch's NCHW CPU kernel being
+    slow for these shapes. Inside torch.func transforms (vmap has no channels-last
+    layout) and off the CPU it is ``nn.MaxPool2d`` itself."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dim() != 4 or x.shape[1] < 16:
+        if (torch._C._are_functorch_transforms_active() or x.device.type != "cpu"
+                or x.dim() != 4 or x.shape[1] < 16 or self.return_indices
+                or x.is_contiguous(memory_format=torch.channels_last)):
             return super().forward(x)
-        try:
-            pooled = super().forward(x.contiguous(memory_format=torch.channels_last))
-        except RuntimeError:  # inside torch.func.vmap, which has no channels-last layout
-            return super().forward(x)
-        return pooled.contiguous()
+        stride = self.stride if self.stride is not None else self.kernel_size
+        return _ChannelsLastPool.apply(x, (_pair(self.kernel_size), _pair(stride),
+                                           _pair(self.padding), _pair(self.dilation),
+                                           self.ceil_mode))
 
 
 class McMahanCNN(nn.Module):

@@ -95,3 +95,8 @@ def test_channels_last_pooling_is_bit_for_bit_torchs_pooling():
                            torch.autograd.grad(want, x, upstream)[0])
         batched = torch.randn((2, *shape), generator=gen)
         assert torch.equal(vmap(ours)(batched), vmap(theirs)(batched))
+        # the gradient of a gradient (what the inversion attacks take)
+        second = [torch.autograd.grad((torch.autograd.grad(p(x), x, upstream,
+                                                           create_graph=True)[0] * x).sum(),
+                                      x)[0] for p in (ours, theirs)]
+        assert torch.equal(*second)
