@@ -284,14 +284,15 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
     """Run ``cfg`` into ``run_dir``; when a simulated client's Ray worker dies
     (:class:`strategies.rounds.WorkerLost`), restart the simulation from the last
     checkpoint, up to :data:`MAX_RESTARTS` times."""
-    from server.checkpoint import FOLDER as CHECKPOINT
-    from server.checkpoint import SERVER_FILE, Checkpoint
-
     for attempt in range(MAX_RESTARTS + 1):
         outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo, inprocess)
         lost = outcome.status == "failed" and "WorkerLost" in (outcome.error or "")
-        if not lost or attempt == MAX_RESTARTS or not (
-                run_dir / CHECKPOINT / SERVER_FILE).is_file():
+        if not lost or attempt == MAX_RESTARTS:
+            break
+        from server.checkpoint import FOLDER as CHECKPOINT  # Flower: only when needed
+        from server.checkpoint import SERVER_FILE, Checkpoint
+
+        if not (run_dir / CHECKPOINT / SERVER_FILE).is_file():
             break
         rounds = Checkpoint.load(run_dir).round
         echo(f"{outcome.error.removeprefix('WorkerLost: ')}; restarting the simulation from "

@@ -70,6 +70,8 @@ class InProcessGrid(Grid):
                  node_config: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.client_app = client_app
         self.together = False  # train a round's clients as one program (train-together)
+        self.workers = 1  # clients answering at once, where the message allows it
+        self.parallel: Callable[[Message], bool] = lambda msg: False
         # simulated nodes serve the partition the server pairs them with
         # (server.discovery.simulated); otherwise each keeps its own node_config's
         self.assigns_partitions = simulated
@@ -112,6 +114,9 @@ class InProcessGrid(Grid):
         if self.together and len(messages) > 1 and all(
                 m.metadata.message_type == FIT for m in messages):
             replies = self._together(messages)
+        elif self.workers > 1 and len(messages) > 1 and all(
+                self.parallel(m) for m in messages):
+            replies = self._parallel(messages)
         else:
             replies = [self.deliver(m) for m in messages]
         for msg, reply in zip(messages, replies, strict=True):
@@ -132,6 +137,17 @@ class InProcessGrid(Grid):
 
             with ThreadPoolExecutor(len(messages), thread_name_prefix="client") as pool:
                 return list(pool.map(one, messages))
+
+    def _parallel(self, messages: list[Message]) -> list[Message]:
+        """Each message answered in one of ``workers`` threads (torch runs its kernels
+        without the GIL), the replies in the messages' order: as Ray's workers answer a
+        round, with the same bits (every client trains on ``client-threads`` threads of its
+        own, from its own generators)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.workers, len(messages)),
+                                thread_name_prefix="client") as pool:
+            return list(pool.map(self.deliver, messages))
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
@@ -181,9 +197,25 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
         RUN_ID, SUPERLINK_NODE_ID, 1)
     grid = InProcessGrid(client_app.app, run_config, num_nodes)
     grid.together = bool(run_config.get("train-together", False))
+    grid.workers = workers(run_config)
+    grid.parallel = lambda msg: client_app.answers_in_parallel(msg, run_config)
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                       state=RecordDict(), run_config=dict(run_config))
     server_app(grid, context)
+
+
+def workers(run_config: Mapping[str, Any]) -> int:
+    """How many clients answer at once: as on Ray, a client per ``client-cpus`` of this
+    process's cores (and no more than its ``client-threads`` leave room for); one on a
+    GPU, which each client has whole."""
+    import torch
+
+    from tasks.config import validate
+
+    r = validate(dict(run_config)).resources
+    if r.device == "cuda" or (r.device == "auto" and torch.cuda.is_available()):
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) // max(r.client_cpus, r.client_threads))
 
 
 def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -119,6 +123,53 @@ def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
     return code == 0
 
 
+class GroundTruthPlot:
+    """The partitioner's label plot (ground truth the server never sees), drawn by the CLI
+    in a thread while the run goes, so matplotlib's import and the drawing (0.6 s) add
+    nothing to the run's end; :meth:`place` puts it among the run's plots. One thread
+    draws every such plot in turn (matplotlib's state is not made for two at once)."""
+
+    _drawer: ThreadPoolExecutor | None = None
+
+    def __init__(self, cfg: RunConfig, label_counts: list[list[int]]) -> None:
+        self.cfg = cfg
+        self.label_counts = label_counts
+        self.folder = tempfile.TemporaryDirectory(prefix="fedpriv-labels-")
+        if GroundTruthPlot._drawer is None:
+            GroundTruthPlot._drawer = ThreadPoolExecutor(1, thread_name_prefix="label-plot")
+        self.future = GroundTruthPlot._drawer.submit(self._draw)
+
+    @property
+    def drawn(self) -> Path:
+        return Path(self.folder.name) / "label_distribution.png"
+
+    def _draw(self) -> None:
+        from tasks.results.plots import plot_label_distribution
+
+        cfg = self.cfg
+        plot_label_distribution(self.drawn, [{"partition-id": i, "label-counts": c}
+                                             for i, c in enumerate(self.label_counts)],
+                                f"label distribution · {cfg.data.dataset} · "
+                                f"{cfg.federation.num_clients} clients · "
+                                f"{settings_title(cfg)} · ground truth from the "
+                                "partitioner, not sent to the server")
+
+    def place(self, plot: Path) -> None:
+        """Move the drawn plot to ``plot`` (dated now: it is part of what the run adds);
+        the drawing's error, if it failed, is raised here."""
+        self.future.result()
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(self.drawn, plot)
+        os.utime(plot)
+
+    def close(self) -> None:
+        """Drop it: not drawn if it has not started, its folder removed."""
+        if not self.future.cancel():
+            with contextlib.suppress(Exception):
+                self.future.result()
+        self.folder.cleanup()
+
+
 def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
             cuda: bool = False, verbose: bool = False,
             echo: Callable[[str], None] = print,
@@ -131,6 +182,7 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     t0 = time.perf_counter()
     log = LogFilter(run_dir / "flwr.log", verbose, echo)
     status, error = "crashed", None
+    labels = GroundTruthPlot(cfg, label_counts) if label_counts else None
     try:
         link.submit(app, {**cfg.flat(), "run-dir": str(run_dir),
                           "run-id": run_identity(run_dir, cfg.results)},
@@ -144,7 +196,14 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
     finally:
         log.close()
         mark_unfinished(run_dir, status, error)
-    return after_run(cfg, run_dir, status, error, time.perf_counter() - t0, echo, label_counts)
+        if labels is not None and status != "finished":
+            labels.close()
+    try:
+        return after_run(cfg, run_dir, status, error, time.perf_counter() - t0, echo,
+                         labels)
+    finally:
+        if labels is not None:
+            labels.close()
 
 
 def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None,
@@ -185,10 +244,10 @@ def mark_unfinished(run_dir: Path, status: str, error: str | None) -> None:
 
 def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wall_s: float,
               echo: Callable[[str], None] = print,
-              label_counts: list[list[int]] | None = None) -> RunOutcome:
+              label_counts: list[list[int]] | GroundTruthPlot | None = None) -> RunOutcome:
     """What follows a finished run in the CLI: the ground-truth label plot when the clients
-    did not send their histograms, the release plot, and the leakage study's attacks
-    (all logged to the run's tracker, with ``tracking``)."""
+    did not send their histograms (``label_counts``, or already drawn), the release plot,
+    and the leakage study's attacks (all logged to the run's tracker, with ``tracking``)."""
     # imported where needed, not before the run: matplotlib and Flower would add a
     # second to the CLI's start (before its run's child starts) and half one to its end
     from server.tracking import after_run as track_after_run
@@ -196,13 +255,12 @@ def after_run(cfg: RunConfig, run_dir: Path, status: str, error: str | None, wal
     since = time.time()
     plot = run_dir / "plots" / "label_distribution.png"
     if label_counts and status == "finished" and not plot.exists():
-        from tasks.results.plots import plot_label_distribution
-
-        plot_label_distribution(plot, [{"partition-id": i, "label-counts": c}
-                                       for i, c in enumerate(label_counts)],
-                                f"label distribution · {cfg.data.dataset} · "
-                                f"{cfg.federation.num_clients} clients · {settings_title(cfg)} · "
-                                "ground truth from the partitioner, not sent to the server")
+        drawn = (label_counts if isinstance(label_counts, GroundTruthPlot)
+                 else GroundTruthPlot(cfg, label_counts))
+        try:
+            drawn.place(plot)
+        finally:
+            drawn.close()
     if status == "finished" and cfg.anonymization.enabled:
         from server.summary import embed_release_scatter
 

@@ -28,6 +28,7 @@ from ..runtime.choice import choose
 from ..runtime.inprocess_link import InProcessLink
 from ..runtime.procs import interruption
 from ..runtime.runner import (
+    GroundTruthPlot,
     LogFilter,
     RunOutcome,
     after_run,
@@ -143,6 +144,15 @@ class Runtimes:
         return self.links[name]
 
 
+def _likely_inprocess(c: Cell) -> bool:
+    """Whether the cell will likely run in-process (before its pre-flight check says
+    whether CUDA is there)."""
+    try:
+        return choose(c.config, cuda=False).name == "inprocess"
+    except ConfigError:
+        return False
+
+
 def _runtime(c: Cell, pre: Preflight) -> str | None:
     """The runtime that serves the cell, or None with the cell marked invalid."""
     try:
@@ -216,6 +226,8 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
     """Every cell inside one simulation (one per distinct client resources): the
     ServerApp runs them in turn on the largest cell's federation."""
     print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
+    if any(_likely_inprocess(c) for c in cells):  # it imports torch and the apps meanwhile
+        runtimes.link("inprocess").start()
     checks = preflight_many([c.config for c in cells])
     ready = {c.index: pre for c, raw in zip(cells, checks, strict=True)
              if (pre := _checked(c, raw)) is not None}
@@ -244,6 +256,8 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
               f"{host.config.federation.num_clients} clients...", flush=True)
         log = LogFilter(out / "flwr.log", verbose, print)
         t0 = time.perf_counter()
+        labels = {c.index: GroundTruthPlot(c.config, ready[c.index].label_counts)
+                  for c in group if ready[c.index].label_counts}  # drawn meanwhile
         try:
             link.submit(app, {**host.config.flat(), "run-dir": "",
                               "sweep-cells": str(plan)},
@@ -257,13 +271,18 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
         finally:
             log.close()
         wall = time.perf_counter() - t0
-        for c in group:
-            status, error = recorded_outcome(c.run_dir, out / "flwr.log", link.died())
-            mark_unfinished(c.run_dir, status, error)
-            res = after_run(c.config, c.run_dir, status, error,
-                            float(read_run_info(c.run_dir).get("wall-s", wall / len(group))),
-                            print, ready[c.index].label_counts)
-            _record(c, res)
+        try:
+            for c in group:
+                status, error = recorded_outcome(c.run_dir, out / "flwr.log", link.died())
+                mark_unfinished(c.run_dir, status, error)
+                res = after_run(c.config, c.run_dir, status, error,
+                                float(read_run_info(c.run_dir).get("wall-s",
+                                                                   wall / len(group))),
+                                print, labels.get(c.index))
+                _record(c, res)
+        finally:
+            for drawing in labels.values():
+                drawing.close()
         write_table(out, spec, cells)
 
 
