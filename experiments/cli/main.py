@@ -91,12 +91,13 @@ def _cmd_presets() -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from ..sweep.replot import replot
-    from ..sweep.run import run_sweep
-
     if args.replot:
+        from ..sweep.replot import replot
+
         replot(Path(args.file))
         return 0
+    from ..sweep.run import run_sweep
+
     return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose,
                      separate=args.separate, repeat=args.repeat).exit_code
 

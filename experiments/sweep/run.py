@@ -38,7 +38,6 @@ from ..runtime.runner import (
     recorded_outcome,
 )
 from ..runtime.superlink import LocalSuperLink
-from .plots import sweep_plots
 from .spec import Cell, SweepSpec, load_sweep
 from .table import REPORTED, print_table, write_table
 
@@ -91,6 +90,8 @@ def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
             else:
                 _run_together(runtimes, out, spec, cells, verbose)
     finally:
+        from .plots import sweep_plots  # matplotlib and scipy: not before the cells start
+
         write_table(out, spec, cells)
         sweep_plots(out / "plots", spec.name, cells)
     failed = sum(c.status != "finished" for c in cells)

@@ -11,9 +11,6 @@ from typing import Any
 from tasks.markdown import drop_empty_columns, markdown_table
 from tasks.results.ledger import headline_epsilon
 
-from ..leakage.malicious import write_malicious_table
-from ..leakage.sweep import sweep_rows, write_leakage_table
-from ..leakage.tables import write_attack_tables
 from .spec import Cell, SweepSpec
 from .stats import fmt_ci
 
@@ -107,6 +104,12 @@ def print_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
 
 
 def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    # the leakage tables need scipy: imported when a sweep has its first results, not
+    # before its cells start
+    from ..leakage.malicious import write_malicious_table
+    from ..leakage.sweep import sweep_rows, write_leakage_table
+    from ..leakage.tables import write_attack_tables
+
     head, rows = comparison(out, spec, cells)
     with open(out / "sweep.csv", "w", newline="") as f:
         csv.writer(f).writerows([head, *rows])
