@@ -264,3 +264,57 @@ train-together = [false, true]
         assert b["train-loss"] == pytest.approx(a["train-loss"], rel=1e-5)
     assert together_[-1]["test"]["accuracy"] == pytest.approx(alone[-1]["test"]["accuracy"],
                                                               abs=0.03)
+
+
+def _run_in_threads(tmp_path, name: str, workers: int, **keys) -> tuple[list[dict], int]:
+    """One real run of the ServerApp on the in-process grid with ``workers`` clients
+    answering at once; its ledger (without timings) and the most messages that were being
+    answered at once."""
+    import threading
+
+    from flwr.app import RecordDict
+
+    import clients.app as client_app
+    from server.app import run_one
+
+    from .inprocess import InProcessGrid as TestGrid
+
+    cfg = validate({"num-clients": 4, "num-server-rounds": 2, "save-model": False,
+                    "run-dir": str(tmp_path / name), **keys})
+    grid = TestGrid(cfg, simulated=True)
+    grid.workers = workers
+    grid.parallel = lambda msg: client_app.answers_in_parallel(msg, cfg.flat())
+    busy, most, lock = [0], [0], threading.Lock()
+    deliver = grid.deliver
+
+    def counted(msg):
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        try:
+            return deliver(msg)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    grid.deliver = counted
+    run_one(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                          run_config=cfg.flat()), cfg)
+    timeless = [{**{k: v for k, v in r.items() if k != "time"},
+                 "clients": [{k: v for k, v in c.items() if not k.endswith("-s")}
+                             for c in r["clients"]]}
+                for r in ledger_json(tmp_path / name)]
+    return timeless, most[0]
+
+
+def test_clients_answering_in_threads_give_the_same_bits(tmp_path, _task_identity):  # noqa: F811
+    """A plain round's clients train in threads (as many at once as the cores allow, as
+    on Ray) with the ledger of one after another, digit for digit: each has one torch
+    thread and its own generators. Local DP-SGD draws its noise from torch's global
+    generator, so it is never answered in threads."""
+    alone, one = _run_in_threads(tmp_path, "alone", 1)
+    threaded, most = _run_in_threads(tmp_path, "threads", 2)
+    assert one == 1 and most == 2  # the clients really did train at the same time
+    assert len(alone) == 2 and threaded == alone
+    _, most = _run_in_threads(tmp_path, "dp", 2, dp="local", **{"noise-multiplier": 1.0})
+    assert most == 1

@@ -265,9 +265,9 @@ class ResourcesConfig(Section):
     client_threads: int = key(1, "torch threads per client (more than client-cpus slows "
                               "training down).", lo=1)
     runtime: str = key("auto", "Where the simulated clients run. inprocess: the ServerApp "
-                       "and every ClientApp in one process, one client after another, "
-                       "messages copied as a runtime would (no SuperLink, no Ray: seconds "
-                       "to start). ray: Flower's simulation runtime (a Ray actor per "
+                       "and every ClientApp in one process, a plain round's clients in "
+                       "threads (C / client-cpus at once, as on Ray), messages copied as a "
+                       "runtime would (no SuperLink, no Ray: seconds to start). ray: Flower's simulation runtime (a Ray actor per "
                        "client-cpus, clients in parallel, GPU shares, ray-address "
                        "clusters). auto: inprocess unless the run needs Ray (ray-address, "
                        "or client-gpus below 1 on a CUDA machine). Both give the same "
