@@ -24,6 +24,7 @@ import torch
 
 from .cache import cache_path, save_atomic
 from .errors import ConfigError
+from .partition import LabelsKey
 from .registry import DATASETS
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -88,6 +89,12 @@ class DatasetBundle:
 
     def to_tensor(self, x: np.ndarray) -> torch.Tensor:
         return self.meta.to_tensor(x)
+
+    @functools.cached_property
+    def labels_key(self) -> LabelsKey:
+        """The training labels as a content-hashed key, digested once per bundle (every
+        client's split looks its partition up by it)."""
+        return LabelsKey(self.y_train)
 
     def summary(self) -> str:
         return (f"{self.name}: {len(self.y_train):,} train / {len(self.y_test):,} test, "

@@ -23,7 +23,7 @@ from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
 from .errors import ConfigError
 from .local_data import read_local_data
 from .models import build_model, resolve_model_name
-from .partition import LabelsKey, PartitionArgs, cached_partitions, label_histogram
+from .partition import PartitionArgs, cached_partitions, label_histogram
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:
 def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
     """Every client's training indices for this config (computed once per process)."""
     data = dataset_for(cfg)
-    return cached_partitions(LabelsKey(data.y_train), data.num_classes, num_partitions,
+    return cached_partitions(data.labels_key, data.num_classes, num_partitions,
                              PartitionArgs.of(cfg.data, cfg.training.seed))
 
 
