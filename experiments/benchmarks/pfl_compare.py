@@ -118,9 +118,10 @@ def _runs(python: Path, spec: dict, folder: Path, sets: list[str], rep: int,
 
 
 THREADS = os.cpu_count() or 1
-# fedpriv's defaults (one torch thread per client, so every runtime gives the same bits);
-# in-process with every core for the one client training, as pfl and the plain loop use
-# them (torch's default); and Flower's simulation runtime (a client per core)
+# fedpriv's defaults (one torch thread per client, so every runtime gives the same bits, a
+# client per core training at once); in-process with every core for one client at a time,
+# as pfl and the plain loop use them (torch's default); and Flower's simulation runtime
+# (a client per core)
 VARIANTS = {"inprocess": ["runtime=inprocess"],
             "inprocess-threads": ["runtime=inprocess", f"client-threads={THREADS}"],
             "ray": ["runtime=ray"]}
@@ -171,7 +172,7 @@ def main() -> None:
         return statistics.median(values)
 
     systems = [*VARIANTS, "pfl", "plain"]
-    best = "inprocess-threads"
+    best = "inprocess"  # the default
     rows = [("", *(NAMES[s] for s in systems), f"{NAMES[best]} / pfl")]
     rows_of = [("whole run (s)", "total-s", "{:.1f}"), ("steady round (s)", "steady", "{:.3f}"),
                ("steady round, training part (s)", "steady-train", "{:.3f}")]
