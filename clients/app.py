@@ -104,18 +104,17 @@ def in_simulation() -> bool:
 
 def answers_in_parallel(msg: Message, run_config: dict[str, Any]) -> bool:
     """Whether ``msg`` may be answered in a thread beside other clients' with the same
-    result as alone: a plain training round with its own batch generator and a model
-    without dropout draws from no process-wide generator. Local DP-SGD (Opacus' noise
-    comes from torch's global generator, seeded per client and round), anonymizers
-    (fitted on first use, some from the global generators), audit canaries and
-    train-together (its own meeting of threads) are answered one at a time; so is every
-    other action."""
+    result as alone: a plain training round draws from no process-wide generator (its
+    batches and, with local DP-SGD, its noise from generators of its own; models without
+    dropout). Anonymizers (fitted on first use, some from the global generators), audit
+    canaries and train-together (its own meeting of threads) are answered one at a time;
+    so is every other action (SecAgg+'s rounding draws from numpy's global generator)."""
     if msg.metadata.message_type != messages.FIT:
         return False
     config = {**flat_config(run_config),
               **dict(msg.content.config_records.get(messages.CELL_RECORD) or {})}
     cfg = validate({k: v for k, v in config.items() if k != "cell"})
-    return (cfg.privacy.dp != "local" and not cfg.anonymization.enabled
+    return (not cfg.anonymization.enabled
             and not cfg.resources.train_together
             and not (cfg.leakage.enabled and cfg.leakage.canaries))
 

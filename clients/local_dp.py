@@ -27,6 +27,7 @@ from privacy.dp.accounting import (
 )
 from privacy.dp.dpsgd import make_private, resolve_mode
 from tasks.config import RunConfig
+from tasks.seeding import derive_seed
 from tasks.splits import model_name
 from tasks.training import CanaryHook, TrainResult, make_loader, sgd, train_epochs
 
@@ -110,6 +111,9 @@ def release_digest(cfg: RunConfig, server_round: int, state: Mapping[str, torch.
     return h.hexdigest()
 
 
+NOISE_STREAM = 0x401  # DP-SGD's noise: a generator of the client's own, apart from batches
+
+
 def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.Tensor,
              y: torch.Tensor, num_clients: int, seed: int, device: torch.device,
              ids: torch.Tensor | None = None, canaries: CanaryHook | None = None,
@@ -135,7 +139,8 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),
                            noise_multiplier=ledger.noise_multiplier,
                            max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,
-                           seed=seed, accountant=ledger.accountant,
+                           seed=seed, noise_seed=derive_seed(seed, NOISE_STREAM),
+                           accountant=ledger.accountant,
                            secure=cfg.privacy.secure_rng)
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:

@@ -327,3 +327,27 @@ def test_the_pre_flight_check_states_the_local_dp_settings_a_run_will_use():
     # 1,333 or 1,334 records: 21 batches of q = 64/n an epoch, 2 planned rounds
     assert sigma == pytest.approx(calibrate_noise(2.0, 1 / (10 * 1333), 64 / 1333, 42),
                                   rel=0.02)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "bookkeeping"])
+def test_with_a_noise_seed_the_noise_owes_nothing_to_torchs_global_generator(mode):
+    """clients.local_dp gives DP-SGD's noise a generator of its own (noise_seed): the
+    update no longer depends on what else drew from torch's global generator, so clients
+    can train side by side in threads with the noise each would draw alone."""
+    def update(global_seed, noise_seed):
+        torch.manual_seed(0)
+        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        private = make_private(model, sgd(model, 1.0), make_loader(x, y, 8, 3),
+                               noise_multiplier=1.0, max_grad_norm=0.5,
+                               grad_sample_mode=mode, seed=3, noise_seed=noise_seed)
+        torch.manual_seed(global_seed)
+        train_epochs(private.model, private.loader, private.optimizer, 1,
+                     torch.device("cpu"), criterion=private.criterion)
+        end = private.module().state_dict()
+        return torch.cat([(end[k] - start[k]).flatten() for k in start])
+
+    assert torch.equal(update(1, 7), update(2, 7))  # the global generator plays no part
+    assert not torch.allclose(update(1, 7), update(1, 8))  # the noise seed does
+    assert not torch.equal(update(1, None), update(2, None))  # without it: Opacus' draws

@@ -310,11 +310,12 @@ def _run_in_threads(tmp_path, name: str, workers: int, **keys) -> tuple[list[dic
 def test_clients_answering_in_threads_give_the_same_bits(tmp_path, _task_identity):  # noqa: F811
     """A plain round's clients train in threads (as many at once as the cores allow, as
     on Ray) with the ledger of one after another, digit for digit: each has one torch
-    thread and its own generators. Local DP-SGD draws its noise from torch's global
-    generator, so it is never answered in threads."""
-    alone, one = _run_in_threads(tmp_path, "alone", 1)
-    threaded, most = _run_in_threads(tmp_path, "threads", 2)
-    assert one == 1 and most == 2  # the clients really did train at the same time
-    assert len(alone) == 2 and threaded == alone
-    _, most = _run_in_threads(tmp_path, "dp", 2, dp="local", **{"noise-multiplier": 1.0})
+    thread and generators of its own (batches; DP-SGD's noise). An anonymizer, fitted
+    on first use from the global generators, is answered one at a time."""
+    for name, keys in (("plain", {}), ("dp", {"dp": "local", "noise-multiplier": 1.0})):
+        alone, one = _run_in_threads(tmp_path, f"{name}-alone", 1, **keys)
+        threaded, most = _run_in_threads(tmp_path, f"{name}-threads", 2, **keys)
+        assert one == 1 and most == 2  # the clients really did train at the same time
+        assert len(alone) == 2 and threaded == alone, name
+    _, most = _run_in_threads(tmp_path, "gaussian", 2, anonymizer="gaussian")
     assert most == 1

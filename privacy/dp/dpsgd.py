@@ -136,7 +136,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, seed: int | None,
-                 accountant: str, secure: bool) -> PrivateTraining:
+                 accountant: str, secure: bool, noise: torch.Generator | None
+                 ) -> PrivateTraining:
     """DP-SGD with book-keeping clipping (:mod:`privacy.dp.bookkeeping`), assembled from
     the same Opacus parts ``PrivacyEngine.make_private`` uses — the Poisson data loader,
     ``DPOptimizer``'s noise and scaling, the accountant and its step hook — with the
@@ -159,7 +160,7 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         optimizer, bookkeeping=wrapped, noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm,
         expected_batch_size=int(len(dp_loader.dataset) * sample_rate),
-        loss_reduction="mean", generator=rng, secure_mode=secure)
+        loss_reduction="mean", generator=rng or noise, secure_mode=secure)
     acc = create_accountant(mechanism=accountant)
     dp_opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=sample_rate))
     return PrivateTraining(wrapped, dp_opt, dp_loader, nn.CrossEntropyLoss(),
@@ -180,14 +181,17 @@ def secure_generator() -> torch.Generator:
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "hooks",
                  seed: int | None = None, accountant: str = "rdp",
-                 secure: bool = False) -> PrivateTraining:
+                 secure: bool = False, noise_seed: int | None = None) -> PrivateTraining:
     """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling at rate B / n.
 
     ``grad_sample_mode`` is ``hooks``, ``ghost`` or ``bookkeeping`` (see
     :func:`resolve_mode` for auto).
 
-    ``seed`` makes the Poisson sampling reproducible (the noise is drawn from torch's
-    global generator, seeded by the caller). ``secure`` instead draws batches and noise
+    ``seed`` makes the Poisson sampling reproducible. The noise is drawn from a generator
+    of its own seeded with ``noise_seed`` (nothing then depends on torch's global
+    generator, so clients may train side by side in threads with the noise they would
+    draw alone), or without it from torch's global generator, seeded by the caller, as
+    Opacus draws it. ``secure`` instead draws batches and noise
     from :func:`secure_generator` and samples noise as Opacus' secure mode does (the sum
     of four Gaussians, robust to the floating-point attacks of Jin et al. 2022 and
     Haney et al. 2022; Holohan & Braghin 2021): about 4x the noise-sampling cost.
@@ -197,11 +201,12 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     from opacus import PrivacyEngine
 
     mode = resolve_mode(grad_sample_mode, "")
+    noise = None if secure or noise_seed is None else torch.Generator().manual_seed(noise_seed)
     if mode == "bookkeeping":
         check_mode(mode, model)
         return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
                             max_grad_norm=max_grad_norm, seed=seed, accountant=accountant,
-                            secure=secure)
+                            secure=secure, noise=noise)
     engine = PrivacyEngine(accountant=accountant)
     if secure:  # Opacus' secure mode without torchcsprng (see secure_generator)
         engine.secure_mode = True
@@ -213,7 +218,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
                                   noise_multiplier=noise_multiplier,
                                   max_grad_norm=max_grad_norm, poisson_sampling=True,
-                                  grad_sample_mode=mode,
+                                  grad_sample_mode=mode, noise_generator=noise,
                                   criterion=nn.CrossEntropyLoss())
     if mode == "ghost":
         dp_model, dp_opt, criterion, dp_loader = out
