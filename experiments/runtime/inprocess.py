@@ -8,14 +8,13 @@ message is delivered as Flower's simulation runtime delivers it: given an id, co
 (serialized and read back, so a client that changes what it received changes nothing
 else), answered by the ClientApp with its mods, the reply copied back; a ClientApp that
 raises gives an error reply (code 2, ``CLIENT_APP_RAISED_EXCEPTION``) and leaves the
-node's Context as it was, as Ray's backend does. A plain round's training messages are
-answered in threads, a client per ``client-cpus`` of the cores at once, as Ray's workers
-answer them, each client on its ``client-threads`` torch threads and its own generators
-(so the bits are the same); every other message (local DP-SGD, whose noise comes from
-torch's global generator, anonymizers, SecAgg+, HE, the CVAE phase) one at a time
-(:func:`clients.app.answers_in_parallel`). What is skipped is only transport: Ray actors,
-the SuperLink's message store and its polling (``runtime = "ray"`` keeps them, for
-process isolation, GPU shares and Ray clusters).
+node's Context as it was, as Ray's backend does. A plain or local-DP round's training
+messages are answered in threads, a client per ``client-cpus`` of the cores at once, as
+Ray's workers answer them, each client on its ``client-threads`` torch threads and its
+own generators (so the bits are the same); every other message (anonymizers, SecAgg+,
+HE, the CVAE phase) one at a time (:func:`clients.app.answers_in_parallel`). What is
+skipped is only transport: Ray actors, the SuperLink's message store and its polling
+(``runtime = "ray"`` keeps them, for process isolation, GPU shares and Ray clusters).
 
 :class:`experiments.runtime.inprocess_link.InProcessLink` runs this child for the CLI.
 """

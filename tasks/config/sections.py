@@ -267,11 +267,12 @@ class ResourcesConfig(Section):
     runtime: str = key("auto", "Where the simulated clients run. inprocess: the ServerApp "
                        "and every ClientApp in one process, a plain round's clients in "
                        "threads (C / client-cpus at once, as on Ray), messages copied as a "
-                       "runtime would (no SuperLink, no Ray: seconds to start). ray: Flower's simulation runtime (a Ray actor per "
-                       "client-cpus, clients in parallel, GPU shares, ray-address "
-                       "clusters). auto: inprocess unless the run needs Ray (ray-address, "
-                       "or client-gpus below 1 on a CUDA machine). Both give the same "
-                       "results for the same seed.", choices=RUNTIMES)
+                       "runtime would (no SuperLink, no Ray: seconds to start). ray: "
+                       "Flower's simulation runtime (a Ray actor per client-cpus, clients "
+                       "in parallel, GPU shares, ray-address clusters). auto: inprocess "
+                       "unless the run needs Ray (ray-address, or client-gpus below 1 on a "
+                       "CUDA machine). Both give the same results for the same seed.",
+                       choices=RUNTIMES)
     train_together: bool = key(False, "Train each round's clients together as one batched "
                                "program (torch.func vmap over the clients, "
                                "tasks.cohort_training), equal to training them one after "
