@@ -64,7 +64,8 @@ def _on_a_pty(code: str, env: dict[str, str] | None = None, timeout: float = 60)
 
 def test_a_bar_on_a_terminal_shows_steps_and_an_eta():
     out = _on_a_pty(BAR_SCRIPT)
-    assert "training the thing" in out and "2/4" in out
+    # a step part way (which ones a loaded machine's refreshes catch varies)
+    assert "training the thing" in out and re.search(r"\b[123]/4\b", out), out
     assert re.search(r"0:00:0\d eta 0:00:0\d", out), out  # elapsed and a computed ETA
     assert "after the bar" in out
 

@@ -160,7 +160,8 @@ class GroundTruthPlot:
         self.future.result()
         plot.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(self.drawn, plot)
-        os.utime(plot)
+        now = time.time()  # as given: the file system's own clock may lag time.time()
+        os.utime(plot, (now, now))
 
     def close(self) -> None:
         """Drop it: not drawn if it has not started, its folder removed."""
