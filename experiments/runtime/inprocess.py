@@ -218,7 +218,9 @@ def workers(run_config: Mapping[str, Any]) -> int:
     r = validate(dict(run_config)).resources
     if r.device == "cuda" or (r.device == "auto" and torch.cuda.is_available()):
         return 1
-    return max(1, len(os.sched_getaffinity(0)) // max(r.client_cpus, r.client_threads))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # Linux
+             else os.cpu_count() or 1)
+    return max(1, cores // max(r.client_cpus, r.client_threads))
 
 
 def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
