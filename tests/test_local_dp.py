@@ -351,3 +351,9 @@ def test_with_a_noise_seed_the_noise_owes_nothing_to_torchs_global_generator(mod
     assert torch.equal(update(1, 7), update(2, 7))  # the global generator plays no part
     assert not torch.allclose(update(1, 7), update(1, 8))  # the noise seed does
     assert not torch.equal(update(1, None), update(2, None))  # without it: Opacus' draws
+    # and it is the mechanism's noise: the difference of two noise seeds' updates is two
+    # independent draws of lr sigma C / (q n) sqrt(steps) per weight (as in
+    # test_noise_is_added_and_comes_from_torchs_generator), up to the small change of the
+    # gradients along the two noisy trajectories
+    expected = 1.0 * 1.0 * 0.5 / (0.125 * 64) * math.sqrt(8) * math.sqrt(2)
+    assert float((update(1, 7) - update(1, 8)).std()) == pytest.approx(expected, rel=0.05)
