@@ -14,6 +14,8 @@ from strategies.registry import STRATEGIES
 from tasks.config import ConfigError, Key, RunConfig, parse_assignment, validate, validate_partial
 from tasks.config.effect import describe_idle, idle_keys
 
+from .dp_defaults import dp_sgd_settings
+
 PRESETS = Path(__file__).resolve().parent / "presets"
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
 # Keys whose names are registered above the schema's layer: the schema accepts any name;
@@ -95,13 +97,16 @@ def resolve(preset: str | None, assignments: Iterable[str] = (),
         key, value = parse_assignment(text)
         given[key] = value
     given.update(overrides or {})
-    cfg = validate({**from_preset, **given})
+    tuned, note = dp_sgd_settings({**from_preset, **given})
+    cfg = validate({**from_preset, **tuned, **given})
     check_registered(cfg)
     refuse_idle(given, cfg)
     for name, why in idle_keys(from_preset, cfg).items():
         if name not in given:
             print(f"note: preset {preset!r} sets {name} = {from_preset[name]!r}, which has "
                   f"no effect with {why}")
+    if note:
+        print(note)
     return absolutize(cfg)
 
 

@@ -24,4 +24,5 @@ if [ ! -f "$stamp" ] && { [ -n "$EXTRA" ] || [ ! -f "$VENV/.fedpriv-$hash-dev" ]
   "$VENV/bin/python" -m pip install --quiet -e ".${EXTRA:+[$EXTRA]}"
   rm -f "$VENV"/.fedpriv-*
   touch "$stamp"
+  bash scripts/system-packages.sh --check  # optional data from Debian: says what to install
 fi
