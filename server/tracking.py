@@ -17,6 +17,8 @@ import abc
 import importlib.util
 import logging
 import math
+import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -93,6 +95,12 @@ class Backend(abc.ABC):
     def close(self, status: str) -> None:
         """End the run: FINISHED, FAILED or KILLED (MLflow's names)."""
 
+    @classmethod
+    @abc.abstractmethod
+    def store_problem(cls, cfg: RunConfig) -> str | None:
+        """What would keep this tracker from writing a run of ``cfg`` (one sentence), found
+        before the run starts without creating anything; None: nothing found."""
+
 
 class TensorBoardLog(Backend):
     """``<run-dir>/tensorboard``: scalars in double precision, the config as hparams and
@@ -130,6 +138,13 @@ class TensorBoardLog(Backend):
 
     def close(self, status: str) -> None:
         self.writer.close()
+
+    @classmethod
+    def store_problem(cls, cfg: RunConfig) -> str | None:
+        r = cfg.results
+        # a new run's folder is made in results-dir; a given one (or a resumed run) is named
+        where = Path(r.run_dir) / TENSORBOARD_DIR if r.run_dir else Path(r.results_dir)
+        return folder_problem(where.expanduser(), "the event log's folder")
 
 
 class MlflowLog(Backend):
@@ -196,12 +211,68 @@ class MlflowLog(Backend):
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)
 
+    @classmethod
+    def store_problem(cls, cfg: RunConfig) -> str | None:
+        root = Path(cfg.results.results_dir or ".").expanduser()
+        db, artifacts = root / MLFLOW_DB, root / MLFLOW_ARTIFACTS
+        if db.is_dir():
+            return (f"its store {str(db)!r} is a folder, where MLflow keeps a SQLite file "
+                    "(MLflow would retry opening it for minutes)")
+        # SQLite writes a journal beside the file: its folder must be writable too
+        return (folder_problem(root, "the folder of its store")
+                or (sqlite_problem(db) if db.exists() else None)
+                or folder_problem(artifacts, "its artifacts folder"))
+
 
 BACKENDS: dict[str, type[Backend]] = {
     "tensorboard": TensorBoardLog,
     "mlflow": MlflowLog,
 }
 """The trackers by the ``tracking`` value that selects them ("none": no tracker)."""
+
+
+LOCK_WAIT_S = 2.0  # how long the store may stay locked by another writer in the check
+
+
+def folder_problem(folder: Path, what: str) -> str | None:
+    """Why no file could be written in ``folder`` (made if missing), or None: it is a
+    file, or its nearest existing folder is not writable. Nothing is created."""
+    if folder.exists() and not folder.is_dir():
+        return f"{what} {str(folder)!r} is a file, not a folder"
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{what} {str(folder)!r} cannot be made: {str(existing)!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{what} {str(folder)!r} cannot be written: {str(existing)!r} is read-only"
+    return None
+
+
+def sqlite_problem(db: Path) -> str | None:
+    """Why an existing file cannot serve as MLflow's SQLite store (not a database, read-only,
+    or held locked by another process for over :data:`LOCK_WAIT_S` s), or None. Opens it
+    only to take and release the write lock."""
+    if not os.access(db, os.W_OK):  # SQLite would open it read-only without a word
+        return f"its store {str(db)!r} is read-only"
+    try:
+        con = sqlite3.connect(db.resolve().as_uri() + "?mode=rw", uri=True,
+                              timeout=LOCK_WAIT_S, isolation_level=None)
+    except sqlite3.Error as exc:
+        return f"its store {str(db)!r} cannot be opened for writing ({exc})"
+    try:
+        con.execute("PRAGMA schema_version")  # reads the header: "file is not a database"
+        con.execute("BEGIN IMMEDIATE")  # the write lock MLflow's every write needs
+        con.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        text = str(exc)
+        why = (f"another process holds it locked (still after {LOCK_WAIT_S:g} s: {text}), "
+               "so MLflow would retry for minutes" if "locked" in text or "busy" in text
+               else f"it is not a writable SQLite database ({text})")
+        return f"its store {str(db)!r} cannot be written: {why}"
+    finally:
+        con.close()
+    return None
 
 
 def tracking_uri(results_dir: str | Path) -> str:
@@ -211,7 +282,9 @@ def tracking_uri(results_dir: str | Path) -> str:
 
 def require(cfg: RunConfig) -> None:
     """ConfigError (one paragraph) when ``tracking`` names a tracker whose library is not
-    installed; the CLI, the Python API and the ServerApp ask before any work."""
+    installed, or whose store cannot be written (:meth:`Backend.store_problem`: a folder
+    where a file belongs, read-only, locked by another process); the CLI, the Python API
+    and the ServerApp ask before any work."""
     name = cfg.results.tracking
     backend = BACKENDS.get(name)
     if backend is None:
@@ -225,6 +298,12 @@ def require(cfg: RunConfig) -> None:
             "tensorboard and mlflow-skinny), or run with "
             f"tracking = 'none' (allowed: none | {' | '.join(BACKENDS)}); the ledger "
             "(metrics.jsonl) and the plots are written either way.")
+    problem = backend.store_problem(cfg)
+    if problem is not None:
+        raise ConfigError(
+            f"tracking = {name!r}: {problem}. Nothing was started. Free or fix it, choose "
+            "another results-dir (each has its own store), or run with tracking = 'none' "
+            "(metrics.jsonl and the plots are written either way).")
 
 
 class Tracking:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
-from .registry import MODELS
+from .registry import MODELS, auto_model
 
 
 def _pair(v: int | tuple[int, ...]) -> list[int]:
@@ -191,11 +191,7 @@ def resnet18_trunk(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
     """Turn 'auto' into a concrete model for the input shape."""
-    if name != "auto":
-        return name
-    if len(input_shape) == 1:
-        return "mlp"
-    return "resnet18" if input_shape[-1] >= 32 else "small-cnn"
+    return auto_model(input_shape) if name == "auto" else name
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,

@@ -9,22 +9,52 @@ run config's ``plugins`` key names (docs/EXTENDING.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from privacy.registry import Registry
 
 from .errors import ConfigError
 
-__all__ = ["BACKBONES", "DATASETS", "MODELS", "PARTITIONERS", "Registry"]
+__all__ = ["BACKBONES", "DATASETS", "MODELS", "PARTITIONERS", "DatasetInfo", "ModelInfo",
+           "Registry", "auto_model"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the run-config checks may know of a dataset without reading it (or importing
+    torch): its input shape without the batch dimension (None: known only once loaded)."""
+
+    input_shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the run-config checks may know of a model without building it: whether its
+    factory reads ``hidden`` (the ``mlp-hidden`` widths). A plugin's factory is given them
+    and may, so True unless it says otherwise."""
+
+    reads_hidden: bool = True
+
+
+def auto_model(input_shape: tuple[int, ...]) -> str:
+    """The model ``model = 'auto'`` means for inputs of ``input_shape``: mlp for vectors
+    (tabular rows, embeddings), resnet18 for 32x32 images or larger, else small-cnn."""
+    if len(input_shape) == 1:
+        return "mlp"
+    return "resnet18" if input_shape[-1] >= 32 else "small-cnn"
+
 
 DATASETS: Registry = Registry(
-    "dataset", where="tasks.registry.DATASETS", error=ConfigError,
+    "dataset", where="tasks.registry.DATASETS", error=ConfigError, info=DatasetInfo,
     signature="a tasks.datasets.Dataset: its DatasetMeta (kind, input shape, classes, "
               "normalization) and read(data_dir: Path | None, download: bool) -> DatasetBundle")
 """Datasets by name: each a :class:`tasks.datasets.Dataset` (metadata plus a reader)."""
-DATASETS.register("mnist", "tasks.datasets:MNIST")
-DATASETS.register("fashion-mnist", "tasks.datasets:FASHION_MNIST")
-DATASETS.register("cifar10", "tasks.datasets:CIFAR10")
-DATASETS.register("cifar100", "tasks.datasets:CIFAR100")
-DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER")
+# (the shapes are their DatasetMeta's: tests/test_fuzz_keys.py checks)
+DATASETS.register("mnist", "tasks.datasets:MNIST", input_shape=(1, 28, 28))
+DATASETS.register("fashion-mnist", "tasks.datasets:FASHION_MNIST", input_shape=(1, 28, 28))
+DATASETS.register("cifar10", "tasks.datasets:CIFAR10", input_shape=(3, 32, 32))
+DATASETS.register("cifar100", "tasks.datasets:CIFAR100", input_shape=(3, 32, 32))
+DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER", input_shape=(30,))
 
 PARTITIONERS: Registry = Registry(
     "partitioner", where="tasks.registry.PARTITIONERS", error=ConfigError,
@@ -37,16 +67,16 @@ PARTITIONERS.register("shard", "tasks.partition:shard")
 PARTITIONERS.register("pathological", "tasks.partition:pathological")
 
 MODELS: Registry = Registry(
-    "model", where="tasks.registry.MODELS", error=ConfigError,
+    "model", where="tasks.registry.MODELS", error=ConfigError, info=ModelInfo,
     signature="model(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...]) "
               "-> torch.nn.Module (no BatchNorm, so that DP-SGD can train it)")
 """Models by name: ``(input shape without batch dim, classes, mlp-hidden widths) ->
 nn.Module``; DP-SGD (Opacus) needs layers it can compute per-sample gradients for."""
-MODELS.register("cnn", "tasks.models:mcmahan_cnn")
-MODELS.register("small-cnn", "tasks.models:small_cnn")
-MODELS.register("resnet18", "tasks.models:resnet18")
+MODELS.register("cnn", "tasks.models:mcmahan_cnn", reads_hidden=False)
+MODELS.register("small-cnn", "tasks.models:small_cnn", reads_hidden=False)
+MODELS.register("resnet18", "tasks.models:resnet18", reads_hidden=False)
 MODELS.register("mlp", "tasks.models:mlp")
-MODELS.register("linear", "tasks.models:linear")
+MODELS.register("linear", "tasks.models:linear", reads_hidden=False)
 
 BACKBONES: Registry = Registry(
     "backbone", where="tasks.registry.BACKBONES", error=ConfigError,

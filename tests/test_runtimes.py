@@ -105,7 +105,7 @@ def test_a_ray_cluster_with_the_inprocess_runtime_is_refused_by_the_config():
 ])
 def test_auto_picks_inprocess_unless_the_run_needs_ray(values, cuda, expected):
     assert choose(validate(values), cuda=cuda).name == expected
-    if values.get("runtime") != "inprocess":
+    if not {"runtime", "ray-address"} & set(values):  # those refuse --supernodes
         assert choose(validate(values), cuda=cuda, supernodes=True).name == "deployment"
 
 

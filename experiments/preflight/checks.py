@@ -7,11 +7,15 @@ answer as JSON on the last line of stdout), so the CLI process never imports tor
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,14 +27,18 @@ from clients.anonymized import released_data
 from clients.local_dp import LocalDPError, new_ledger
 from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
+from privacy.anonymize.registry import ANONYMIZERS
 from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
 from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
+from privacy.registry import Registry
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
+from tasks.config.plugins import registered_by
 from tasks.models import count_parameters
 from tasks.progress import track
+from tasks.registry import DATASETS, MODELS, PARTITIONERS
 from tasks.seeding import derive_seed
 from tasks.splits import (
     client_split,
@@ -66,6 +74,59 @@ def writable(folder: Path, key: str) -> None:
                           "that has free space).") from None
 
 
+RAY_PROBE_S = 5.0  # how long a Ray head may take to accept a TCP connection
+
+
+@functools.lru_cache(maxsize=16)  # a sweep's cells share one address: probed once
+def ray_head_answers(address: str) -> None:
+    """ConfigError unless something accepts a TCP connection at ``address`` (a Ray head's
+    HOST:PORT; empty: a private Ray, nothing to check) within :data:`RAY_PROBE_S` s:
+    Flower's simulation would otherwise wait for that head forever."""
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S):
+            pass
+    except (OSError, ValueError) as exc:
+        why = ("no answer within " f"{RAY_PROBE_S:g} s" if isinstance(exc, TimeoutError)
+               else exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+        raise ConfigError(
+            f"ray-address = {address!r}: nothing answers there ({why}), so Flower's "
+            "simulation would wait for that Ray head forever. Start the cluster's head "
+            f"there (`ray start --head --port {port}` on {host}), check the address and that "
+            "this machine can reach that port, or leave ray-address empty to run on a "
+            "private Ray on this machine.") from None
+
+
+CELL_KEYS = {"index": int, "label": str, "config": dict}  # what the ServerApp reads of a cell
+
+
+def sweep_cells(path: str) -> None:
+    """ConfigError unless ``path`` (run-config key sweep-cells; empty: one run) is a cells
+    file as `fedpriv sweep` writes it, which the ServerApp reads only once it has started."""
+    if not path:
+        return
+    fix = ("sweep-cells is written by `fedpriv sweep` (the cells it runs in one "
+           "simulation): leave it empty to run one configuration, or run a sweep with "
+           "`fedpriv sweep FILE`.")
+    try:
+        data = json.loads(Path(path).expanduser().read_text())
+    except OSError as exc:
+        raise ConfigError(f"sweep-cells = {path!r} cannot be read ({exc.strerror or exc}). "
+                          f"{fix}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"sweep-cells = {path!r} is not JSON ({exc}). {fix}") from None
+    cells = data.get("cells") if isinstance(data, dict) else None
+    bad = not isinstance(cells, list) or not cells or any(
+        not isinstance(c, dict) or any(not isinstance(c.get(k), t) for k, t in CELL_KEYS.items())
+        for c in cells)
+    if bad:
+        raise ConfigError(f"sweep-cells = {path!r} is not a sweep's cells file: it must hold "
+                          "{\"cells\": [...]}, each cell with an index, a label and its "
+                          f"config. {fix}")
+
+
 def preflight(cfg: RunConfig) -> Preflight:
     """Load the dataset, build the model and partition the data exactly as the run will.
 
@@ -75,6 +136,8 @@ def preflight(cfg: RunConfig) -> Preflight:
     """
     check_registered(cfg)
     writable(Path(cfg.results.results_dir), "results-dir")
+    ray_head_answers(cfg.resources.ray_address)
+    sweep_cells(cfg.results.sweep_cells)
     resolve_device(cfg.resources.device)
     cores = os.cpu_count() or 1
     if cfg.resources.client_cpus > cores and not cfg.resources.ray_address:
@@ -82,10 +145,12 @@ def preflight(cfg: RunConfig) -> Preflight:
             f"client-cpus = {cfg.resources.client_cpus} but this machine has {cores} CPU "
             f"cores: Ray could never place a client, and the run would stall. Use "
             f"client-cpus <= {cores}.")
-    data = dataset_for(cfg)
+    with plugin_code(DATASETS, cfg.data.dataset, "dataset"):
+        data = dataset_for(cfg)
     _mlp_fits(cfg)
-    model, name = model_for(cfg)
-    parts = partitions_for(cfg, cfg.federation.num_clients)
+    model, name = _model(cfg)
+    with plugin_code(PARTITIONERS, cfg.data.partitioner, "partitioner"):
+        parts = partitions_for(cfg, cfg.federation.num_clients)
     sizes = [len(p) for p in parts]
     lk = cfg.leakage
     observed = ((lk.clients(len(parts)) or range(len(parts))) if lk.enabled else [])
@@ -116,6 +181,45 @@ def preflight(cfg: RunConfig) -> Preflight:
         _anonymizer_check(cfg, splits)
     return Preflight(data.summary(), name, count_parameters(model), sizes,
                      torch.cuda.is_available(), _privacy_check(cfg, model, name, sizes), labels)
+
+
+@contextlib.contextmanager
+def plugin_code(registry: Registry, name: str, key: str) -> Iterator[None]:
+    """An exception from what a plugin registered as ``name`` (its model factory, its
+    dataset's reader...) as a ConfigError naming the plugin; fedpriv's own code raising is
+    a bug, and keeps its traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        plugin = registered_by(registry, name)
+        if plugin is None:
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        raise ConfigError(
+            f"{key} = {name!r}, which the plugin {plugin!r} registers, failed in the "
+            f"pre-flight check: it raised {type(exc).__name__}{': ' + first if first else ''}."
+            f" A {registry.kind} in {registry.where} must be {registry.signature}. Fix it "
+            f"in {plugin}, or choose another {key}.") from None
+
+
+def _model(cfg: RunConfig) -> tuple[torch.nn.Module, str]:
+    """The run's model, built as the clients will (a plugin's factory that raises or
+    returns something other than a torch module is refused, naming the plugin)."""
+    name = model_name(cfg)
+    with plugin_code(MODELS, name, "model"):
+        model, name = model_for(cfg)
+    if not isinstance(model, torch.nn.Module):
+        plugin = registered_by(MODELS, name) or MODELS.module(name)
+        got = repr(model)
+        got = got if len(got) <= 60 else got[:57] + "..."
+        raise ConfigError(
+            f"model = {name!r}, which the plugin {plugin!r} registers, returned "
+            f"{type(model).__name__} {got} instead of a torch.nn.Module. A model in "
+            f"{MODELS.where} must be {MODELS.signature}. Fix its factory in {plugin}, or "
+            "choose another model.")
+    return model, name
 
 
 def _canaries_fit(cfg: RunConfig, model: torch.nn.Module) -> None:
@@ -170,7 +274,8 @@ def _anonymizer_check(cfg: RunConfig, splits: list) -> None:
         return
     for pid, split in enumerate(track(splits, f"pre-flight: {a.anonymizer} on each client")):
         try:
-            released_data(a, split, derive_seed(cfg.training.seed, pid))
+            with plugin_code(ANONYMIZERS, a.anonymizer, "anonymizer"):
+                released_data(a, split, derive_seed(cfg.training.seed, pid))
         except AnonymizationError as exc:
             raise ConfigError(f"anonymizer = {a.anonymizer!r}, client {pid} "
                               f"({len(split)} records): {exc}") from None

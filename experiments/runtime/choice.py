@@ -10,6 +10,7 @@ sharing a GPU (``client-gpus`` below 1 on a CUDA machine, so several train at on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tasks.config import ConfigError, RunConfig
@@ -23,16 +24,42 @@ class Runtime:
     why: str
 
 
+# What a run on real SuperNodes (`fedpriv run --supernodes`: Flower's deployment runtime,
+# one process per node on this machine) cannot do: (applies, the one-paragraph refusal).
+NOT_ON_SUPERNODES: tuple[tuple[Callable[[RunConfig], bool], Callable[[RunConfig], str]], ...] = (
+    (lambda cfg: cfg.resources.runtime == "inprocess",
+     lambda cfg: "runtime = 'inprocess' with --supernodes: real SuperNodes run Flower's "
+                 "deployment runtime, one process per node. Drop --supernodes to run "
+                 "in-process, or set runtime = 'auto' to run on SuperNodes."),
+    (lambda cfg: cfg.resources.runtime == "ray",
+     lambda cfg: "runtime = 'ray' with --supernodes: real SuperNodes run Flower's "
+                 "deployment runtime, one process per node, not the simulation runtime "
+                 "(Ray). Drop --supernodes to run on Ray, or set runtime = 'auto' to run "
+                 "on SuperNodes."),
+    (lambda cfg: bool(cfg.resources.ray_address),
+     lambda cfg: f"ray-address = {cfg.resources.ray_address!r} with --supernodes: the "
+                 "SuperNodes run on this machine, not on the Ray cluster, which would not "
+                 "be used. Drop --supernodes to run on the cluster, or leave ray-address "
+                 "empty to run on SuperNodes."),
+    (lambda cfg: cfg.resources.train_together,
+     lambda cfg: "train-together = true with --supernodes: a round's clients can be "
+                 "trained as one batched program only in the in-process runtime, and each "
+                 "SuperNode trains its own client in its own process. Set train-together = "
+                 "false to run on SuperNodes, or drop --supernodes to train them together "
+                 "in-process."),
+)
+
+
 def choose(cfg: RunConfig, *, cuda: bool, supernodes: bool = False) -> Runtime:
     """The runtime for ``cfg`` on this machine, or a ConfigError naming what to choose."""
     r = cfg.resources
     shares = cuda and r.device != "cpu" and r.client_gpus < 1
     if supernodes:
-        if r.runtime == "inprocess":
-            raise ConfigError(
-                "runtime = 'inprocess' with --supernodes: real SuperNodes run Flower's "
-                "deployment runtime, one process per node. Drop --supernodes to run "
-                "in-process, or set runtime = 'auto' to run on SuperNodes.")
+        refused = [why(cfg) for applies, why in NOT_ON_SUPERNODES if applies(cfg)]
+        if len(refused) == 1:
+            raise ConfigError(refused[0])
+        if refused:
+            raise ConfigError("Invalid run config:\n  - " + "\n  - ".join(refused))
         return Runtime("deployment", "--supernodes: real SuperNodes on loopback")
     if r.runtime == "inprocess" and shares:
         raise ConfigError(

@@ -122,7 +122,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(
             f"--set {text!r} is not of the form key=value (e.g. --set num-clients=20).")
-    name, raw = (s.strip() for s in text.split("=", 1))
+    name, raw = text.split("=", 1)
+    # spaces around either side go; a newline or tab stays, and is refused as what it is
+    name, raw = name.strip(), raw.strip(" ")
     if not name:
         raise ConfigError(f"--set {text!r} has no key before '='; the form is key=value "
                           "(e.g. --set num-clients=20).")

@@ -16,6 +16,8 @@ from privacy.dp.accounting import clients_per_round
 from .sections import AnonymizationConfig, RunConfig, parse_hidden, parse_sigmas
 from .study import LeakageConfig
 
+TRAP_READER = "imprint"  # the attack server.tamper builds its trap weights for
+
 
 def cross_checks(cfg: RunConfig) -> list[str]:
     errors = []
@@ -214,7 +216,8 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
         if per_client:
             errors.append(f"attacks {per_client} need one client's update and how many "
                           f"examples made it; on the aggregate only {', '.join(whole)} "
-                          "runs. Remove them or observe clients.")
+                          "runs (leakage-clients = 'aggregate'). Remove them from attacks, "
+                          "or observe clients (e.g. leakage-clients = '0').")
     errors += _reference_data(lk, chosen)
     errors += _malicious(cfg)
     audits = attacks_scored_as("audit")
@@ -259,6 +262,13 @@ def _malicious(cfg: RunConfig) -> list[str]:
         errors.append(f"server = 'malicious' with strategy = {cfg.federation.strategy!r}: the "
                       "discarded tampered round would still move its server-side state; use "
                       "strategy = 'fedavg'.")
+    if TRAP_READER not in lk.attack_list():
+        errors.append(f"server = 'malicious' sends trap weights in the observed rounds and "
+                      f"throws their result away, but attacks = {lk.attacks!r} does not name "
+                      f"{TRAP_READER!r}, the attack that reads the records out of the trap: "
+                      "the rounds would be spent and nothing recovered. Add it (e.g. attacks "
+                      f"= '{TRAP_READER}'), or set server = 'honest' for the honest-but-curious "
+                      "attacks.")
     return errors
 
 

@@ -2,35 +2,107 @@
 user should hear about (``target-epsilon = 5`` with ``dp = 'none'`` trains without DP).
 
 Each rule says when a key has no effect: while another key holds one of some values
-(:class:`Unless`), or while the chosen anonymizer does not read it (its params dataclass,
-:data:`privacy.anonymize.registry.ANONYMIZERS`). Values a plugin registers are never
-ruled out: a plugin's strategy may read ``proximal-mu``.
+(:class:`Unless`), while another key is empty (:class:`Unset`: the leakage study's
+settings without ``leakage-rounds``), while the model the run builds does not read it
+(:class:`ModelIgnores`: ``mlp-hidden`` with a CNN), or while the chosen anonymizer does
+not read it (its params dataclass, :data:`privacy.anonymize.registry.ANONYMIZERS`).
+Values a plugin registers are never ruled out: a plugin's strategy may read
+``proximal-mu``, a plugin's model ``mlp-hidden``.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from privacy.anonymize.registry import ANONYMIZERS
 
-from .keys import Scalar
+from ..registry import DATASETS, MODELS, auto_model
+from .keys import Key, Scalar
 from .sections import SECTIONS, RunConfig
+from .study import LeakageConfig
+
+
+class Rule(abc.ABC):
+    """When a key has no effect, and what to set instead."""
+
+    on: str  # the key whose value decides
+
+    @abc.abstractmethod
+    def idle(self, flat: Mapping[str, Scalar]) -> str | None:
+        """Why the key does nothing in ``flat`` (None: it may act)."""
+
+    @abc.abstractmethod
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        """How to make it act (after "remove it, or ...")."""
 
 
 @dataclass(frozen=True)
-class Unless:
+class Unless(Rule):
     """The key has no effect while ``on`` is one of ``values``."""
 
     on: str
     values: tuple[str, ...]
 
     def idle(self, flat: Mapping[str, Scalar]) -> str | None:
-        """Why the key does nothing in ``flat`` (None: it may act)."""
         value = flat[self.on]
         return f"{self.on} = {value!r}" if value in self.values else None
+
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        active = [c for c in keys[self.on].choices or () if c not in self.values]
+        return (f"set {self.on} = {active[0]!r}" if len(active) == 1 else
+                f"set {self.on} to one of {', '.join(active)}" if active else
+                f"choose the {self.on} that reads it")
+
+
+@dataclass(frozen=True)
+class Unset(Rule):
+    """The key has no effect while ``on`` is empty (``what`` says what that means)."""
+
+    on: str
+    what: str
+    example: str
+
+    def idle(self, flat: Mapping[str, Scalar]) -> str | None:
+        return f"{self.on} = '' ({self.what})" if not str(flat[self.on]).strip() else None
+
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        return f"set {self.on} (e.g. {self.on} = {self.example!r})"
+
+
+@dataclass(frozen=True)
+class ModelIgnores(Rule):
+    """The key has no effect while the model the run builds (``model``, with 'auto'
+    resolved as the run resolves it) is registered as not reading ``hidden``."""
+
+    on: str = "model"
+
+    @staticmethod
+    def built(flat: Mapping[str, Scalar]) -> str | None:
+        """The model the run builds, or None where it is known only once the data is."""
+        model = str(flat["model"])
+        if model != "auto":
+            return model
+        if flat["features"] == "embeddings":
+            return auto_model((int(flat["embedding-dim"]),))
+        dataset = str(flat["dataset"])
+        shape = DATASETS.info(dataset).input_shape if dataset in DATASETS else None
+        return auto_model(shape) if shape is not None else None
+
+    def idle(self, flat: Mapping[str, Scalar]) -> str | None:
+        built = self.built(flat)
+        if built is None or built not in MODELS or MODELS.info(built).reads_hidden:
+            return None
+        return (f"model = {built!r}" if built == flat["model"] else
+                f"model = 'auto' ({built} for {flat['dataset']})")
+
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        readers = [n for n, info in MODELS.items() if info.reads_hidden]
+        return (f"set model = {readers[0]!r}" if len(readers) == 1 else
+                f"set model to one of {', '.join(readers)}")
 
 
 _LOCAL_ONLY = Unless("dp", ("none", "central"))
@@ -39,7 +111,17 @@ _SECAGG_ONLY = Unless("secure-aggregation", ("off", "he"))
 # Flower's strategies fedpriv registers, by what they read (a plugin's are never ruled out)
 _PLAIN = ("fedavg", "fedmedian")
 
-RULES: dict[str, Unless] = {
+# The leakage study's keys act only in observed rounds, except those that act in every
+# round or that a cross-check explains better (tasks.config.checks): server, canaries;
+# reference-fraction (the server's data is held back from every client either way);
+# prune-update (a defence every client applies).
+_OBSERVED = Unset("leakage-rounds", "no round is observed, so no attack runs", "1")
+_ALWAYS = ("leakage-rounds", "server", "canaries", "reference-fraction", "prune-update")
+
+RULES: dict[str, Rule] = {
+    **{k.name: _OBSERVED for k in LeakageConfig.keys() if k.name not in _ALWAYS},
+    "server-trap": Unless("server", ("honest",)),
+    "mlp-hidden": ModelIgnores(),
     "target-epsilon": _LOCAL_ONLY,
     "max-grad-norm": _LOCAL_ONLY,
     "dp-train-data": _LOCAL_ONLY,
@@ -84,18 +166,17 @@ def _anonymizer_keys(name: str) -> set[str]:
     return {f.name.replace("_", "-") for f in dataclasses.fields(params)} if params else set()
 
 
-def idle_keys(given: Mapping[str, Any], cfg: RunConfig) -> dict[str, str]:
-    """Of the keys in ``given`` set to other than their default, those ``cfg`` ignores:
-    key -> why (e.g. ``"dp = 'none'"``)."""
+def unread_keys(keys: Iterable[str], cfg: RunConfig) -> dict[str, str]:
+    """Of ``keys``, those ``cfg``'s mode never reads, whatever their value: key -> why (e.g.
+    ``"dp = 'none'"``). Frames and tables show such a key empty, not at its default."""
     flat = cfg.flat()
-    defaults = {k.name: k.default for _, section in SECTIONS for k in section.keys()}
     chosen = str(flat["anonymizer"])
     # an anonymizer's parameters, when the chosen one is registered and reads others
     foreign = (set().union(*(_anonymizer_keys(n) for n in ANONYMIZERS.names))
                - _anonymizer_keys(chosen)) if chosen in ANONYMIZERS else set()
     out: dict[str, str] = {}
-    for name in given:
-        if name not in flat or flat[name] == defaults[name]:
+    for name in keys:
+        if name not in flat:
             continue
         rule = RULES.get(name)
         why = rule.idle(flat) if rule else None
@@ -106,18 +187,20 @@ def idle_keys(given: Mapping[str, Any], cfg: RunConfig) -> dict[str, str]:
     return out
 
 
+def idle_keys(given: Mapping[str, Any], cfg: RunConfig) -> dict[str, str]:
+    """Of the keys in ``given`` set to other than their default, those ``cfg`` ignores:
+    key -> why (e.g. ``"dp = 'none'"``)."""
+    flat = cfg.flat()
+    defaults = {k.name: k.default for _, section in SECTIONS for k in section.keys()}
+    return unread_keys((k for k in given if k in flat and flat[k] != defaults[k]), cfg)
+
+
 def describe_idle(idle: Mapping[str, str], given: Mapping[str, Any]) -> list[str]:
     """One sentence per idle key: what was set, why it does nothing, how to fix it."""
     keys = {k.name: k for _, section in SECTIONS for k in section.keys()}
     out = []
     for name, why in idle.items():
         rule = RULES.get(name)
-        on = rule.on if rule else "anonymizer"
-        choices = keys[on].choices
-        inactive = rule.values if rule else ()
-        active = [c for c in choices if c not in inactive] if choices and rule else []
-        fix = (f"set {on} = {active[0]!r}" if len(active) == 1 else
-               f"set {on} to one of {', '.join(active)}" if active else
-               f"choose the {on} that reads it")
+        fix = rule.fix(keys) if rule else "choose the anonymizer that reads it"
         out.append(f"{name} = {given[name]!r} has no effect with {why}: remove it, or {fix}.")
     return out

@@ -6,7 +6,8 @@ one of those processes parses the run config with :func:`tasks.config.validate`,
 imports the modules ``plugins`` names before it checks any registry-named key, so they
 all see the same registrations. :func:`plugin_roots` tells the CLI which folders to put
 on the Flower processes' ``PYTHONPATH`` so that a plugin found from the current folder is
-found there too.
+found there too, and :func:`registered_by` which plugin registered a name (so that the
+pre-flight check can name it when what it registered fails).
 """
 
 from __future__ import annotations
@@ -15,9 +16,31 @@ import importlib
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from privacy.registry import Registry
 
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ROOTS: dict[str, str] = {}  # plugin module -> the sys.path folder it was imported from
+_ADDED: dict[tuple[str, str], str] = {}  # (registry kind, name) -> the plugin that added it
+
+
+def _registries() -> list[Registry]:
+    """The registries below the schema whose entries the pre-flight check calls (the
+    strategies' registry lies above this layer: only the ServerApp builds strategies)."""
+    from privacy.anonymize.registry import ANONYMIZERS
+    from privacy.attacks.registry import ATTACKS
+
+    from ..registry import BACKBONES, DATASETS, MODELS, PARTITIONERS
+
+    return [DATASETS, PARTITIONERS, MODELS, BACKBONES, ANONYMIZERS, ATTACKS]
+
+
+def registered_by(registry: Registry, name: str) -> str | None:
+    """The plugin module whose import registered ``name`` in ``registry`` (None: fedpriv's
+    own, or registered otherwise), so that an error in it can name the plugin."""
+    return _ADDED.get((registry.kind, name))
 
 
 def plugin_names(text: str) -> list[str]:
@@ -37,8 +60,16 @@ def load_plugins(text: str) -> list[str]:
                           f"Python imports it (e.g. {hint!r} for the file {name}), "
                           "comma-separated.")
             continue
+        before = {r.kind: set(r.names) for r in _registries()}
         try:
             module = importlib.import_module(name)
+        except SystemExit as exc:  # sys.exit() in the module: fedpriv would end silently
+            errors.append(f"plugins: importing {name!r} called sys.exit({exc.code!r}), which "
+                          "would end every fedpriv process that imports it (the CLI, the "
+                          "ServerApp, each ClientApp) without a word. Remove the exit from "
+                          "the module's top level (run scripts under `if __name__ == "
+                          "'__main__':`), or remove it from plugins.")
+            continue
         except Exception as exc:  # anything the user's module raises while it imports
             first = (str(exc).splitlines() or [""])[0]
             why = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -57,6 +88,9 @@ def load_plugins(text: str) -> list[str]:
                               "plugins.")
             continue
         _ROOTS.setdefault(name, _root(name, module))
+        for registry in _registries():
+            for added in set(registry.names) - before[registry.kind]:
+                _ADDED[(registry.kind, added)] = name
     return errors
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, fields
 from typing import Any
@@ -226,7 +227,8 @@ class TrainingConfig(Section):
                      "small-cnn for 28x28 images, resnet18 for CIFAR, mlp for tabular data "
                      "and embeddings.", choices=("auto",), registry=MODELS)
     mlp_hidden: str = key("200,200", "Hidden layer widths of the mlp (McMahan's 2NN is "
-                          "200,200).", allowed="comma-separated positive integers")
+                          "200,200); the other built-in models have none, and refuse it.",
+                          allowed="comma-separated positive integers")
     local_epochs: int = key(1, "Local epochs per round.", lo=1)
     batch_size: int = key(32, "Local mini-batch size.", lo=1)
     lr: float = key(0.05, "Client SGD learning rate.", lo=0, lo_open=True)
@@ -315,15 +317,19 @@ class ResultsConfig(Section):
                                    "(tracking = mlflow).")
 
 
+_WIDTH = re.compile(r"[0-9]+")
+
+
 def parse_hidden(text: str) -> tuple[int, ...]:
     """Parse 'mlp-hidden' ("200,200") into layer widths."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
         raise ValueError("give at least one width, e.g. '200,200'")
-    try:
-        widths = tuple(int(p) for p in parts)
-    except ValueError:
-        raise ValueError("widths must be integers, e.g. '200,200'") from None
+    # the ASCII digits only: int() also reads '２００' (full-width), '2_00' and '+5'
+    if not all(_WIDTH.fullmatch(p) for p in parts):
+        raise ValueError("widths must be integers written with the digits 0-9, e.g. "
+                         "'200,200'")
+    widths = tuple(int(p) for p in parts)
     if any(w < 1 for w in widths):
         raise ValueError("widths must be positive")
     return widths

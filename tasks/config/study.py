@@ -174,8 +174,9 @@ class LeakageConfig(Section):
     server: str = key("honest", "The server's behaviour in the observed rounds: honest (it "
                       "only looks) or malicious (it sends trap weights, Fowl et al. 2022, "
                       "and recovers records even from a secure aggregate; the round's result "
-                      "is then discarded). Malicious needs reference-fraction and a model "
-                      "with a linear layer, a ReLU and a linear layer (mlp, cnn, small-cnn).",
+                      "is then discarded). Malicious needs reference-fraction, imprint in "
+                      "attacks (the attack that reads the trap) and a model with a linear "
+                      "layer, a ReLU and a linear layer (mlp, cnn, small-cnn).",
                       choices=("honest", "malicious"))
     server_trap: str = key("binning", "server = malicious: the trap it sends. binning (Fowl "
                            "et al. 2022: every first-layer row equal, biases at quantiles of "
