@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import csv
 import html
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config import KEYS, ConfigError, RunConfig, validate
 from tasks.config.sections import unknown_key
+from tasks.files import damaged
 from tasks.results.folder import (
+    RUN_INFO,
     RunFolder,
     default_run_name,
     given_run_dir,
@@ -30,14 +32,17 @@ from tasks.results.folder import (
     read_run_info,
     read_saved_config,
 )
-from tasks.results.ledger import RoundRecord, headline_epsilon, read_ledger
+from tasks.results.ledger import METRICS, RoundRecord, headline_epsilon, read_ledger
 
+from . import arguments as arg
+from .arguments import Echo, silent
 from .configs import resolve
 from .frames import changed, combine, ledger_frame
 from .preflight.isolated import Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
 from .runtime.choice import choose
 from .runtime.inprocess_link import InProcessLink
+from .sweep.settings import effective, inert
 
 if TYPE_CHECKING:  # the rest is imported where it is used: the CLI starts its run's child
     import pandas  # before it imports Flower, torch or matplotlib (about a second)
@@ -45,11 +50,23 @@ if TYPE_CHECKING:  # the rest is imported where it is used: the CLI starts its r
     from .deploy.connection import Connection
     from .runtime.runner import RunOutcome
 
-Echo = Callable[[str], None]
 
-
-def _silent(line: str) -> None:
-    """``echo=None``: no progress lines (the run's files are written as always)."""
+def _results(value: Any) -> list[Result]:
+    """``concat``'s runs: an iterable of at least one :class:`Result`."""
+    fix = ("E.g. fedpriv.concat([fedpriv.load('results/a'), fedpriv.load('results/b')]), or "
+           "sweep.frame() for a sweep's cells.")
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise arg.refused("concat", "results", value, "a list of Results (what fedpriv.run and "
+                       "fedpriv.load return)", fix)
+    results = list(value)
+    if not results:
+        raise ConfigError(f"fedpriv.concat: results is empty; it takes a list of one or more "
+                          f"Results to line up in one frame. {fix}")
+    for i, r in enumerate(results):
+        if not isinstance(r, Result):
+            raise arg.refused("concat", f"results[{i}]", r, "a Result (what fedpriv.run and "
+                           "fedpriv.load return)", fix)
+    return results
 
 
 class Plots(dict):
@@ -99,7 +116,8 @@ class Result:
     @property
     def epsilon(self) -> float | None:
         """The run's headline epsilon (local DP: the largest over clients; central DP:
-        client-level), or None without DP."""
+        client-level), or None without DP; ConfigError naming run.json when it is damaged."""
+        _check_info(self.run_dir, self.info, f"the run in {self.run_dir}")
         return headline_epsilon(self.info.get("privacy"))
 
     @property
@@ -129,12 +147,22 @@ class Result:
         model): every number the ledger holds (``test_accuracy``, ``train_loss``,
         ``epsilon``, ``test_auroc``, ``anonymization_...``), the folder name (``run``) and
         settings as columns: ``config="changed"`` the keys not at their default, ``"all"``
-        every key, or a list of keys. :func:`concat` puts several runs in one frame."""
+        every key, or a list of keys; a key the run's mode never reads (``target_epsilon``
+        without local DP) is empty. :func:`concat` puts several runs in one frame."""
         if isinstance(config, str) and config in ("changed", "all"):
             keys = changed([self.config]) if config == "changed" else list(self.config)
+        elif isinstance(config, str):
+            keys = [_key(config)]
+        elif isinstance(config, (list, tuple)) and all(isinstance(k, str) for k in config):
+            keys = [_key(k) for k in config]
         else:
-            keys = [_key(k) for k in ([config] if isinstance(config, str) else config)]
-        return ledger_frame(self.ledger, self.info, self.config, self.run_dir.name, keys)
+            raise arg.refused("Result.frame", "config", config, "'changed' (the keys not at "
+                           "their default), 'all', one run-config key, or a list of keys",
+                           "E.g. result.frame(config=['dp', 'target_epsilon']).")
+        frame = ledger_frame(self.ledger, self.info, self.config, self.run_dir.name, keys)
+        for key in inert(keys, self.config):  # empty whatever its value, default included
+            frame[key.replace("-", "_")] = None
+        return frame
 
     def _content(self) -> tuple:
         return (self.run_dir.resolve(), json.dumps(self.config.flat(), sort_keys=True),
@@ -186,24 +214,64 @@ def _key(name: str) -> str:
 def concat(results: Iterable[Result]) -> pandas.DataFrame:
     """Several runs in one frame (rows: run x round), with a column for every key set to
     other than its default in any of them, so the runs can be told apart and compared."""
-    results = list(results)
+    results = _results(results)
     keys = changed(r.config for r in results)
     return combine([r.frame(keys) for r in results], keys)
 
 
+# run.json's entries a Result reads, and the types the ServerApp writes them as
+_INFO_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "error": (str,), "privacy": (Mapping,), "diverged": (Mapping,),
+    "initial": (Mapping,), "stopped-early": (str,)}
+
+
+def _check_info(run_dir: Path, info: Mapping[str, Any], where: str) -> None:
+    """ConfigError naming run.json when an entry a Result reads is not what fedpriv writes
+    (e.g. ``privacy`` a text, or an epsilon that is not a number)."""
+    for key, types in _INFO_TYPES.items():
+        value = info.get(key)
+        if value is not None and not isinstance(value, types):
+            raise damaged(run_dir / RUN_INFO, f"is damaged: its {key!r} is {arg.shown(value)}, "
+                          f"not the {'text' if types == (str,) else 'object'} fedpriv writes",
+                          where)
+    eps = headline_epsilon(info.get("privacy"))
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
+        raise damaged(run_dir / RUN_INFO, f"is damaged: its privacy epsilon is {arg.shown(eps)}, "
+                      "not a number", where)
+
+
+def _check_rounds(run_dir: Path, info: Mapping[str, Any], ledger: Sequence[RoundRecord],
+                  where: str) -> None:
+    """ConfigError naming metrics.jsonl when run.json says the run finished its rounds and
+    the ledger holds none of them."""
+    if ledger or info.get("status") != "finished" or info.get("stopped-early"):
+        return
+    what = "is empty" if (run_dir / METRICS).exists() else "is missing"
+    done = info.get("rounds-completed")
+    raise damaged(run_dir / METRICS, f"{what}, yet run.json says the run finished"
+                  + (f" {done} round(s)" if isinstance(done, int) and done else "")
+                  + " (its ledger holds one line per round, so there is nothing to read back)",
+                  where)
+
+
 def load(run_dir: str | Path) -> Result:
-    """A finished (or interrupted) run folder, read back."""
-    path = Path(run_dir).expanduser().resolve()
+    """A finished (or interrupted) run folder, read back; ConfigError naming the file when
+    one is damaged."""
+    path = arg.folder("load", "run_dir", run_dir, "a run's folder",
+                   "results/20261122-101500-mnist-fedavg-iid")
     if not path.is_dir() or not (path / "config.toml").exists():
         raise ConfigError(f"{path} is not a fedpriv run folder (no config.toml). Give the "
                           "folder `fedpriv run` printed, e.g. results/20261122-101500-mnist-...")
-    where = f"fedpriv.load({str(path)!r})"
+    return _read(path, f"fedpriv.load({str(path)!r})")
+
+
+def _read(path: Path, where: str) -> Result:
+    """A run folder read back and checked (:func:`load`)."""
     cfg = validate(read_saved_config(path, where))
-    return Result(path, cfg, read_ledger(path, where), read_run_info(path, where))
-
-
-def _keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    return {k.replace("_", "-"): v for k, v in overrides.items()}
+    ledger, info = read_ledger(path, where), read_run_info(path, where)
+    _check_info(path, info, where)
+    _check_rounds(path, info, ledger, where)
+    return Result(path, cfg, ledger, info)
 
 
 def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = False,
@@ -211,7 +279,20 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
     """Run one validated config (in-process, on Flower's simulation runtime, or on real
     SuperNodes on loopback with ``supernodes``: :mod:`experiments.runtime.choice`) and
     read back what it wrote."""
-    echo = echo or _silent
+    if not isinstance(cfg, RunConfig):
+        raise arg.refused("run_config", "cfg", cfg, "a validated RunConfig",
+                       "Make one with tasks.config.validate({...}), or call "
+                       "fedpriv.run(preset, **keys) instead.")
+    return _run_config(cfg, name=arg.name("run_config", name, None),
+                       supernodes=arg.flag("run_config", "supernodes", supernodes),
+                       verbose=arg.flag("run_config", "verbose", verbose),
+                       echo=arg.echo("run_config", echo))
+
+
+def _run_config(cfg: RunConfig, *, name: str | None, supernodes: bool, verbose: bool,
+                echo: Echo) -> Result:
+    """:func:`run_config` with its arguments checked."""
+    _no_resume_key(cfg)
     fed = cfg.federation
     echo(f"fedpriv run · {cfg.data.dataset} · {fed.num_clients} clients "
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
@@ -244,8 +325,10 @@ def _warm(cfg: RunConfig, supernodes: bool) -> Iterator[InProcessLink]:
 def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = print) -> Result:
     """Continue a crashed, interrupted or failed run from its last checkpointed round, in
     its own folder, with its own config (:mod:`server.checkpoint`)."""
-    echo = echo or _silent
-    path, cfg, pre = _reopened(run_dir, "fedpriv run --resume", echo, simulated=True)
+    folder = arg.folder("resume", "run_dir", run_dir, "a crashed or interrupted run's folder",
+                     "results/20261122-101500-mnist-fedavg-iid")
+    verbose, echo = arg.flag("resume", "verbose", verbose), arg.echo("resume", echo)
+    path, cfg, pre = _reopened(folder, "fedpriv run --resume", echo, simulated=True)
     with InProcessLink() as link:
         return _launch(cfg, path, pre, False, verbose, echo, link)
 
@@ -264,6 +347,15 @@ def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = F
         choose(cfg, cuda=pre.cuda)  # a runtime that cannot serve it
     RunFolder(path).reopen({"from-round": rounds, "at": now()})
     return path, cfg, pre
+
+
+def _no_resume_key(cfg: RunConfig) -> None:
+    """A new run given ``resume = true`` is refused before any work (a run is continued with
+    ``--resume RUN_FOLDER``, which checks its files)."""
+    if cfg.results.resume:
+        from server.checkpoint import refuse_resume_key  # Flower: only when it is needed
+
+        refuse_resume_key(cfg)
 
 
 def _checked(cfg: RunConfig, echo: Echo) -> Preflight:
@@ -306,10 +398,12 @@ def _result(run_dir: Path, cfg: RunConfig, outcome: RunOutcome) -> Result:
     """What the run wrote, read back as :func:`load` reads it: the saved config (with its
     run-dir and run-id), or the config it was given when the ServerApp died before
     writing config.toml."""
+    where = f"the run in {run_dir}"
     if (run_dir / "config.toml").is_file():
-        cfg = validate(read_saved_config(run_dir, f"the run in {run_dir}"))
-    return Result(run_dir, cfg, read_ledger(run_dir),
-                  {**outcome.info, "status": outcome.status, "error": outcome.error})
+        cfg = validate(read_saved_config(run_dir, where))
+    info = {**outcome.info, "status": outcome.status, "error": outcome.error}
+    _check_info(run_dir, info, where)
+    return Result(run_dir, cfg, read_ledger(run_dir, where), info)
 
 
 def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbose: bool,
@@ -344,7 +438,8 @@ def run_deployed(cfg: RunConfig, link: Connection, *, name: str | None = None,
     """Submit ``cfg`` to a running deployment (``fedpriv deploy superlink``) and wait for
     it; the ServerApp writes the usual results folder on the SuperLink's host (run this
     there, or give a results-dir that exists there)."""
-    echo = echo or _silent
+    echo = echo or silent
+    _no_resume_key(cfg)
     echo(f"fedpriv deploy run · {link.address} · {cfg.data.dataset} · "
          f"{cfg.federation.num_server_rounds} rounds · seed {cfg.training.seed}")
     given = given_run_dir(cfg.results)
@@ -358,7 +453,7 @@ def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = Fa
     """Continue a deployed run (e.g. one Flower marked failed when its SuperLink restarted)
     from its last checkpointed round; every SuperNode must have kept its state
     (``--state-dir``), or the ServerApp refuses before the first round."""
-    echo = echo or _silent
+    echo = echo or silent
     path, cfg, pre = _reopened(run_dir, f"fedpriv deploy run --resume ({link.address})", echo)
     return _submit(cfg, link, path, pre, verbose, echo)
 
@@ -377,10 +472,14 @@ def _submit(cfg: RunConfig, link: Connection, run_dir: Path, pre: Preflight, ver
 def run(preset: str | None = None, *, name: str | None = None, supernodes: bool = False,
         verbose: bool = False, echo: Echo | None = print, **overrides: Any) -> Result:
     """Run a preset (a bundled name such as ``"mnist"`` or a TOML file; None: the
-    defaults) with keys overridden, e.g. ``run(num_clients=10, dp="local")``."""
-    echo = echo or _silent
-    return run_config(resolve(preset, (), _keys(overrides)), name=name, supernodes=supernodes,
-                      verbose=verbose, echo=echo)
+    defaults) with keys overridden, e.g. ``run(num_clients=10, dp="local")``; every
+    argument is checked (ConfigError) before anything starts."""
+    preset, name = arg.preset("run", preset), arg.name("run", name, None)
+    supernodes = arg.flag("run", "supernodes", supernodes)
+    verbose = arg.flag("run", "verbose", verbose)
+    echo = arg.echo("run", echo)
+    return _run_config(resolve(preset, (), arg.run_keys("run", overrides)), name=name,
+                       supernodes=supernodes, verbose=verbose, echo=echo)
 
 
 @dataclass
@@ -397,12 +496,18 @@ class SweepResult:
 
     def table(self) -> pandas.DataFrame:
         """sweep.csv as a pandas DataFrame, one row per cell (final and best accuracy,
-        epsilon, leakage scores...)."""
+        epsilon, leakage scores...), each cell's settings as it ran them (a key the cell
+        got from the sweep's fixed keys included; one its mode never reads empty)."""
         import pandas as pd
 
+        from .sweep.table import read_table
+
         if self.folder is None:
-            raise ValueError("a dry run has no results")
-        return pd.read_csv(self.folder / "sweep.csv").set_index("cell")
+            raise ConfigError("SweepResult.table: a dry run (dry_run=True) has no results; "
+                              "run the sweep without dry_run to get its table.")
+        read_table(self.folder, f"fedpriv.load_sweep({str(self.folder)!r})")  # checked
+        return pd.read_csv(self.folder / "sweep.csv", keep_default_na=False,
+                           na_values=[""]).set_index("cell")
 
     def frame(self) -> pandas.DataFrame:
         """Every cell's rounds in one tidy frame (rows: cell x round, round 0 first), with
@@ -410,8 +515,11 @@ class SweepResult:
         the defaults (:func:`concat`)."""
 
         if not self.runs:
-            raise ValueError("no cell of this sweep ran" if self.folder else
-                             "a dry run has no results")
+            raise ConfigError(
+                f"SweepResult.frame: no cell of the sweep in {self.folder} ran (see its "
+                "sweep.md for why); a frame needs at least one cell's rounds." if self.folder
+                else "SweepResult.frame: a dry run (dry_run=True) has no results; run the "
+                "sweep without dry_run to get its frame.")
         keys = changed(r.config for r in self.runs.values())
         status = {c["index"]: c["status"] for c in self.cells}
         frames = [r.frame(keys) for r in self.runs.values()]
@@ -435,7 +543,8 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
     lists, ``fixed`` keys, extra ``cells``, a base ``preset``) with keys overridden in
     every cell, all inside one simulation (``separate``: one each), each once per seed
     with ``repeat``; a failed cell is recorded and the sweep goes on. Keys with ``_`` or
-    ``-``."""
+    ``-``. Every argument is checked (ConfigError) before anything starts; a full disk
+    stops the sweep with :class:`tasks.files.WriteFailed`, its finished cells kept."""
     given = grid is not None or fixed is not None or cells is not None or preset is not None
     if (file is not None) == given:
         raise ConfigError("fedpriv.sweep takes a sweep file (a bundled name such as "
@@ -443,49 +552,70 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
                           "cells= and preset=, not both and not neither. E.g. "
                           "fedpriv.sweep(grid={'dp': ['none', 'local']}, "
                           "fixed={'target_epsilon': 5}).")
-    source: str | dict[str, Any] = file if file is not None else {
-        "name": name, **({"preset": preset} if preset else {}),
-        **({"fixed": _keys(fixed)} if fixed else {}),
-        **({"grid": {k: list(v) for k, v in _keys(grid).items()}} if grid else {}),
-        **({"cells": [_keys(c) for c in cells]} if cells else {})}
+    flags = {k: arg.flag("sweep", k, v) for k, v in
+             (("dry_run", dry_run), ("verbose", verbose), ("separate", separate))}
+    repeat, values = arg.repeat(repeat), arg.run_keys("sweep", overrides)
+    if file is not None:
+        source: str | dict[str, Any] = arg.text(
+            "sweep", "file", os.fspath(file) if isinstance(file, os.PathLike) else file,
+            "a bundled sweep's name such as 'dp-epsilon-mnist' or the path of a sweep file "
+            "(text or a pathlib.Path)", "E.g. fedpriv.sweep('dp-epsilon-mnist'); `fedpriv "
+            "presets` lists the bundled ones.")
+    else:
+        table = {"grid": arg.grid(grid) if grid is not None else {},
+                 "fixed": arg.run_keys("sweep", fixed, "fixed") if fixed is not None else {},
+                 "cells": arg.cells(cells) if cells is not None else []}
+        if not table["grid"] and not table["cells"]:
+            raise ConfigError("fedpriv.sweep: the sweep has no cells; give grid= (keys to "
+                              "lists of values: every combination is a cell) and/or cells= "
+                              "(a list of mappings, one per extra cell). E.g. "
+                              "fedpriv.sweep(grid={'dp': ['none', 'local']}, "
+                              "fixed={'target_epsilon': 5}).")
+        source = {"name": arg.name("sweep", name, "python"),
+                  **({"preset": arg.preset("sweep", preset)} if preset is not None else {}),
+                  **{k: v for k, v in table.items() if v}}
     from .sweep.run import run_sweep
+    from .sweep.table import cell_settings
 
-    done = run_sweep(source, values=_keys(overrides), dry_run=dry_run, verbose=verbose,
-                     separate=separate, repeat=repeat)
-    cells = [{"index": c.index, "params": c.params, "seed": c.seed, "status": c.status,
-              "error": c.error} for c in done.cells]
+    done = run_sweep(source, values=values, repeat=repeat, **flags)
+    cells = [{"index": c.index, "params": cell_settings(c, done.keys), "seed": c.seed,
+              "status": c.status, "error": c.error} for c in done.cells]
     runs = {c.index: r for c in done.cells if (r := _loaded(c.run_dir)) is not None}
+    if done.error is not None:  # a full disk: the cells' folders are kept, and named
+        raise done.error
     return SweepResult(done.out, cells, runs)
 
 
-def _loaded(run_dir: Path | None) -> Result | None:
+def _loaded(run_dir: Path | None, where: str | None = None) -> Result | None:
     """A cell's run read back, or None when it never wrote its config."""
-    return load(run_dir) if run_dir is not None and (run_dir / "config.toml").exists() \
-        else None
+    if run_dir is None or not (run_dir / "config.toml").exists():
+        return None
+    return _read(run_dir.resolve(), where or f"fedpriv.load({str(run_dir)!r})")
 
 
 def load_sweep(folder: str | Path) -> SweepResult:
-    """A sweep folder (``results/sweeps/...``), read back: its cells and their runs."""
-    path = Path(folder).expanduser().resolve()
-    table = path / "sweep.csv"
-    if not table.is_file():
+    """A sweep folder (``results/sweeps/...``), read back: its cells and their runs;
+    ConfigError naming the file when sweep.csv or a cell's run is damaged."""
+    from .sweep.table import read_table
+
+    path = arg.folder("load_sweep", "folder", folder, "a sweep's folder",
+                   "results/sweeps/20261122-101500-dp-epsilon-mnist")
+    if not (path / "sweep.csv").is_file():
         raise ConfigError(f"{path} is not a finished fedpriv sweep folder (no sweep.csv). Give "
                           "the folder `fedpriv sweep` printed, e.g. results/sweeps/20261122-"
                           "101500-dp-epsilon-mnist.")
-    with table.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    header = list(rows[0]) if rows else []
-    # the keys that label cells: the columns between "cell" (and "seed") and "status"
-    labels = [k for k in header[1:header.index("status")] if k != "seed"] \
-        if "status" in header else []
+    where = f"fedpriv.load_sweep({str(path)!r})"
+    labels, rows = read_table(path, where)
     cells, runs = [], {}
     for row in rows:
-        index, run = int(row["cell"]), row.get("run-dir") or ""
-        result = _loaded(path / run) if run else None
-        params = {k: (result.config[k] if result else row[k]) for k in labels if row[k]}
+        index, run = int(row["cell"]), row["run-dir"]
+        result = _loaded(path / run, where) if run else None
+        ran = effective(result.config, labels) if result else {}
+        params = {k: (ran[k] if result else row[k]) for k in labels
+                  if (ran.get(k) is not None if result else row[k])}
         seed = int(row["seed"]) if row.get("seed") else None
         cells.append({"index": index, "params": params, "seed": seed,
-                      "status": row.get("status", ""), "error": row.get("error") or None})
+                      "status": row["status"], "error": row.get("error") or None})
         if result is not None:
             runs[index] = result
     return SweepResult(path, cells, runs)

@@ -13,7 +13,10 @@ resumed from round R goes on exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,20 +29,18 @@ from strategies.aggregation import State as RunnerState
 from strategies.rounds import RoundResult
 from strategies.runner import RoundRunner
 from tasks.config import ConfigError, RunConfig, validate
-from tasks.files import write_atomic
+from tasks.files import explain, write_atomic
 from tasks.results.folder import OUTCOMES, RUN_INFO, json_default, read_run_info, read_saved_config
 from tasks.results.info import RunInfo
 from tasks.results.ledger import METRICS, RoundRecord, read_ledger
 
+from .client_state import ClientStateRefused, saved_state_problems, state_folder
+from .client_state import ResumeError as ResumeError  # raised on a resume; here by its name
 from .privacy_log import AnonymizationLog, PrivacyLog
 
 FOLDER = "checkpoint"
 SERVER_FILE = "server.npz"
 CLIENTS = "clients"  # each simulated client's own state (clients.state_store)
-
-
-class ResumeError(RuntimeError):
-    """The run cannot be resumed as asked without breaking a privacy guarantee."""
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Checkpoint:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(z["meta"].tobytes().decode())
+                _check_meta(meta)
                 model = ArrayRecord({k: Array(z[f"model.{i}"])
                                      for i, k in enumerate(meta["model-keys"])})
                 runner = {k[len("runner."):]: z[k] for k in z.files
@@ -84,6 +86,21 @@ class Checkpoint:
                 f"--resume: the checkpoint {path} is damaged ({type(exc).__name__}: {exc}); "
                 "it cannot be resumed from. Restore the file from a backup, or start the run "
                 "again as a new run.") from None
+
+
+def _check_meta(meta: Any) -> None:
+    """TypeError naming the field unless the checkpoint's description has the types
+    :meth:`Checkpoint.save` writes."""
+    if not isinstance(meta, dict):
+        raise TypeError(f"its description is a {type(meta).__name__}, not an object")
+    kinds = {"round": int, "model-keys": list, "runner": dict, "privacy": dict,
+             "anonymization": dict, "info": dict, "config": dict}
+    for key, kind in kinds.items():
+        value = meta.get(key, {} if key == "config" else None)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"{key} is {type(value).__name__}, not {kind.__name__}")
+    if not all(isinstance(k, str) for k in meta["model-keys"]):
+        raise TypeError("model-keys holds a name that is not text")
 
 
 class CheckpointHook:
@@ -132,6 +149,7 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             "config.toml). Give the folder `fedpriv run` printed, e.g. "
             "results/20261122-101500-mnist-fedavg-iid.")
     info = read_run_info(path, f"--resume {str(path)!r}")
+    _check_info(path, info)
     status = info.get("status", "running")
     if status == "finished":
         raise ConfigError(f"--resume {str(path)!r}: this run already finished; there is "
@@ -153,8 +171,28 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             f"--resume {str(path)!r}: its clients' state (DP-SGD ledgers or CVAE) was not "
             "kept (the run used real SuperNodes without a state-dir), so resuming would "
             "reset their epsilon. Start it again as a new run.")
-    _agree(path, cfg, info, Checkpoint.load(path))
+    checkpoint = Checkpoint.load(path)
+    _agree(path, cfg, info, checkpoint)
+    check_model(path, cfg, checkpoint)
+    _check_client_state(path, cfg, info, checkpoint)
+    check_room(path, f"--resume {str(path)!r}")
     return path, cfg
+
+
+def _check_info(path: Path, info: dict[str, Any]) -> None:
+    """ConfigError naming run.json's key unless what a resume reads of it has the types
+    fedpriv writes."""
+    text = ("status", "run-id", "client-state", "error")
+    bad = [k for k in text if info.get(k) is not None and not isinstance(info[k], str)]
+    resumed = info.get("resumed", [])
+    if not isinstance(resumed, list) or not all(isinstance(r, dict) for r in resumed):
+        bad.append("resumed")
+    if bad:
+        raise ConfigError(
+            f"--resume {str(path)!r}: {path / RUN_INFO} is damaged ({', '.join(bad)}: "
+            f"{', '.join(type(info[k]).__name__ for k in bad)}, where fedpriv writes "
+            f"{'a list of objects' if bad == ['resumed'] else 'text'}); restore the file "
+            "fedpriv wrote (from a backup), or start a new run.")
 
 
 def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpoint) -> None:
@@ -184,7 +222,12 @@ def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpo
         raise ConfigError(f"{where}: the run's files name different runs ("
                           + ", ".join(f"{k}: {v}" for k, v in ids.items()) + "): they were "
                           "mixed from several run folders. Restore this run's own files.")
-    have = [r.round for r in read_ledger(path, where)]
+    try:
+        have = [int(r.round) for r in read_ledger(path, where)]
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"{where}: {path / METRICS} is damaged (a line of the wrong kind: "
+                          f"{type(exc).__name__}: {exc}); restore the file fedpriv wrote (from "
+                          "a backup), or start a new run.") from None
     want = list(range(1, checkpoint.round + 1))
     if have[:checkpoint.round] != want:
         raise ConfigError(f"{where}: the checkpoint is after round {checkpoint.round}, but "
@@ -192,6 +235,149 @@ def _agree(path: Path, cfg: RunConfig, info: dict[str, Any], checkpoint: Checkpo
                           "checkpointed rounds is missing or damaged, and a resume would "
                           "finish with a ledger that does not cover the run. Restore "
                           f"{METRICS}, or start a new run.")
+
+
+def check_model(path: Path, cfg: RunConfig, checkpoint: Checkpoint) -> None:
+    """ConfigError unless the checkpoint's model is one the run can train on: finite
+    weights, of the names, shapes and kind the run's model has (what every client would
+    otherwise fail on, each with its traceback, in the first resumed round)."""
+    where = f"--resume {str(path)!r}: the checkpoint {path / FOLDER / SERVER_FILE}"
+    arrays = {k: checkpoint.model[k].numpy() for k in checkpoint.model.keys()}
+    kinds = [k for k, a in arrays.items() if not (
+        np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_)
+        or np.issubdtype(a.dtype, np.complexfloating)]
+    if kinds:
+        raise ConfigError(f"{where} holds {kinds[0]} as {arrays[kinds[0]].dtype}, not real "
+                          "numbers: the file is damaged. Restore it from a backup, or start "
+                          "a new run.")
+    bad = [k for k, a in arrays.items()
+           if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all()]
+    if bad:
+        raise ConfigError(
+            f"{where} holds NaN or infinite weights after round {checkpoint.round} (in "
+            f"{len(bad)} of its {len(arrays)} tensors, e.g. {bad[0]}): the model had diverged "
+            "(or the file is damaged), so every client would refuse to train on it. Start a "
+            "new run (e.g. with a lower lr or less DP noise), or restore an earlier "
+            "checkpoint from a backup.")
+    expected = _model_shapes(cfg)
+    if expected is None:
+        return
+    got = {k: tuple(a.shape) for k, a in arrays.items()}
+    if got != expected:
+        diff = [f"{k}: {got.get(k, 'missing')} where the model has {expected.get(k, 'none')}"
+                for k in sorted({*got, *expected}, key=str) if got.get(k) != expected.get(k)]
+        raise ConfigError(
+            f"{where} does not fit the run's model ({len(diff)} tensor(s) differ, e.g. "
+            f"{'; '.join(diff[:3])}): it is another model's checkpoint or a damaged file. "
+            "Restore this run's own checkpoint/server.npz, or start a new run.")
+
+
+def _model_shapes(cfg: RunConfig) -> dict[str, tuple[int, ...]] | None:
+    """The names and shapes of the run's model (built without memory, on torch's meta
+    device), or None when it cannot be built here (the pre-flight check then says why)."""
+    try:
+        import torch
+
+        from tasks.datasets import dataset_meta
+        from tasks.models import build_model
+        from tasks.splits import feature_shape, model_name
+
+        shape, name = feature_shape(cfg), model_name(cfg)  # may read the data: not on meta
+        with torch.device("meta"):
+            model = build_model(name, shape, dataset_meta(cfg.data.dataset).num_classes,
+                                cfg.training.hidden)
+        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    except Exception:  # noqa: BLE001 - the pre-flight check reports what is wrong
+        return None
+
+
+def _check_client_state(path: Path, cfg: RunConfig, info: dict[str, Any],
+                        checkpoint: Checkpoint) -> None:
+    """A simulated run's clients keep their state in the run folder: check it before any
+    client starts (:func:`server.client_state.saved_state_problems`). Real SuperNodes keep
+    theirs on their hosts, asked before the first round instead."""
+    recorded = str(info.get("client-state") or "")
+    if Path(recorded).parts[-2:] != (FOLDER, CLIENTS) and not (path / FOLDER / CLIENTS).exists():
+        return
+    try:
+        steps = {int(p): int(n) for p, n in dict(checkpoint.privacy.get("steps", {})).items()}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--resume {str(path)!r}: the checkpoint "
+                          f"{path / FOLDER / SERVER_FILE} is damaged (its clients' DP-SGD "
+                          f"steps: {type(exc).__name__}: {exc}); restore it from a backup, or "
+                          "start a new run.") from None
+    problems = saved_state_problems(path, cfg, steps)
+    if problems:
+        loss = ("restart their DP-SGD ledgers from zero and under-report epsilon"
+                if cfg.privacy.dp == "local" else
+                "lose their CVAE" if needs_client_state(cfg) else
+                "fail every client that reads its file")
+        raise ClientStateRefused(
+            f"--resume {str(path)!r}: refusing to resume: " + "; ".join(problems) + ". The "
+            f"clients' saved state is missing, damaged or another run's, so resuming would "
+            f"{loss}. Restore the state files (this run's own partition-<id>.state) into "
+            f"{state_folder(path, cfg)} from a backup, or start the run again as a new run.")
+
+
+PROBE_BYTES = 1 << 16  # what the write probe writes at least (and removes)
+
+
+def probe_write(folder: Path, size: int = PROBE_BYTES) -> None:
+    """Write a hidden file of ``size`` bytes into ``folder``, force it to disk and remove
+    it: OSError (ENOSPC, EROFS, EACCES, ...) when the folder cannot take such a file."""
+    fd, name = tempfile.mkstemp(prefix=".fedpriv-write-probe-", dir=folder)
+    try:
+        chunk = memoryview(bytes(min(size, 1 << 20)))
+        left = size
+        while left > 0:
+            left -= os.write(fd, chunk[:left])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
+def check_room(folder: Path, prefix: str) -> None:
+    """ConfigError (one paragraph: the disk is full, read-only, ...) unless a file the size
+    of the run's checkpoint can be written into ``folder`` and forced to disk: a resume
+    rewrites run.json, the ledger and the checkpoint before and after its first round, so a
+    full disk is refused before any of them is touched."""
+    checkpoint = folder / FOLDER / SERVER_FILE
+    size = checkpoint.stat().st_size if checkpoint.is_file() else 0
+    try:
+        probe_write(folder, max(PROBE_BYTES, size))
+    except OSError as exc:
+        raise ConfigError(
+            f"{prefix}: {explain(folder / '.fedpriv-write-probe', exc)}. Nothing of the run "
+            "was changed (every finished round is kept): free some space or make the folder "
+            "writable, then resume it again.") from None
+
+
+def refuse_resume_key(cfg: RunConfig) -> None:
+    """ConfigError for a new run given ``resume = true`` (``--set resume=true``, a preset,
+    the API): only ``fedpriv run --resume RUN_FOLDER`` continues a run, after checking its
+    files (:func:`resumable`). Call before any work on a new run (``run_config``)."""
+    if not cfg.results.resume:
+        return
+    run_dir = cfg.results.run_dir
+    if not run_dir:
+        raise ConfigError(
+            "resume = true continues a crashed run, but this is a new run (no run-dir names "
+            "one): there is nothing to resume. Drop resume = true to start a new run, or "
+            "continue a crashed one with `fedpriv run --resume RUN_FOLDER`.")
+    try:
+        path = resumable(run_dir)[0]
+    except ConfigError as exc:
+        raise ConfigError(
+            f"resume = true with run-dir = {run_dir!r}: that run cannot be continued ("
+            f"{str(exc).rstrip('.')}). Drop resume = true (and name a new run-dir) to start "
+            "a new run.") from None
+    raise ConfigError(
+        f"resume = true with run-dir = {run_dir!r}: a run is continued with `fedpriv run "
+        f"--resume {path}` (or `fedpriv deploy run --resume {path}`), which checks its files "
+        "and goes on with the config it started with; --set cannot change it. Use that "
+        "instead, or drop resume = true and name a new run-dir for a new run.")
 
 
 def rewind_ledger(run_dir: Path, last_round: int) -> list[RoundRecord]:

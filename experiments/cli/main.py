@@ -16,6 +16,7 @@ from pathlib import Path
 
 from privacy.attacks.registry import ATTACKS
 from tasks.config import ConfigError, defaults, to_toml, validate
+from tasks.files import WriteFailed
 
 from . import deploy
 from .keys import config_markdown, keys_reference
@@ -54,7 +55,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(f"run {result.status}: {result.error}\n  partial results and the full log "
           f"(flwr.log) are in {result.run_dir}", file=sys.stderr)
-    if (result.run_dir / "checkpoint" / "server.npz").is_file():
+    refused = "ResumeError" in (result.error or "")  # --resume again would be refused too
+    if (result.run_dir / "checkpoint" / "server.npz").is_file() and not refused:
         print(f"  continue from its last finished round with: fedpriv run --resume "
               f"{result.run_dir}", file=sys.stderr)
     return 1
@@ -154,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fedpriv: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except WriteFailed as exc:  # a full disk or a read-only folder: said, not a traceback
+        print(f"fedpriv: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         from ..runtime.procs import OutputClosed, Terminated, interruption
 

@@ -35,9 +35,7 @@ def supernode_command(link: Connection, node_config: dict[str, str | int | bool]
     SuperNode with one ClientApp worker and short polls while busy
     (:mod:`experiments.deploy.warm_node`); else the stock ``flower-supernode`` (a
     ``flwr-clientapp`` process per message)."""
-    config = " ".join(f'{k}="{v}"' if isinstance(v, str)
-                      else f"{k}={str(v).lower()}" if isinstance(v, bool) else f"{k}={v}"
-                      for k, v in node_config.items())
+    config = " ".join(f"{k}={node_config_value(k, v)}" for k, v in node_config.items())
     start = [sys.executable, "-m", "experiments.deploy.warm_node", "--poll", str(poll),
              "--idle-after", str(BUSY_FOR), "--"] if warm else \
         [flower_executable("flower-supernode")]
@@ -49,6 +47,25 @@ def supernode_command(link: Connection, node_config: dict[str, str | int | bool]
                               "key (made by `fedpriv deploy keys`) here.")
         cmd += ["--auth-supernode-private-key", str(key)]
     return cmd
+
+
+def node_config_value(key: str, value: str | int | bool) -> str:
+    """``value`` as Flower's ``--node-config`` reads it back unchanged (a TOML value inside
+    its ``key=value`` list): text in double quotes, or in single quotes (TOML's literal
+    string) when it holds a double quote or a backslash; ConfigError for text it cannot
+    carry (both kinds of quote, a control character)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if not isinstance(value, str):
+        return str(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in value) or ("'" in value and (
+            '"' in value or "\\" in value)):
+        raise ConfigError(
+            f"{key} {value!r}: Flower's --node-config cannot carry this path (it holds a "
+            "control character, or a single quote together with a double quote or a "
+            "backslash). Rename the file or folder, or give it through a symlink whose "
+            "path has none of these, and start the SuperNode again.")
+    return f"'{value}'" if ('"' in value or "\\" in value) else f'"{value}"'
 
 
 class _Attempt:

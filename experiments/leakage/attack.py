@@ -45,6 +45,7 @@ from privacy.attacks.registry import (
     MembershipScores,
 )
 from privacy.dp.dpfedavg import CentralAccountant
+from server.checkpoint import probe_write
 from server.task import ServerTask
 from strategies.central_dp import central_params
 from strategies.protocols.secagg import quantization_slack
@@ -261,6 +262,7 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     chosen = select(observations, rounds, clients)
     check(cfg, chosen, attacks)
     lines = _merge(run_dir / LEDGER, [])  # a damaged ledger is refused before any work
+    check_writable(run_dir)
     torch.manual_seed(cfg.training.seed)
     task = ServerTask.load(cfg)
     echo(f"attacking {len(chosen)} observation(s) with {', '.join(attacks)}")
@@ -312,6 +314,25 @@ def run_attacks(run_dir: Path, attacks: Sequence[str] | None = None, sets: Seque
     record(run_dir, summary)
     run_spread_plots(run_dir, lines)  # with several inverted updates: their spread
     return summary
+
+
+def check_writable(run_dir: Path) -> None:
+    """ConfigError before any attack runs when the run folder, or a folder of it the attacks
+    write into, cannot take a file (read-only, full, another user's)."""
+    for folder in (run_dir, run_dir / "plots", run_dir / "plots" / "leakage",
+                   run_dir / RECONSTRUCTIONS):
+        if not folder.is_dir():  # made by the attacks: its parent was probed
+            continue
+        try:
+            probe_write(folder)
+        except OSError as exc:
+            raise ConfigError(
+                f"the run folder {run_dir} is not writable ({folder}: "
+                f"{exc.strerror or exc}); fedpriv attack writes its results into it "
+                f"({LEDGER}, leakage.json, summary.md, run.json, plots/leakage/, "
+                f"{RECONSTRUCTIONS}/). Make it writable (or free some space), or copy the "
+                "run folder somewhere you can write and attack the copy: cp -r "
+                f"{run_dir} COPY && fedpriv attack COPY ...") from None
 
 
 def _merge(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
 from tasks.results.plots import label_points, place_legend
 
+from ..sweep.outcome import named, trouble
 from ..sweep.pareto import pareto_front
 from .roc import RocCurve, draw_roc
 from .spread import pooled, pooled_markdown, row_spread, sweep_spread_plots
@@ -117,8 +118,13 @@ def sweep_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         if c.run_dir is None or not (c.run_dir / "leakage.jsonl").exists():
             continue
         cfg = c.config if c.config is not None else _read_config(c.run_dir)
-        rows += rows_for(c.index, cfg, c.run_dir,
-                         (c.result.get("final") or {}).get("accuracy"), c.group)
+        why = trouble(c)
+        for row in rows_for(c.index, cfg, c.run_dir,
+                            (c.result.get("final") or {}).get("accuracy"), c.group):
+            row["trouble"] = why  # what became of the cell: said in every plot's legend
+            if why and not row["note"]:
+                row["note"] = f"cell {why}"
+            rows.append(row)
     return rows
 
 
@@ -170,7 +176,9 @@ def _cell(x: Any) -> str:
 
 
 def _label(row: dict[str, Any]) -> str:
-    return f"{row['defence']} · {row['setting']} · r{row['round']}"
+    """A row's legend label, with what became of its cell when it failed or diverged."""
+    return named(f"{row['defence']} · {row['setting']} · r{row['round']}",
+                 row.get("trouble"), 90)
 
 
 def leakage_plots(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -200,15 +208,21 @@ def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> st
     for i, (setting, rnd) in enumerate(sorted({(r["setting"], r["round"]) for r in rows})):
         mine = [r for r in rows if r["setting"] == setting and r["round"] == rnd]
         color = cmap(i % 10)
-        pts = sorted((r["epsilon-claimed"], r["psnr"]) for r in mine
-                     if r["epsilon-claimed"] is not None and r["defence"].startswith("local"))
+        local = [r for r in mine
+                 if r["epsilon-claimed"] is not None and r["defence"].startswith("local")]
+        pts = sorted((r["epsilon-claimed"], r["psnr"]) for r in local if not r.get("trouble"))
         if pts:
             ax.plot(*zip(*pts, strict=True), "o-", color=color,
                     label=f"local DP-SGD · {setting} · round {rnd}")
-        others = [r for r in mine if r["epsilon-claimed"] is None]
+        for r in (r for r in local if r.get("trouble")):  # on no line: a marked cross
+            ax.plot([r["epsilon-claimed"]], [r["psnr"]], "x", color="tab:red",
+                    label=_label(r))
+        others = [r for r in mine if r["epsilon-claimed"] is None and not r.get("trouble")]
         for j, r in enumerate(others):
             ax.axhline(r["psnr"], ls=styles[j % len(styles)], lw=0.9, color=color,
                        label=f"{r['defence']} · {setting} · round {rnd}")
+        for r in (r for r in mine if r["epsilon-claimed"] is None and r.get("trouble")):
+            ax.plot([], [], "x", color="tab:red", label=_label(r) + "; not drawn")
     ax.axhline(float(np.mean([r["psnr-random"] for r in rows])), color="gray", lw=1.5,
                label="random images")
     ax.set_xscale("log")
@@ -231,14 +245,18 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     rows = list(first.values())
     fig = Figure(figsize=(7.0, 4.6))
     ax = fig.subplots()
-    defences = sorted({r["defence"] for r in rows})
+    sound = [r for r in rows if not r.get("trouble")]
+    defences = sorted({r["defence"] for r in sound})
     cmap = colormaps["tab10"]
     for i, d in enumerate(defences):
-        mine = [r for r in rows if r["defence"] == d]
+        mine = [r for r in sound if r["defence"] == d]
         ax.scatter([r["psnr"] for r in mine], [r["accuracy"] for r in mine], color=cmap(i % 10),
                    label=d, zorder=3, s=24)
-    points = [(r["psnr"], r["accuracy"]) for r in rows]
-    front = [rows[i] for i in pareto_front(points)]
+    for r in (r for r in rows if r.get("trouble")):  # its accuracy is not its settings'
+        ax.scatter([r["psnr"]], [r["accuracy"]], color="tab:red", marker="x", zorder=3,
+                   s=30, label=named(r["defence"], r["trouble"]) + "; not on the front")
+    points = [(r["psnr"], r["accuracy"]) for r in sound]
+    front = [sound[i] for i in pareto_front(points)]
     ax.step([r["psnr"] for r in front], [r["accuracy"] for r in front], where="post",
             color="black", lw=0.8, label="Pareto front (less leakage, more accuracy)")
     label_points(ax, [(r["setting"], (r["psnr"], r["accuracy"])) for r in front])

@@ -11,6 +11,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from tasks.config import ConfigError, RunConfig, validate
+from tasks.files import write_atomic
 from tasks.results.folder import run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
 from tasks.results.plots import (
@@ -23,6 +24,7 @@ from tasks.results.plots import (
 )
 
 from ..leakage.sweep import leakage_plots, sweep_rows
+from .outcome import named, trouble
 from .pareto import pareto_front
 from .stats import mean_ci
 
@@ -44,8 +46,9 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]
         figs = _accuracy_plots(title, cells, ledgers)
     figs |= _anonymization_plots(title, cells)
     figs |= _privacy_plots(title, cells, ledgers)
-    for file, fig in figs.items():
-        fig.savefig(out / file, dpi=110, bbox_inches="tight")
+    for file, fig in figs.items():  # a full disk: WriteFailed, no half-written PNG
+        write_atomic(out / file, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110,
+                                                                bbox_inches="tight"))
     leaked = sweep_rows(cells)
     if leaked:
         leakage_plots(out, name, leaked)
@@ -75,23 +78,45 @@ def sweep_title(name: str, cells: Sequence[Any]) -> str:
     return " \u00b7 ".join([f"sweep {name}", *common])
 
 
+def _curves(cells: Sequence[Any], ledgers: dict[str, list[Any]], value: Any
+            ) -> tuple[dict[str, tuple[list[int], list[Any]]], dict[str, dict[str, Any]]]:
+    """One series per cell with a ledger (``value`` of each record), labelled with what
+    became of a cell that failed or diverged (drawn dotted, with crosses)."""
+    series, styles = {}, {}
+    for c in cells:
+        if c.label not in ledgers:
+            continue
+        why = trouble(c)
+        label = named(c.label, why)
+        series[label] = ([r.round for r in ledgers[c.label]],
+                         [value(r) for r in ledgers[c.label]])
+        if why is not None:
+            styles[label] = {"ls": ":", "marker": "x"}
+    return series, styles
+
+
 def _accuracy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any]]
                     ) -> dict[str, Figure]:
-    """One run per cell: accuracy per round, and each cell's final accuracy as a bar."""
-    figs = {"accuracy_vs_round.png": line_plot(
-        None, {k: ([r.round for r in v], [r.accuracy for r in v]) for k, v in ledgers.items()},
-        "round", "test accuracy", title, ylim=(0.0, 1.0))}
+    """One run per cell: accuracy per round, and each cell's final accuracy as a bar (red,
+    and saying so, for a cell that failed or diverged)."""
+    series, styles = _curves(cells, ledgers, lambda r: r.accuracy)
+    figs = {"accuracy_vs_round.png": line_plot(None, series, "round", "test accuracy", title,
+                                               ylim=(0.0, 1.0), styles=styles)}
     fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
     ax = fig.subplots()
     values = [c.result.get("final", {}).get("accuracy", 0.0) for c in cells]
-    colors = ["tab:blue" if c.status == "finished" else "tab:red" for c in cells]
+    colors = ["tab:blue" if trouble(c) is None else "tab:red" for c in cells]
     ax.barh(range(len(cells)), values, color=colors)
-    ax.set_yticks(range(len(cells)), [c.label for c in cells], fontsize=7)
+    ax.set_yticks(range(len(cells)), [named(c.label, trouble(c), 80) for c in cells],
+                  fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     unfinished = sum(c.status != "finished" for c in cells)
-    ax.set_xlabel("final test accuracy" + (f" (red: {unfinished} cell(s) did not finish)"
-                                           if unfinished else ""))
+    diverged = sum(c.status == "finished" and trouble(c) is not None for c in cells)
+    red = [f"{unfinished} cell(s) did not finish" if unfinished else "",
+           f"{diverged} cell(s) diverged" if diverged else ""]
+    ax.set_xlabel("final test accuracy" + (f" (red: {', '.join(filter(None, red))})"
+                                           if unfinished or diverged else ""))
     ax.set_title(wrap_title(title), fontsize=10)
     for i, v in enumerate(values):
         ax.text(min(v, 0.9) + 0.01, i, f"{v:.3f}", va="center", fontsize=7)
@@ -101,21 +126,38 @@ def _accuracy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[An
 
 def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any]]
                    ) -> dict[str, Figure]:
-    """When cells used DP: final accuracy against epsilon spent, and epsilon per round."""
+    """When cells used DP: final accuracy against epsilon spent (the trade-off line and the
+    no-DP baselines from sound cells only; a cell that failed or diverged is a red cross, or
+    a legend entry when it has no point, saying what became of it), and epsilon per
+    round."""
     private = [(c, headline_epsilon(c.result.get("privacy"))) for c in cells]
-    points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in private
-                    if eps is not None and c.result.get("final"))
-    if not points:
+    drawn = [(c, eps) for c, eps in private if eps is not None and c.result.get("final")]
+    if not drawn:
         return {}
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
-    ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:blue",
-            label="with DP (epsilon spent)")
+    points = sorted((eps, c.result["final"]["accuracy"], c.label) for c, eps in drawn
+                    if trouble(c) is None)
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="tab:blue",
+                label="with DP (epsilon spent)")
+    for c, eps in drawn:
+        if (why := trouble(c)) is not None:
+            ax.plot([eps], [c.result["final"]["accuracy"]], ls="none", marker="x", ms=8,
+                    color="tab:red", label=named(f"DP ({c.label})", why))
     styles = ["--", "-.", ":", (0, (5, 1))]
-    plain = [c for c, eps in private if eps is None and c.result.get("final")]
-    for i, c in enumerate(plain):
+    plain = [c for c, eps in private if eps is None and _without_dp(c)]
+    for i, c in enumerate(p for p in plain if trouble(p) is None and p.result.get("final")):
         ax.axhline(c.result["final"]["accuracy"], ls=styles[i % len(styles)], color="gray",
                    label=shorten(f"no DP ({c.label})"))
+    for c in plain:  # never a baseline: named in the legend, not drawn
+        if (why := trouble(c)) is not None:
+            ax.plot([], [], ls="none", marker="x", color="tab:red",
+                    label=named(f"no DP ({c.label})", f"{why}; not drawn"))
+    for c, eps in private:  # a DP cell that failed before it spent anything
+        if eps is None and not _without_dp(c) and (why := trouble(c)) is not None:
+            ax.plot([], [], ls="none", marker="x", color="tab:red",
+                    label=named(f"DP ({c.label})", f"{why}; not drawn"))
     ax.set_xscale("log")
     ax.set_ylim(0, 1)
     label_points(ax, [(label, (eps, acc)) for eps, acc, label in points])
@@ -125,15 +167,24 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
     ax.grid(alpha=0.3, which="both")
     place_legend(ax, fontsize=7)
     ax.set_title("privacy-accuracy trade-off\n" + wrap_title(title), fontsize=10)
+    series, styles = _curves(cells, ledgers, lambda r: headline_epsilon(r.privacy))
     curves = {}
-    for label, records in ledgers.items():
-        pts = [(r.round, headline_epsilon(r.privacy)) for r in records]
-        pts = [(x, y) for x, y in pts if y is not None]
+    for label, (xs, ys) in series.items():
+        pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
         if pts:
             curves[label] = ([x for x, _ in pts], [y for _, y in pts])
     return {"privacy_accuracy.png": fig,
             "epsilon_vs_round.png": line_plot(None, curves, "round", "cumulative epsilon",
-                                              title, ylim=(0.0, None))}
+                                              title, ylim=(0.0, None), styles=styles)}
+
+
+def _without_dp(cell: Any) -> bool:
+    """Whether the cell ran (or was to run) without DP: its config says so, or, without
+    one, it recorded no privacy mode."""
+    cfg = _config(cell)
+    if cfg is not None:
+        return cfg.privacy.dp == "none"
+    return (cell.result.get("privacy") or {}).get("mode", "none") == "none"
 
 
 def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, list[Any]]
@@ -143,15 +194,20 @@ def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, lis
     fig = Figure(figsize=(6.8, 4.2))
     ax = fig.subplots()
     for group, runs in groups.items():
-        curves = [ledgers[c.label] for c in runs if c.label in ledgers]
+        curves = [ledgers[c.label] for c in runs if c.label in ledgers and trouble(c) is None]
         rounds = sorted({r.round for curve in curves for r in curve})
+        left = _left_out(runs)
         if not rounds:
+            if any(c.label in ledgers for c in runs):  # its seeds' rounds are all left out
+                ax.plot([], [], ls="none", marker="x", color="tab:red",
+                        label=named(group, f"n=0; {left}"))
             continue
         stats = [mean_ci([r.accuracy for curve in curves for r in curve if r.round == k])
                  for k in rounds]
         mean = [m for m, _ in stats]
         half = [0.0 if math.isnan(h) else h for _, h in stats]
-        line = ax.plot(rounds, mean, marker="o", markersize=3, label=f"{group} (n={len(curves)})")
+        line = ax.plot(rounds, mean, marker="o", markersize=3,
+                       label=named(group, f"n={len(curves)}" + (f"; {left}" if left else "")))
         ax.fill_between(rounds, [m - h for m, h in zip(mean, half, strict=True)],
                         [m + h for m, h in zip(mean, half, strict=True)],
                         color=line[0].get_color(), alpha=0.2)
@@ -166,7 +222,7 @@ def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, lis
     ax = fig.subplots()
     for i, runs in enumerate(groups.values()):
         finals = [c.result["final"]["accuracy"] for c in runs
-                  if c.status == "finished" and c.result.get("final")]
+                  if trouble(c) is None and c.result.get("final")]
         mean, half = mean_ci(finals)
         if math.isnan(mean):
             continue
@@ -175,13 +231,22 @@ def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, lis
         ax.plot(finals, [i] * len(finals), "k.", markersize=4)
         ax.text(min(mean, 0.85) + 0.01, i - 0.3, f"{mean:.3f}"
                 + ("" if math.isnan(half) else f" ± {half:.3f}"), fontsize=7)
-    ax.set_yticks(range(len(groups)), list(groups), fontsize=7)
+    ax.set_yticks(range(len(groups)), [named(g, _left_out(runs) or None, 80)
+                                       for g, runs in groups.items()], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
-    ax.set_xlabel("final test accuracy: mean ± 95% interval over seeds (dots: each seed)")
+    ax.set_xlabel("final test accuracy: mean ± 95% interval over seeds (dots: each seed; "
+                  "seeds that failed or diverged left out)")
     ax.set_title(wrap_title(title), fontsize=10)
     figs["final_accuracy.png"] = fig
     return figs
+
+
+def _left_out(runs: Sequence[Any]) -> str:
+    """The seeds of a group left out of its mean, and why: 'seed=2 diverged at round 3'."""
+    out = [(f"seed={c.seed} " if c.seed is not None else "") + why
+           for c in runs if (why := trouble(c)) is not None]
+    return ", ".join(out)
 
 
 def _short(label: str) -> str:
@@ -202,12 +267,17 @@ def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     for key, fname, xlabel in (
             ("reid-top1", "reid_accuracy.png", "re-identification, top-1 (mean over clients)"),
             ("mia-auc", "mia_accuracy.png", "membership-inference AUC (mean over clients)")):
-        pts = [(a["mean"][key], c.result["final"]["accuracy"], c.label, a["anonymizer"])
-               for c, a in rows if a.get("mean", {}).get(key) is not None]
-        if not pts:
+        every = [(a["mean"][key], c.result["final"]["accuracy"], c.label, a["anonymizer"],
+                  trouble(c)) for c, a in rows if a.get("mean", {}).get(key) is not None]
+        if not every:
             continue
+        pts = [p[:4] for p in every if p[4] is None]  # only sound cells make the front
         fig = Figure(figsize=(7.2, 4.8))
         ax = fig.subplots()
+        for x, y, label, _, why in every:
+            if why is not None:
+                ax.scatter([x], [y], marker="x", color="tab:red", s=30, zorder=3,
+                           label=named(label, f"{why}; not on the front"))
         for n in names:
             mine = [p for p in pts if p[3] == n]
             if mine:

@@ -3,8 +3,6 @@ folder, e.g. after `fedpriv attack` re-ran a cell's attacks."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from ..leakage.sweep import sweep_rows, write_leakage_table
 from ..leakage.tables import write_attack_tables
 from .plots import sweep_plots
 from .spec import Cell
-from .table import REPORTED
+from .table import REPORTED, read_table
 
 
 def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
@@ -30,12 +28,15 @@ def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
     name = "sweep.json"
     try:
         spec = json.loads(read_text(out / name, where))
+        own = _own_params(spec)
         name = "sweep.csv"
         keys = list(spec["grid"]) + [k for c in spec.get("cells", []) for k in c]
         cells = []
-        for row in csv.DictReader(io.StringIO(read_text(out / name, where), newline="")):
-            params = {k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
-            cell = Cell(int(row["cell"]), params, None, row["status"], row["error"] or None,
+        for row in read_table(out, where)[1]:
+            params = own.get(int(row["cell"])) if own is not None else {
+                k: row[k] for k in dict.fromkeys(keys) if row.get(k, "") != ""}
+            cell = Cell(int(row["cell"]), params or {}, None, row["status"],
+                        row.get("error") or None,
                         out / row["run-dir"] if row["run-dir"] else None,
                         seed=int(row["seed"]) if row.get("seed") else None)
             if cell.run_dir:
@@ -48,11 +49,27 @@ def _read_sweep(out: Path) -> tuple[dict[str, Any], list[Cell]]:
             raise TypeError(f"its name is a {type(spec['name']).__name__}")
     except ConfigError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError, csv.Error) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise damaged(out / name, f"is damaged ({type(exc).__name__}: {exc})", where) from None
-    if not cells:
-        raise damaged(out / "sweep.csv", "lists no cells", where)
     return spec, cells
+
+
+def _own_params(spec: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
+    """Each cell's own keys (its label, as the sweep showed it), rebuilt from sweep.json's
+    tables; None when they cannot be (an older sweep.json without its variants, or one
+    this version's schema no longer accepts): the labels then come from sweep.csv."""
+    from .run import build_cells  # the runtimes: only for a sweep.json that has variants
+    from .spec import SweepSpec
+
+    if "variants" not in spec:
+        return None
+    try:
+        rebuilt = SweepSpec(str(spec["name"]), Path(str(spec.get("file", ""))),
+                            dict(spec["fixed"]), dict(spec["grid"]), list(spec["cells"]),
+                            list(spec.get("seeds") or []), list(spec["variants"]))
+        return {c.index: c.params for c in build_cells(rebuilt, {})}
+    except (ConfigError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def replot(out: Path) -> None:

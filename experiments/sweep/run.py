@@ -7,15 +7,18 @@ own. A cell whose data check or run fails is recorded and the sweep goes on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tasks.config import ConfigError, RunConfig, parse_assignment, validate
 from tasks.config.effect import idle_keys
+from tasks.files import WriteFailed, explain, write_atomic
 from tasks.progress import track
 from tasks.results.folder import new_run_dir, read_run_info, run_identity
 from tasks.results.ledger import outcome as run_outcome
@@ -44,15 +47,37 @@ from .table import REPORTED, print_table, write_table
 
 @dataclass
 class SweepRun:
-    """A sweep's folder (None for a dry run) and its cells, as they ended."""
+    """A sweep's folder (None for a dry run) and its cells, as they ended; ``error``: why
+    the sweep stopped before its end (its own files could not be written: a full disk)."""
 
     out: Path | None
     cells: list[Cell]
+    keys: list[str] = field(default_factory=list)  # the keys that vary between cells
+    error: WriteFailed | None = None
 
     @property
     def exit_code(self) -> int:
         """0 when every cell finished (or nothing ran), else 1."""
-        return int(self.out is not None and any(c.status != "finished" for c in self.cells))
+        return int(self.out is not None and (self.error is not None or any(
+            c.status != "finished" for c in self.cells)))
+
+
+# a write that fails for these stops the sweep: every later cell and file would fail too
+_STOPS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _stopping(exc: BaseException, out: Path) -> WriteFailed | None:
+    """``exc`` as the one-paragraph write error that stops the sweep (a full disk), or
+    None for any other error."""
+    if not isinstance(exc, OSError) or exc.errno not in _STOPS:
+        return None
+    failed = exc if isinstance(exc, WriteFailed) else explain(Path(exc.filename or out), exc)
+    kept = ("; every finished cell's run folder is kept under "
+            f"{out / 'cells'}: free some space, then `fedpriv sweep --replot {out}` redraws "
+            "the sweep's plots from them")
+    stopped = WriteFailed(f"{failed}{kept}")
+    stopped.errno = failed.errno
+    return stopped
 
 
 def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
@@ -74,32 +99,56 @@ def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
           + ("" if separate else ", in one simulation"))
     for c in cells:
         print(f"  {c.index:>3}. {c.label}")
+    keys = spec.keys + (["seed"] if spec.seeds else [])
     if dry_run:
-        return SweepRun(None, cells)
+        return SweepRun(None, cells, keys)
     results_dir = cells[0].config.results.results_dir
     out = new_run_dir(Path(results_dir) / "sweeps", spec.name)
-    (out / "plots").mkdir()
-    (out / "sweep.json").write_text(json.dumps(
-        {"name": spec.name, "file": str(spec.path), "fixed": spec.base, "grid": spec.grid,
-         "cells": spec.extra, "seeds": spec.seeds}, indent=2))
     t0 = time.perf_counter()
+    stopped: WriteFailed | None = None
     try:
+        (out / "plots").mkdir()
+        text = json.dumps({"name": spec.name, "file": str(spec.path), "fixed": spec.base,
+                           "grid": spec.grid, "cells": spec.extra, "seeds": spec.seeds,
+                           "variants": spec.variants}, indent=2)
+        write_atomic(out / "sweep.json", lambda f: f.write(text.encode()))
         with Runtimes(cells[0].config.resources.ray_address) as runtimes:
             if separate:
                 _run_separately(runtimes, out, spec, cells, verbose)
             else:
                 _run_together(runtimes, out, spec, cells, verbose)
+    except OSError as exc:
+        if (stopped := _stopping(exc, out)) is None:
+            raise
     finally:
-        from .plots import sweep_plots  # matplotlib and scipy: not before the cells start
-
-        write_table(out, spec, cells)
-        sweep_plots(out / "plots", spec.name, cells)
+        late = _write_results(out, spec, cells)
+        stopped = stopped or late
     failed = sum(c.status != "finished" for c in cells)
     print()
     print_table(out, spec, cells)
+    if stopped is not None:
+        print(f"\nsweep stopped after {time.perf_counter() - t0:.0f} s: {len(cells) - failed} "
+              f"of {len(cells)} runs finished · {out}")
+        print(f"fedpriv: error: {stopped}", file=sys.stderr)
+        return SweepRun(out, cells, keys, stopped)
     print(f"\nsweep finished in {time.perf_counter() - t0:.0f} s: {len(cells) - failed} of "
           f"{len(cells)} runs finished · {out / 'sweep.md'}")
-    return SweepRun(out, cells)
+    return SweepRun(out, cells, keys)
+
+
+def _write_results(out: Path, spec: SweepSpec, cells: list[Cell]) -> WriteFailed | None:
+    """sweep.csv, sweep.md and the plots; the error that stops the sweep when they cannot
+    be written (a full disk), which the finished cells' folders outlive."""
+    from .plots import sweep_plots  # matplotlib and scipy: not before the cells start
+
+    try:
+        write_table(out, spec, cells)
+        sweep_plots(out / "plots", spec.name, cells)
+    except OSError as exc:
+        if (stopped := _stopping(exc, out)) is None:
+            raise
+        return stopped
+    return None
 
 
 def build_cells(spec: SweepSpec, user: Mapping[str, Any]) -> list[Cell]:

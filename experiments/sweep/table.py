@@ -4,18 +4,38 @@ cells were attacked, the leakage table beside them."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+import io
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks.files import damaged, read_text, write_atomic
 from tasks.markdown import drop_empty_columns, markdown_table
 from tasks.results.ledger import headline_epsilon
 
+from .settings import effective
 from .spec import Cell, SweepSpec
 from .stats import fmt_ci
 
-# run.json entries a sweep's table reads besides the ledger's outcome and the privacy
-REPORTED = ("anonymization", "aggregation", "model-selection", "robustness")
+# run.json entries a sweep's table and plots read besides the ledger's outcome and privacy
+REPORTED = ("anonymization", "aggregation", "model-selection", "robustness", "diverged")
+# the columns of sweep.csv every reader needs
+REQUIRED = ("cell", "status", "run-dir")
+
+
+def cell_settings(c: Cell, keys: Iterable[str]) -> dict[str, Any]:
+    """The settings ``keys`` of the cell as it ran: the value the cell set itself, else the
+    one it got from the sweep's fixed keys (or the preset, or the default); a key the
+    cell's mode never reads is left out (:mod:`experiments.sweep.settings`)."""
+    keys = [k for k in keys if k != "seed"]
+    ran = effective(c.config, keys) if c.config is not None else {}
+    out = {}
+    for k in keys:
+        value = c.params[k] if k in c.params else ran.get(k)
+        if value is not None:
+            out[k] = value
+    return out
 
 
 def _server_sees(r: dict[str, Any]) -> str:
@@ -51,7 +71,7 @@ def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
         privacy = r.get("privacy", {})
         eps = headline_epsilon(privacy)
         delta = privacy.get("delta", privacy.get("delta-max"))
-        given = {**c.params, **({} if c.seed is None else {"seed": c.seed})}
+        given = {**cell_settings(c, keys), **({} if c.seed is None else {"seed": c.seed})}
         rows.append([c.index, *[given.get(k, "") for k in keys], c.status,
                      _fmt(r.get("final", {}).get("accuracy")),
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
@@ -111,8 +131,9 @@ def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
     from ..leakage.tables import write_attack_tables
 
     head, rows = comparison(out, spec, cells)
-    with open(out / "sweep.csv", "w", newline="") as f:
-        csv.writer(f).writerows([head, *rows])
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows([head, *rows])
+    write_atomic(out / "sweep.csv", lambda f: f.write(text.getvalue().encode()))
     md = [f"# Sweep {spec.name}", "", f"From `{spec.path}`; fixed keys: "
           + (", ".join(f"`{k}={v}`" for k, v in spec.base.items()) or "none"), ""]
     if spec.seeds:
@@ -141,7 +162,59 @@ def write_table(out: Path, spec: SweepSpec, cells: Sequence[Cell]) -> None:
         md += ["## A malicious server", "", "See [leakage.md](leakage.md#a-malicious-server) "
                "(also malicious.csv): per defence, the share of the cohort's records the "
                "trap recovered.", ""]
-    (out / "sweep.md").write_text("\n".join(md))
+    write_atomic(out / "sweep.md", lambda f: f.write("\n".join(md).encode()))
+
+
+def read_table(out: Path, where: str) -> tuple[list[str], list[dict[str, str]]]:
+    """sweep.csv read back and checked: the keys that label its cells (the columns between
+    ``cell`` and ``status``, ``seed`` aside) and one row per cell. ConfigError naming the
+    file when it is empty, lacks a column fedpriv writes, lists a cell that is not a whole
+    number (or one twice), a seed that is not one, or a run folder outside the sweep's."""
+    path = out / "sweep.csv"
+    text = read_text(path, where)
+
+    def bad(why: str) -> Exception:
+        return damaged(path, why, where)
+
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        lines = [(reader.line_num, row) for row in reader if row]
+    except csv.Error as exc:
+        raise bad(f"is not a CSV table ({exc})") from None
+    if not lines:
+        raise bad("is empty (fedpriv writes a header and one row per cell)")
+    (_, head), body = lines[0], lines[1:]
+    missing = [c for c in REQUIRED if c not in head]
+    if missing:
+        raise bad(f"has no {' or '.join(missing)} column (its header: {', '.join(head)})")
+    if len(set(head)) != len(head):
+        raise bad(f"names a column twice (its header: {', '.join(head)})")
+    if not body:
+        raise bad("lists no cells (only its header)")
+    root = out.resolve()
+    rows, seen = [], set()
+    for n, values in body:
+        if len(values) != len(head):
+            raise bad(f"line {n} has {len(values)} fields where its header has {len(head)}")
+        row = dict(zip(head, values, strict=True))
+        cell = row["cell"]
+        if not re.fullmatch(r"[0-9]+", cell) or int(cell) < 1:
+            raise bad(f"line {n}: cell {cell!r} is not a whole number from 1")
+        if int(cell) in seen:
+            raise bad(f"line {n}: cell {cell} is listed twice")
+        seen.add(int(cell))
+        if row.get("seed") and not re.fullmatch(r"-?[0-9]+", row["seed"]):
+            raise bad(f"line {n}: cell {cell}'s seed {row['seed']!r} is not a whole number")
+        run = row["run-dir"]
+        target = (root / run).resolve()
+        if run and (Path(run).is_absolute() or target == root
+                    or not target.is_relative_to(root)):
+            raise bad(f"line {n}: cell {cell}'s run-dir {run!r} lies outside the sweep's "
+                      "folder (fedpriv writes cells/<index>-<keys> there)")
+        rows.append(row)
+    first, last = head.index("cell") + 1, head.index("status")
+    labels = [k for k in head[first:last] if k != "seed"]
+    return labels, rows
 
 
 def _seed_table(spec: SweepSpec, cells: Sequence[Cell]) -> list[str]:

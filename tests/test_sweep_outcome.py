@@ -1,0 +1,60 @@
+"""A leakage sweep's cell that failed or diverged is no baseline and no front: its plots
+leave it off the DP line, the levels and the Pareto front, and the legend says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from matplotlib.figure import Figure
+
+from experiments.leakage import sweep as leakage
+from experiments.sweep.outcome import named, trouble
+
+
+def _row(cell: int, defence: str, eps: float | None, psnr: float, acc: float,
+         why: str | None = None) -> dict:
+    return {"cell": cell, "defence": defence, "setting": "8 ex, batch 8, 1 ep", "round": 1,
+            "accuracy": acc, "epsilon-claimed": eps, "psnr": psnr, "psnr-random": 9.0,
+            "trouble": why, "note": None, "run-dir": "."}
+
+
+def _drawn(monkeypatch, draw, rows) -> Figure:
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.append(self))
+    draw(Path("."), "t", rows)
+    (fig,) = saved
+    return fig
+
+
+def test_what_became_of_a_cell():
+    ok = SimpleNamespace(status="finished", result={"diverged": None})
+    assert trouble(ok) is None and named("no DP", None) == "no DP"
+    gone = SimpleNamespace(status="finished", result={"diverged": {"round": 3}})
+    assert trouble(gone) == "diverged at round 3"
+    assert named("no DP", trouble(gone)) == "no DP (diverged at round 3)"
+    assert trouble(SimpleNamespace(status="failed", result={})) == "failed"
+
+
+def test_a_diverged_cell_is_off_the_leakage_front_and_said_so(monkeypatch):
+    rows = [_row(1, "none", None, 30.0, 0.10, "diverged at round 2"),  # best PSNR "accuracy"
+            _row(2, "local DP-SGD (eps 5)", 5.0, 12.0, 0.80),
+            _row(3, "local DP-SGD (eps 1)", 1.0, 10.0, 0.60),
+            _row(4, "local DP-SGD (eps 10)", 10.0, 14.0, 0.95, "failed")]
+    fig = _drawn(monkeypatch, leakage._accuracy_vs_psnr, rows)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "none (diverged at round 2); not on the front" in labels, labels
+    assert "local DP-SGD (eps 10) (failed); not on the front" in labels, labels
+    (front,) = [line for line in ax.get_lines() if line.get_label().startswith("Pareto")]
+    assert list(front.get_xdata()) == [10.0, 12.0]  # cells 3 and 2 only
+
+    fig = _drawn(monkeypatch, leakage._psnr_vs_epsilon, rows)
+    ax = fig.axes[0]
+    (dp_line,) = [line for line in ax.get_lines()
+                  if line.get_label().startswith("local DP-SGD · ")]
+    assert list(dp_line.get_xdata()) == [1.0, 5.0]  # the failed epsilon-10 cell is a cross
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("(diverged at round 2); not drawn" in x for x in labels), labels
+    # no level drawn at the diverged baseline's 30 dB (only its legend entry)
+    assert not [line for line in ax.get_lines() if 30.0 in list(line.get_ydata())]
