@@ -168,7 +168,8 @@ def _secure_aggregation_matches_plain_and_combines_with_dp(privacy_sweep):
     out, all_rows = privacy_sweep
     given = {"False": "off", "True": "secagg+", "he": "he"}  # the sweep file's values
     rows = {(r["dp"], given[r["secure-aggregation"]]): r
-            for r in all_rows if r["num-server-rounds"] == ""}  # the one-round grid
+            for r in all_rows  # the one-round cells (the table shows the fixed rounds)
+            if r["num-server-rounds"] == "1"}
     assert len(rows) == 8
     assert all(r["status"] == "finished" for r in rows.values())
     step = 2 * 8.0 / 4194304  # SecAgg+ quantization step: 2 * clipping-range / levels

@@ -27,8 +27,9 @@ REQUIRED = ("cell", "status", "run-dir")
 def cell_settings(c: Cell, keys: Iterable[str]) -> dict[str, Any]:
     """The settings ``keys`` of the cell as it ran: the value the cell set itself, else the
     one it got from the sweep's fixed keys (or the preset, or the default); a key the
-    cell's mode never reads is left out (:mod:`experiments.sweep.settings`)."""
-    keys = [k for k in keys if k != "seed"]
+    cell's mode never reads is left out (:mod:`experiments.sweep.settings`). A sweep over
+    seeds gives each run's seed itself (``Cell.seed``)."""
+    keys = list(keys)
     ran = effective(c.config, keys) if c.config is not None else {}
     out = {}
     for k in keys:
