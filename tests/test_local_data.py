@@ -44,7 +44,9 @@ def _image_folder(root, x, y):
     return root
 
 
-def test_npz_and_image_folder_are_read_as_the_dataset_reads_its_rows(tmp_path):
+def test_npz_and_image_folder_are_read_as_the_dataset_reads_its_rows(tmp_path, monkeypatch):
+    # a cache of its own: other tests on the same worker cache other hosts' data
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
     x, y = _digits(40)
     np.savez(tmp_path / "own.npz", x=x, y=y)
     got_x, got_y = local_data.read_local_data(tmp_path / "own.npz", MNIST)
