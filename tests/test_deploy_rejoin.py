@@ -132,7 +132,7 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
         node1 = supernode(1, 1, "node-1.log")
         results = tmp_path / "results"
         job = _fedpriv("deploy", "run", *op, "--set", "num-clients=2", "--set",
-                       "num-server-rounds=4", "--set", "round-timeout=120", "--set",
+                       "num-server-rounds=8", "--set", "round-timeout=120", "--set",
                        f"results-dir={results}", marker=marker)
         started.append(job)
         lines = []
@@ -169,12 +169,16 @@ def test_a_supernode_killed_and_restarted_at_once_rejoins_and_trains_again(tmp_p
         assert {c["partition-id"]: str(c["node-id"]) for c in clients}[1] == before
 
         ledger = ledger_json(only_run(results))
-        assert [r["round"] for r in ledger] == [1, 2, 3, 4]
+        assert [r["round"] for r in ledger] == list(range(1, 9))
         trained = [sorted(c["partition-id"] for c in r["clients"]) for r in ledger]
         failed = [r["round"] for r in ledger if any(f["partition-id"] == 1
                                                     for f in r["failures"])]
         # its lost session fails round 1 (unless the node was back within the fraction of a
-        # second before the server asked again); in a later round partition 1 trains again
+        # second before the server asked again); in a later round partition 1 trains again.
+        # The SuperLink admits the restarted node only once it marks the old session offline,
+        # when round 1 learns of the failure, and the node retries every 3 s: rounds of
+        # partition 0 alone go on meanwhile (a loaded CI machine ran three before the node
+        # was back), so the run has seven rounds after round 1
         assert set(failed) <= {1} and all(0 in t for t in trained), (trained, failed)
         assert any(1 in t for t in trained[1:]), (trained, failed)
         assert read_run_info(only_run(results))["status"] == "finished"
