@@ -3,14 +3,16 @@
 The client's privacy ledger (noise multiplier, sample rate, delta, and the history of
 steps it has taken) lives in ``Context.state`` under ``"dp-sgd"``, so it survives
 across rounds in simulation and on real SuperNodes, and rounds in which the client is
-not sampled cost nothing.
+not sampled cost nothing. Everything DP-SGD's release depends on besides the update
+(sampling rate, steps, normaliser, sigma, delta) comes from the configuration and a
+public size (:mod:`privacy.dp.public`), never from the client's own record count under
+add/remove neighbours.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from privacy.dp.accounting import (
     planned_rounds,
 )
 from privacy.dp.dpsgd import make_private, resolve_mode
+from privacy.dp.public import PublicSchedule, schedule_for
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed
 from tasks.splits import model_name
@@ -38,33 +41,37 @@ class LocalDPError(ValueError):
     """This client's DP-SGD settings cannot work (delta too large, budget too small)."""
 
 
-def steps_per_epoch(num_records: int, batch_size: int) -> int:
-    """Poisson-sampled batches per epoch, as Opacus counts them: ceil(n / B), so q = 1 / that."""
-    return math.ceil(num_records / batch_size)
+def schedule(cfg: RunConfig, public_records: int, num_records: int) -> PublicSchedule:
+    """This client's DP-SGD schedule under the run's relation (:mod:`privacy.dp.public`)."""
+    return schedule_for(cfg.privacy.dp_relation, cfg.training.batch_size, public_records,
+                        num_records)
 
 
-def new_ledger(cfg: RunConfig, num_records: int, num_clients: int) -> ClientLedger:
-    """Fix this client's (sigma, q, delta) for the whole run, before its first round."""
+def new_ledger(cfg: RunConfig, plan: PublicSchedule, num_clients: int) -> ClientLedger:
+    """Fix this client's (sigma, q, delta) for the whole run, before its first round, from
+    the public schedule ``plan`` only."""
     p, fed = cfg.privacy, cfg.federation
-    per_epoch = steps_per_epoch(num_records, cfg.training.batch_size)
-    q = 1.0 / per_epoch
-    delta = p.delta or auto_delta(num_records)
-    if delta >= 1.0 / num_records:
+    q, n = plan.sample_rate, plan.records
+    delta = p.delta or auto_delta(n)
+    if delta >= 1.0 / n:
         raise LocalDPError(
-            f"delta = {delta:g} is not below 1/n = {1 / num_records:g} for a client with "
-            f"{num_records} records: such a delta allows leaking a whole record. Use delta = 0 "
-            "(automatic 1/(10 n)) or a smaller value.")
+            f"delta = {delta:g} is not below 1/N = {1 / n:g} for N = {n} records "
+            f"({'the public size, dp-public-records' if plan.relation == 'add-remove' else 'n'}):"
+            " such a delta allows leaking a whole record. Use delta = 0 (automatic 1/(10 N)) "
+            "or a smaller value.")
     if p.target_epsilon > 0:
         rounds = planned_rounds(fed.num_server_rounds, fed.fraction_train,
                                 fed.min_train_clients, num_clients)
-        steps = rounds * cfg.training.local_epochs * per_epoch
+        steps = rounds * cfg.training.local_epochs * plan.steps_per_epoch
         try:
-            sigma = calibrate_noise(p.target_epsilon, delta, q, steps, p.accountant)
+            sigma = calibrate_noise(p.target_epsilon, delta, q, steps, p.accountant,
+                                    plan.relation)
         except BudgetTooSmall as exc:
             raise LocalDPError(str(exc)) from exc
     else:
         sigma = p.noise_multiplier
-    return ClientLedger(sigma, q, delta, p.accountant, p.target_epsilon)
+    return ClientLedger(sigma, q, delta, p.accountant, p.target_epsilon,
+                        relation=plan.relation)
 
 
 def load_ledger(context: Context) -> ClientLedger | None:
@@ -117,17 +124,25 @@ NOISE_STREAM = 0x401  # DP-SGD's noise: a generator of the client's own, apart f
 def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.Tensor,
              y: torch.Tensor, num_clients: int, seed: int, device: torch.device,
              ids: torch.Tensor | None = None, canaries: CanaryHook | None = None,
-             server_round: int | None = None, digest: str = "") -> DPRound:
+             server_round: int | None = None, digest: str = "",
+             public_records: int = 0) -> DPRound:
     """Train ``model`` privately for ``local-epochs`` unless that would exceed the budget.
 
     With audit ``canaries`` (rows with ``ids`` >= 0) the per-sample gradients are
     materialized (Opacus' hooks mode, whatever grad-sample-mode says) so that each
     canary row's gradient can be set before clipping and noise. A round this client
     already trained from the same inputs (``digest``, after a resumed crash) is
-    recomputed without being accounted twice: its output is the one already sent."""
+    recomputed without being accounted twice: its output is the one already sent.
+    ``public_records`` is N under add/remove (:mod:`privacy.dp.public`; 0 is allowed only
+    under replace-one, where the client's own n is public)."""
     t = cfg.training
-    ledger = load_ledger(context) or new_ledger(cfg, len(y), num_clients)
-    per_epoch = steps_per_epoch(len(y), t.batch_size)
+    if cfg.privacy.dp_relation == "add-remove" and public_records < 1:
+        raise LocalDPError("local DP under dp-relation = 'add-remove' needs a public record "
+                           "count (dp-public-records) for DP-SGD's schedule: set it, or use "
+                           "dp-relation = 'replace-one' to treat each client's n as public.")
+    plan = schedule(cfg, public_records, len(y))
+    ledger = load_ledger(context) or new_ledger(cfg, plan, num_clients)
+    per_epoch = plan.steps_per_epoch
     planned = t.local_epochs * per_epoch
     replay = server_round is not None and ledger.is_replay(server_round, digest)
     if not replay and ledger.would_exceed(planned):
@@ -141,7 +156,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
                            max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,
                            seed=seed, noise_seed=derive_seed(seed, NOISE_STREAM),
                            accountant=ledger.accountant,
-                           secure=cfg.privacy.secure_rng)
+                           secure=cfg.privacy.secure_rng, schedule=plan)
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "

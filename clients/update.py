@@ -20,12 +20,19 @@ from privacy.screening import screen
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
-from tasks.splits import Split, client_split, model_for, model_inputs, own_split
+from tasks.splits import (
+    Split,
+    client_split,
+    expected_partition_size,
+    model_for,
+    model_inputs,
+    own_split,
+)
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 from . import together
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
-from .local_dp import dp_round, release_digest
+from .local_dp import LocalDPError, dp_round, release_digest
 from .postprocess import update_steps
 
 
@@ -37,6 +44,7 @@ class Client:
     partition_id: int
     num_partitions: int
     data: Split
+    own_data: bool = False
 
     @classmethod
     def of(cls, context: Context) -> Client:
@@ -45,7 +53,8 @@ class Client:
         pid = int(context.node_config["partition-id"])
         n = int(context.node_config["num-partitions"])
         own = context.node_config.get(DATA_PATH)
-        return cls(cfg, pid, n, own_split(cfg, str(own)) if own else client_split(cfg, pid, n))
+        return cls(cfg, pid, n, own_split(cfg, str(own)) if own else client_split(cfg, pid, n),
+                   bool(own))
 
     @property
     def seed(self) -> int:
@@ -60,6 +69,23 @@ class Client:
         model, _ = model_for(self.cfg)
         model.load_state_dict(state)
         return model
+
+    def public_records(self) -> int:
+        """N, the public record count local DP-SGD's schedule comes from under add/remove
+        (:mod:`privacy.dp.public`): ``dp-public-records``, or the run's expected partition
+        size, a function of the configuration only (0 under replace-one: n is public)."""
+        p = self.cfg.privacy
+        if p.dp_relation != "add-remove":
+            return 0
+        if p.public_records:
+            return p.public_records
+        if self.own_data:
+            raise LocalDPError(
+                "this SuperNode serves its own data, so the run cannot derive a public record "
+                "count for local DP-SGD's schedule from the dataset: set dp-public-records "
+                "(the size every client's schedule assumes, fixed before the data), or "
+                "dp-relation = 'replace-one' to treat each client's record count as public.")
+        return expected_partition_size(self.cfg, self.num_partitions)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as the model reads it (e.g. hashed embeddings, with the hashing anonymizer)."""
@@ -193,9 +219,13 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
                                "num-examples": len(y)}
     start = time.perf_counter()
     if cfg.privacy.dp == "local":
+        public = client.public_records()
         outcome = dp_round(cfg, context, model, x, y, client.num_partitions, seed, device,
                            ids=ids, canaries=hook, server_round=server_round,
-                           digest=release_digest(cfg, server_round, state, device))
+                           digest=release_digest(cfg, server_round, state, device),
+                           public_records=public)
+        if public:  # FedAvg's weight: the public size, not the private n
+            metrics["num-examples"] = public
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from privacy.anonymize import dp_sgd_unit
+from privacy.dp.accounting import ACCOUNTANT_NAMES
 from strategies.central_dp import CentralPrivacy
 from strategies.rounds import RoundLog
 from tasks.config import RunConfig
@@ -72,6 +73,9 @@ class PrivacyLog:
     def __init__(self, cfg: RunConfig, central: CentralPrivacy | None, num_clients: int) -> None:
         self.mode = cfg.privacy.dp
         self.unit = dp_sgd_unit(cfg.anonymization.anonymizer, cfg.privacy.dp_train_data)
+        self.relation = cfg.privacy.dp_relation
+        self.accountant = ACCOUNTANT_NAMES[cfg.privacy.accountant]
+        self.public = cfg.privacy.public_records
         self.target = cfg.privacy.target_epsilon
         self.num_clients = num_clients
         self.central = central
@@ -140,4 +144,12 @@ class PrivacyLog:
         spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
         return {"mode": "local", "epsilon-max": max(spent), "epsilon-mean": sum(spent) / len(spent),
                 "delta-max": max(self.delta.values(), default=0.0), "target-epsilon": self.target,
-                "unit": self.unit, "neighbours": f"add or remove one {self.unit} of a client"}
+                "unit": self.unit, "dp-relation": self.relation,
+                "neighbours": (f"add or remove one {self.unit} of a client"
+                               if self.relation == "add-remove"
+                               else f"replace one {self.unit} of a client"),
+                "public": ("the configuration and the public size N "
+                           f"({self.public or 'the expected partition size'}): q, steps, "
+                           "normaliser, sigma, delta" if self.relation == "add-remove"
+                           else "the configuration and each client's record count n"),
+                "accountant": self.accountant}

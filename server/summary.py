@@ -36,7 +36,9 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
             f"{privacy['target-epsilon'] or 'none'}; {privacy['clients-out-of-budget']} "
             "client(s) ran out of budget"
             + (f" (first in round {privacy['first-out-of-budget-round']})"
-               if privacy.get("first-out-of-budget-round") else ""))
+               if privacy.get("first-out-of-budget-round") else "")
+            + (f"; accountant {privacy['accountant']}; public: {privacy['public']}"
+               if "accountant" in privacy else ""))
         if unit != "record":
             lines.append(
                 f"- **the epsilon is per released row, not per person**: DP-SGD trained on "

@@ -114,6 +114,12 @@ def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...
                              PartitionArgs.of(cfg.data, cfg.training.seed))
 
 
+def expected_partition_size(cfg: RunConfig, num_partitions: int) -> int:
+    """The clients' training rows divided by the partitions, rounded down: a function of
+    the configuration (dataset, public and reference fractions), not of any partition."""
+    return max(1, len(dataset_for(cfg).y_train) // max(1, num_partitions))
+
+
 def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Split:
     """The training examples held by one client (pixels, or their embeddings)."""
     data = dataset_for(cfg)

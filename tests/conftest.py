@@ -104,9 +104,23 @@ def only_run(results: Path) -> Path:
     return runs[0]
 
 
-def fresh_epsilon(history, delta: float, kind: str = "rdp") -> float:
-    """Epsilon of a fresh Opacus accountant (RDP or PRV) given a whole history of
-    (noise multiplier, sample rate, steps) entries: the reference the ledgers must match."""
+def fresh_epsilon(history, delta: float, kind: str = "rdp",
+                  relation: str = "add-remove") -> float:
+    """Epsilon of a fresh accountant given a whole history of (noise multiplier, sample
+    rate, steps) entries: the reference the ledgers must match. ``pld``: dp-accounting's
+    PLD accountant, each entry one self-composed event (built here, apart from fedpriv's
+    code); ``rdp``/``prv``: Opacus'."""
+    if kind == "pld":
+        import dp_accounting as dpa
+        from dp_accounting.pld import PLDAccountant
+
+        rel = (dpa.NeighboringRelation.ADD_OR_REMOVE_ONE if relation == "add-remove"
+               else dpa.NeighboringRelation.REPLACE_ONE)
+        acc = PLDAccountant(rel)
+        acc.compose(dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)) if q < 1
+            else dpa.GaussianDpEvent(s), n) for s, q, n in history]))
+        return acc.get_epsilon(delta)
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     acc = RDPAccountant() if kind == "rdp" else PRVAccountant()

@@ -260,11 +260,22 @@ def test_dp_cvae_is_accounted_and_trains_without_peeking_at_validation_data():
     info = rel.info
     assert info["dp"] and info["epochs"] == 4  # no early stopping under DP
     assert info["clip"] == 0.5 and info["delta"] == pytest.approx(1 / (10 * 240))
-    # the reported epsilon is a fresh Opacus accountant's over the steps taken: 4 epochs
-    # of ceil(240 / 32) = 8 Poisson batches at rate 1/8
-    expected = fresh_epsilon([(info["noise-multiplier"], 1 / 8, 32)], info["delta"])
+    # without cvae-public-records, n is public: replace-one neighbours. The reported epsilon
+    # is dp-accounting's PLD (REPLACE_ONE) over the steps taken: 4 epochs of
+    # ceil(240 / 32) = 8 Poisson batches at rate 32/240
+    assert info["dp-relation"] == "replace-one" and info["public-records"] == 240
+    expected = fresh_epsilon([(info["noise-multiplier"], 32 / 240, 32)], info["delta"],
+                             "pld", "replace-one")
     assert info["epsilon"] == pytest.approx(expected, rel=1e-6)
-    assert 2.9 <= info["epsilon"] <= 3.0  # calibrated to the target, without wasting it
+    assert 2.99 <= info["epsilon"] <= 3.0  # calibrated to the target, without wasting it
+    # with a public size the schedule is that size's, add/remove neighbours
+    p = params("cvae", **{"cvae-epsilon": 3.0, "cvae-epochs": 2, "cvae-latent": 4,
+                          "cvae-clip": 0.5, "cvae-batch-size": 32,
+                          "cvae-public-records": 320})
+    info = cvae_release(x, y, p, 3, 0).info
+    assert info["dp-relation"] == "add-remove" and info["delta"] == pytest.approx(1 / 3200)
+    assert info["epsilon"] == pytest.approx(fresh_epsilon(
+        [(info["noise-multiplier"], 0.1, 20)], 1 / 3200, "pld"), rel=1e-6)
     assert np.bincount(rel.y, minlength=3).tolist() == np.bincount(y, minlength=3).tolist()
 
 

@@ -97,7 +97,7 @@ def test_rdp_epsilon_is_opacus_to_the_bit():
     for history in ([(1.0, 1 / 13, 13)], [(1.1, 0.125, 40), (0.9, 0.02, 300)]):
         acc = create_accountant("rdp")
         acc.history = list(history)
-        assert epsilon(history, 1e-5) == float(acc.get_epsilon(1e-5))
+        assert epsilon(history, 1e-5, "rdp") == float(acc.get_epsilon(1e-5))
 
 
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])

@@ -127,11 +127,13 @@ def _local_dp_accounting_budget_and_exhaustion(privacy_sweep):
         if r["clients"]:
             (c,) = r["clients"]
             trained[pid] += 1
-            steps = 21 * trained[pid]  # ceil(1333 / 64) Poisson batches per epoch
-            assert c["sample-rate"] == pytest.approx(1 / 21)
-            assert c["dp-steps"] == steps
+            # the public size N = 4,000 // 3 = 1,333: ceil(N / 64) Poisson batches per
+            # epoch at q = 64 / N, whatever the client's own n
+            steps = 21 * trained[pid]
+            assert c["sample-rate"] == pytest.approx(64 / 1333) and c["num-examples"] == 1333
+            assert c["dp-steps"] == steps and c["delta"] == pytest.approx(1 / 13330)
             expected = fresh_epsilon([(c["noise-multiplier"], c["sample-rate"], steps)],
-                                     c["delta"])
+                                     c["delta"], "pld")
             assert c["epsilon"] == pytest.approx(expected, rel=1e-6)
             assert c["epsilon"] <= 2.0
         else:  # the client had planned for 2 rounds: a 3rd would exceed its budget

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from clients.anonymized import holdout_split
-from clients.local_dp import LocalDPError, new_ledger, steps_per_epoch
+from clients.local_dp import LocalDPError, new_ledger
 from clients.update import Client, training_data
 from privacy.anonymize import anonymize, dp_sgd_unit, rowwise_anonymizers
 from privacy.dp.accounting import (
@@ -19,6 +19,7 @@ from privacy.dp.accounting import (
     planned_rounds,
 )
 from privacy.dp.dpsgd import UnsupportedModelError, check_model, make_private, resolve_mode
+from privacy.dp.public import PublicSchedule
 from tasks.config import ConfigError, validate
 from tasks.models import build_model
 from tasks.seeding import derive_seed
@@ -28,16 +29,34 @@ from tasks.training import make_loader, sgd, train_epochs
 from .conftest import fresh_epsilon
 
 
-def test_ledger_epsilon_equals_a_fresh_accountant_over_the_whole_history():
-    ledger = ClientLedger(noise_multiplier=1.1, sample_rate=1 / 13, delta=1e-4)
+@pytest.mark.parametrize("kind", ["pld", "rdp"])
+def test_ledger_epsilon_equals_a_fresh_accountant_over_the_whole_history(kind):
+    ledger = ClientLedger(noise_multiplier=1.1, sample_rate=1 / 13, delta=1e-4,
+                          accountant=kind)
     assert ledger.epsilon() == 0.0
     for _ in range(3):  # three rounds of 13 steps
         ledger.record(13)
     assert ledger.history == [(1.1, 1 / 13, 39)]  # consecutive identical entries merge
-    expected = fresh_epsilon([(1.1, 1 / 13, 13)] * 3, 1e-4)
-    assert ledger.epsilon() == pytest.approx(expected, rel=1e-9)
+    expected = fresh_epsilon([(1.1, 1 / 13, 13)] * 3, 1e-4, kind)
+    assert ledger.epsilon() == pytest.approx(expected, rel=1e-6)
     # a one-round accountant (Flower's Opacus example) reports far less
-    assert fresh_epsilon([(1.1, 1 / 13, 13)], 1e-4) < 0.7 * expected
+    assert fresh_epsilon([(1.1, 1 / 13, 13)], 1e-4, kind) < 0.7 * expected
+
+
+def test_the_default_claim_is_dp_accountings_pld_and_tighter_than_rdp():
+    # the audit's Poisson setting (q 0.1, 30 steps): PLD 6.90 where RDP says 8.00
+    assert ClientLedger(1.0, 0.1, 1e-5).accountant == "pld"
+    for sigma, q, steps in [(0.8, 0.1, 30), (1.1, 0.1, 30), (1.0, 1 / 13, 39)]:
+        pld = epsilon([(sigma, q, steps)], 1e-5)
+        assert pld == pytest.approx(fresh_epsilon([(sigma, q, steps)], 1e-5, "pld"), rel=1e-9)
+        assert pld < 0.95 * epsilon([(sigma, q, steps)], 1e-5, "rdp")
+    # replace-one: dp-accounting's REPLACE_ONE analysis, larger than add-remove's
+    r1 = epsilon([(1.0, 0.1, 30)], 1e-5, "pld", "replace-one")
+    assert r1 == pytest.approx(fresh_epsilon([(1.0, 0.1, 30)], 1e-5, "pld", "replace-one"),
+                               rel=1e-9)
+    assert r1 > epsilon([(1.0, 0.1, 30)], 1e-5, "pld")
+    with pytest.raises(ValueError, match="add/remove neighbours only"):
+        epsilon([(1.0, 0.1, 30)], 1e-5, "rdp", "replace-one")
 
 
 def test_prv_accountant_is_supported_and_tighter():
@@ -71,7 +90,7 @@ def test_budget_check_looks_ahead_one_round():
     assert ledger.would_exceed(10)
 
 
-@pytest.mark.parametrize("kind", ["rdp", "prv"])
+@pytest.mark.parametrize("kind", ["pld", "rdp", "prv"])
 def test_calibration_meets_the_target_without_wasting_it(kind):
     sigma = calibrate_noise(3.0, 1e-5, 0.02, 500, kind)
     eps = fresh_epsilon([(sigma, 0.02, 500)], 1e-5, kind)
@@ -82,6 +101,8 @@ def test_too_small_a_budget_is_reported():
     # one accountant call at Opacus' largest sigma, not its ~17 doublings (about 20 s)
     with pytest.raises(BudgetTooSmall, match="cannot be met .* even a noise multiplier of "
                                              "1e\\+06 gives epsilon 0.10"):
+        calibrate_noise(1e-4, 1e-5, 0.5, 10_000, "rdp")
+    with pytest.raises(BudgetTooSmall, match="cannot be met .* under dp-accounting's PLD"):
         calibrate_noise(1e-4, 1e-5, 0.5, 10_000)
     # dp-accounting directly agrees that no noise Opacus tries is enough under RDP
     from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
@@ -105,21 +126,28 @@ def _cfg(**kw):
 
 def test_new_ledger_derives_sigma_from_the_whole_run():
     cfg = _cfg(**{"target-epsilon": 2.0, "num-server-rounds": 4, "batch-size": 32})
-    ledger = new_ledger(cfg, 400, 10)
-    per_epoch = steps_per_epoch(400, 32)
-    assert per_epoch == 13 and ledger.sample_rate == pytest.approx(1 / 13)
-    assert ledger.delta == pytest.approx(1 / 4000)
-    eps_full = fresh_epsilon([(ledger.noise_multiplier, 1 / 13, 4 * per_epoch)], 1 / 4000)
-    assert 1.95 <= eps_full <= 2.0
-    fixed = new_ledger(_cfg(**{"noise-multiplier": 0.7}), 400, 10)
+    plan = PublicSchedule(400, 32)
+    ledger = new_ledger(cfg, plan, 10)
+    per_epoch = plan.steps_per_epoch
+    assert per_epoch == 13 and ledger.sample_rate == pytest.approx(32 / 400)
+    assert ledger.delta == pytest.approx(1 / 4000) and ledger.accountant == "pld"
+    eps_full = fresh_epsilon([(ledger.noise_multiplier, 32 / 400, 4 * per_epoch)], 1 / 4000,
+                             "pld")
+    assert 1.99 <= eps_full <= 2.0
+    fixed = new_ledger(_cfg(**{"noise-multiplier": 0.7}), plan, 10)
     assert fixed.noise_multiplier == 0.7 and fixed.budget == 0
 
 
 def test_bad_local_dp_settings_are_explained():
-    with pytest.raises(LocalDPError, match="delta = 0.01 is not below 1/n"):
-        new_ledger(_cfg(delta=0.01), 400, 10)
+    with pytest.raises(LocalDPError, match="delta = 0.01 is not below 1/N"):
+        new_ledger(_cfg(delta=0.01), PublicSchedule(400, 32), 10)
     with pytest.raises(LocalDPError, match="cannot be met"):
-        new_ledger(_cfg(**{"target-epsilon": 1e-4}), 400, 10)
+        new_ledger(_cfg(**{"target-epsilon": 1e-4, "accountant": "rdp"}),
+                   PublicSchedule(400, 32), 10)
+    with pytest.raises(ConfigError, match="Opacus' accountants analyse add/remove"):
+        validate({"dp": "local", "dp-relation": "replace-one", "accountant": "rdp"})
+    with pytest.raises(ConfigError, match="no public size is used"):
+        validate({"dp": "local", "dp-relation": "replace-one", "dp-public-records": 100})
     with pytest.raises(ConfigError, match="gives no privacy"):
         validate({"dp": "local", "noise-multiplier": 0})
     with pytest.raises(ConfigError, match="proximal term would be silently dropped"):
@@ -245,7 +273,8 @@ def test_auto_mode_choice():
     assert resolve_mode("auto", "resnet18") == "hooks"
     assert resolve_mode("auto", "small-cnn") == "bookkeeping"
     assert resolve_mode("hooks", "cnn") == "hooks"
-    assert math.isclose(1 / steps_per_epoch(60, 8), 0.125)
+    assert math.isclose(PublicSchedule(60, 8).sample_rate, 8 / 60)
+    assert PublicSchedule(60, 8).steps_per_epoch == 8 and PublicSchedule(5, 8).sample_rate == 1
 
 
 @pytest.mark.parametrize("name", sorted(rowwise_anonymizers() - {"none"})
@@ -323,10 +352,12 @@ def test_the_pre_flight_check_states_the_local_dp_settings_a_run_will_use():
     text = preflight(cfg).privacy
     assert text.startswith("local DP-SGD (record-level): noise multiplier ")
     assert "clipping 1.0, target-epsilon 2.0 per client" in text
-    sigma = float(text.split("noise multiplier ")[1].split(",")[0].split("–")[0])
-    # 1,333 or 1,334 records: 21 batches of q = 64/n an epoch, 2 planned rounds
+    sigma = float(text.split("noise multiplier ")[1].split(",")[0])  # one for every client
+    # public N = 4,000 // 3 = 1,333: 21 batches of q = 64/N an epoch, 2 planned rounds
+    assert "public N = 1333 records (the expected partition size): q = 0.04801, 21 steps" \
+        in text and "add-remove neighbours" in text and "dp-accounting PLD" in text
     assert sigma == pytest.approx(calibrate_noise(2.0, 1 / (10 * 1333), 64 / 1333, 42),
-                                  rel=0.02)
+                                  rel=1e-3)
 
 
 @pytest.mark.parametrize("mode", ["hooks", "bookkeeping"])

@@ -248,10 +248,11 @@ def test_the_summary_names_each_failed_client_its_round_and_cause():
 
 def _dp_accounting_epsilon(client: dict) -> float:
     """A client's epsilon from its reported DP-SGD parameters, by Google's dp-accounting
-    (RDP of the Poisson-subsampled Gaussian), independent of fedpriv's accountant."""
+    (PLD of the Poisson-subsampled Gaussian), built here apart from fedpriv's accountant."""
     import dp_accounting
+    from dp_accounting.pld import PLDAccountant
 
-    acc = dp_accounting.rdp.RdpAccountant()
+    acc = PLDAccountant()
     acc.compose(dp_accounting.PoissonSampledDpEvent(
         client["sample-rate"], dp_accounting.GaussianDpEvent(client["noise-multiplier"])),
         int(client["dp-steps"]))

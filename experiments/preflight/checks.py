@@ -24,12 +24,13 @@ import psutil
 import torch
 
 from clients.anonymized import released_data
-from clients.local_dp import LocalDPError, new_ledger
+from clients.local_dp import LocalDPError, new_ledger, schedule
 from clients.update import observed_rows
 from privacy.anonymize import AnonymizationError, dp_sgd_unit
 from privacy.anonymize.registry import ANONYMIZERS
 from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
+from privacy.dp.accounting import ACCOUNTANT_NAMES
 from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from privacy.registry import Registry
@@ -43,6 +44,7 @@ from tasks.seeding import derive_seed
 from tasks.splits import (
     client_split,
     dataset_for,
+    expected_partition_size,
     feature_shape,
     heldout_split,
     model_for,
@@ -296,22 +298,31 @@ def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
         check_mode(resolve_mode(cfg.privacy.grad_sample_mode, name), model)
     except UnsupportedModelError as exc:
         raise ConfigError(str(exc)) from None
+    p = cfg.privacy
+    public = (p.public_records or expected_partition_size(cfg, len(sizes))
+              if p.dp_relation == "add-remove" else 0)
     ledgers = {}
     for n in sorted(set(sizes)):
+        plan = schedule(cfg, public, n)
         try:
-            ledgers[n] = new_ledger(cfg, n, len(sizes))
+            ledgers[plan] = new_ledger(cfg, plan, len(sizes))
         except LocalDPError as exc:
             raise ConfigError(f"dp = 'local', client with {n} records: {exc}") from None
     sigmas = [s.noise_multiplier for s in ledgers.values()]
     lo, hi = min(sigmas), max(sigmas)
-    p = cfg.privacy
+    first = next(iter(ledgers))
+    origin = "dp-public-records" if p.public_records else "the expected partition size"
+    schedule_text = (f"public N = {public} records ({origin}): q = {first.sample_rate:.4g}, "
+                     f"{first.steps_per_epoch} steps an epoch" if public
+                     else "n public (replace-one): q = B / n per client")
     budget = f"target-epsilon {p.target_epsilon} per client" if p.target_epsilon else "no budget"
     unit = dp_sgd_unit(cfg.anonymization.anonymizer, p.dp_train_data)
     caveat = ("; NOTE: epsilon per released row, not per original record (see dp-train-data)"
               if unit != "record" else "")
     return (f"local DP-SGD ({unit}-level): noise multiplier {lo:.3f}"
             + (f"–{hi:.3f}" if hi > lo else "")
-            + f", clipping {p.max_grad_norm}, {budget}, grad-sample mode "
+            + f", clipping {p.max_grad_norm}, {budget}, {p.dp_relation} neighbours, "
+            f"{schedule_text}, accountant {ACCOUNTANT_NAMES[p.accountant]}, grad-sample mode "
             f"{resolve_mode(p.grad_sample_mode, name)}{caveat}")
 
 

@@ -37,7 +37,6 @@ from ..dp.accounting import auto_delta, calibrate_noise, epsilon
 
 if TYPE_CHECKING:  # scikit-learn costs about a second to import: only when a CVAE trains
     from sklearn.preprocessing import MinMaxScaler
-from ..dp.dpsgd import import_opacus
 from .params import CVAEParams
 from .release import AnonymizationError, Release
 
@@ -153,25 +152,33 @@ def train_cvae(x: np.ndarray, y: np.ndarray, num_classes: int, p: CVAEParams,
     info.update({"epochs": epoch, "validation-loss": None if best == math.inf else best,
                  "train-loss": total / max(seen, 1)})
     if private is not None:
-        info["epsilon"] = epsilon(private.accountant.history, info["delta"])
+        info["epsilon"] = epsilon(private.history(), info["delta"], "pld",
+                                  info["dp-relation"])
     return TrainedCVAE(plain.eval(), scaler, info)
 
 
 def _make_private(model: nn.Module, opt: torch.optim.Optimizer, loader: Any, p: CVAEParams,
                   n_train: int, max_epochs: int, info: dict[str, Any]) -> tuple[Any, ...]:
-    """DP-SGD for the CVAE (Opacus), its noise calibrated to ``cvae-epsilon`` over the whole
-    training (Poisson batches)."""
-    import_opacus()
-    from opacus import PrivacyEngine  # after import_opacus(): see its docstring
+    """DP-SGD for the CVAE, its noise calibrated to ``cvae-epsilon`` over the whole
+    training (Poisson batches, dp-accounting's PLD). Its schedule comes from
+    ``cvae-public-records`` (add/remove neighbours) or, when that is 0, from n itself,
+    public under replace-one neighbours (:mod:`privacy.dp.public`): never a private count
+    under the relation claimed."""
+    from ..dp.dpsgd import make_private
+    from ..dp.public import schedule_for
 
-    delta = auto_delta(n_train)
-    sigma = calibrate_noise(p.cvae_epsilon, delta, 1 / len(loader), max_epochs * len(loader))
-    private = PrivacyEngine(accountant="rdp")
-    model, opt, loader = private.make_private(
-        module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma,
-        max_grad_norm=p.cvae_clip, poisson_sampling=True)
-    info.update({"noise-multiplier": sigma, "delta": delta, "clip": p.cvae_clip})
-    return model, opt, loader, private
+    relation = "add-remove" if p.cvae_public_records else "replace-one"
+    plan = schedule_for(relation, p.cvae_batch_size, p.cvae_public_records, n_train)
+    delta = auto_delta(plan.records)
+    sigma = calibrate_noise(p.cvae_epsilon, delta, plan.sample_rate,
+                            max_epochs * plan.steps_per_epoch, "pld", relation)
+    private = make_private(model, opt, loader, noise_multiplier=sigma,
+                           max_grad_norm=p.cvae_clip, grad_sample_mode="hooks",
+                           accountant="pld", schedule=plan)
+    info.update({"noise-multiplier": sigma, "delta": delta, "clip": p.cvae_clip,
+                 "dp-relation": relation, "public-records": plan.records,
+                 "accountant": "dp-accounting PLD"})
+    return private.model, private.optimizer, private.loader, private
 
 
 def _epoch(model: nn.Module, loader: Any, opt: torch.optim.Optimizer, beta: float,

@@ -74,3 +74,4 @@ class CVAEParams:
     cvae_batch_size: int
     cvae_epsilon: float
     cvae_clip: float
+    cvae_public_records: int = 0

@@ -7,11 +7,12 @@ Every value in a client's reply is one of:
   (``keeps-state``) and found it (``has-state``), and whether its operator agreed to a
   malicious-server study (``accepts-trap-weights``): node configuration, not data; the
   server knows whom it talks to.
-- **a function of the record count n and the config**: ``num-examples`` and what local
-  DP-SGD derives from n (``epsilon``, ``delta``, ``noise-multiplier``, ``sample-rate``,
-  ``dp-steps``, ``dp-skipped``, ``train-steps``). DP-SGD's accounting treats n as public
-  (the sampling rate q = B / n is part of the mechanism, as in Abadi et al. 2016 and
-  Opacus), so under local DP these are disclosed and documented as such.
+- **a function of the config and the public size**: ``num-examples`` and what local
+  DP-SGD's public schedule fixes (``epsilon``, ``delta``, ``noise-multiplier``,
+  ``sample-rate``, ``dp-steps``, ``dp-skipped``, ``train-steps``). Under add/remove
+  neighbours they come from the public size N (:mod:`privacy.dp.public`), so they reveal
+  nothing about the client's records; under replace-one from n, which that relation
+  makes public.
 - **a function of the weights the server sent**: ``screen-refused`` (the client's
   ``client-screen`` refused them, :mod:`privacy.screening`): the server could compute it.
 - **data-dependent** (everything else: training loss and accuracy, evaluation results,
@@ -74,8 +75,8 @@ def policy(dp: str, secure_aggregation: bool, report_all: bool) -> Disclosure:
                                         "function of its record count)" if dp == "local" else ""))
     if dp == "local":
         return Disclosure(IDENTITY | SENT_WEIGHTS | RECORD_COUNT,
-                          "local DP: only the DP-SGD update and values derived from the record "
-                          "count (treated as public, as DP-SGD's accounting does)")
+                          "local DP: only the DP-SGD update and values its public schedule "
+                          "fixes (public size N, or n under replace-one)")
     return Disclosure(None, "no client-side privacy claim, so clients send all their metrics"
                       + ("; central DP protects the released model, and the server sees raw "
                          "updates" if dp == "central" else ""))

@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .modes import GRAD_SAMPLE_MODES
+from .public import PublicSchedule
 
 
 class UnsupportedModelError(ValueError):
@@ -134,10 +135,26 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_module", model)
 
 
+def _opacus_accountant(accountant: str) -> str:
+    """The Opacus accountant that records the steps (pld is fedpriv's, from that history)."""
+    return "rdp" if accountant == "pld" else accountant
+
+
+def _apply_schedule(loader: Any, optimizer: Any, acc: Any, schedule: PublicSchedule) -> None:
+    """Give Opacus' Poisson loader, optimizer and accountant hook the public schedule in
+    place of what they derived from the data's length (:mod:`privacy.dp.public`)."""
+    q = schedule.sample_rate
+    loader.sample_rate = q
+    loader.batch_sampler.sample_rate = q
+    loader.batch_sampler.steps = schedule.steps_per_epoch
+    optimizer.expected_batch_size = schedule.expected_batch_size
+    optimizer.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=q))
+
+
 def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, seed: int | None,
-                 accountant: str, secure: bool, noise: torch.Generator | None
-                 ) -> PrivateTraining:
+                 accountant: str, secure: bool, noise: torch.Generator | None,
+                 schedule: PublicSchedule | None = None) -> PrivateTraining:
     """DP-SGD with book-keeping clipping (:mod:`privacy.dp.bookkeeping`), assembled from
     the same Opacus parts ``PrivacyEngine.make_private`` uses — the Poisson data loader,
     ``DPOptimizer``'s noise and scaling, the accountant and its step hook — with the
@@ -161,8 +178,10 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         max_grad_norm=max_grad_norm,
         expected_batch_size=int(len(dp_loader.dataset) * sample_rate),
         loss_reduction="mean", generator=rng or noise, secure_mode=secure)
-    acc = create_accountant(mechanism=accountant)
+    acc = create_accountant(mechanism=_opacus_accountant(accountant))
     dp_opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=sample_rate))
+    if schedule is not None:
+        _apply_schedule(dp_loader, dp_opt, acc, schedule)
     return PrivateTraining(wrapped, dp_opt, dp_loader, nn.CrossEntropyLoss(),
                            SimpleNamespace(accountant=acc), "bookkeeping")
 
@@ -181,8 +200,14 @@ def secure_generator() -> torch.Generator:
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "hooks",
                  seed: int | None = None, accountant: str = "rdp",
-                 secure: bool = False, noise_seed: int | None = None) -> PrivateTraining:
-    """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling at rate B / n.
+                 secure: bool = False, noise_seed: int | None = None,
+                 schedule: PublicSchedule | None = None) -> PrivateTraining:
+    """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling.
+
+    With a ``schedule`` the sampling rate, steps per epoch and normaliser are its public
+    values (:mod:`privacy.dp.public`: what a release must depend on under add/remove
+    neighbours); without one they are Opacus' own, derived from the loader's length
+    (q = 1 / ceil(n / B), normaliser int(n q)), which reveals n.
 
     ``grad_sample_mode`` is ``hooks``, ``ghost`` or ``bookkeeping`` (see
     :func:`resolve_mode` for auto).
@@ -206,8 +231,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         check_mode(mode, model)
         return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
                             max_grad_norm=max_grad_norm, seed=seed, accountant=accountant,
-                            secure=secure, noise=noise)
-    engine = PrivacyEngine(accountant=accountant)
+                            secure=secure, noise=noise, schedule=schedule)
+    engine = PrivacyEngine(accountant=_opacus_accountant(accountant))
     if secure:  # Opacus' secure mode without torchcsprng (see secure_generator)
         engine.secure_mode = True
         engine.secure_rng = secure_generator()
@@ -224,4 +249,6 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         dp_model, dp_opt, criterion, dp_loader = out
     else:
         (dp_model, dp_opt, dp_loader), criterion = out, nn.CrossEntropyLoss()
+    if schedule is not None:
+        _apply_schedule(dp_loader, dp_opt, engine.accountant, schedule)
     return PrivateTraining(dp_model, dp_opt, dp_loader, criterion, engine, mode)

@@ -61,6 +61,18 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
             errors.append("dp = 'local' with noise-multiplier = 0 and no target-epsilon gives "
                           "no privacy (epsilon is infinite). Set target-epsilon (e.g. 5) or a "
                           "positive noise-multiplier, or use dp = 'none'.")
+        if p.dp_relation == "replace-one" and p.accountant != "pld":
+            errors.append(f"dp-relation = 'replace-one' with accountant = {p.accountant!r}: "
+                          "Opacus' accountants analyse add/remove neighbours only, so that "
+                          "epsilon would not be a replace-one guarantee. Use accountant = "
+                          "'pld' (dp-accounting's replace-one analysis), or dp-relation = "
+                          "'add-remove'.")
+        if p.dp_relation == "replace-one" and p.public_records:
+            errors.append(f"dp-public-records = {p.public_records} with dp-relation = "
+                          "'replace-one': under replace-one neighbours share their record "
+                          "count, so each client's schedule comes from its own n and no "
+                          "public size is used. Remove dp-public-records, or use dp-relation "
+                          "= 'add-remove'.")
         if strategy == "fedprox":
             errors.append("strategy = 'fedprox' with dp = 'local' is not supported: Opacus "
                           "replaces each gradient by the clipped, noised per-sample sum, so "

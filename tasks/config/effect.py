@@ -125,6 +125,8 @@ RULES: dict[str, Rule] = {
     "target-epsilon": _LOCAL_ONLY,
     "max-grad-norm": _LOCAL_ONLY,
     "dp-train-data": _LOCAL_ONLY,
+    "dp-relation": _LOCAL_ONLY,
+    "dp-public-records": _LOCAL_ONLY,
     "grad-sample-mode": _LOCAL_ONLY,
     "noise-multiplier": Unless("dp", ("none",)),
     "central-clipping": _CENTRAL_ONLY,

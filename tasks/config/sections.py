@@ -10,7 +10,7 @@ from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, fields
 from typing import Any
 
-from privacy.dp.accounting import ACCOUNTANTS
+from privacy.dp.accounting import ACCOUNTANTS, RELATIONS
 from privacy.dp.modes import CENTRAL_CLIPPINGS, CLIENT_SAMPLINGS, GRAD_SAMPLE_MODES
 from privacy.screening import SCREENS
 
@@ -141,9 +141,24 @@ class PrivacyConfig(Section):
                            "unpredictable OS-seeded generator with Opacus' secure-mode "
                            "sampling (sum of 4 Gaussians, robust to floating-point attacks). "
                            "Runs are then not reproducible.")
-    accountant: str = key("rdp", "Privacy accountant: rdp (Renyi DP, Mironov 2017) or prv "
-                          "(privacy random variables, Gopi et al. 2021; tighter, slower).",
-                          choices=ACCOUNTANTS)
+    accountant: str = key("pld", "dp = local: privacy accountant. pld = dp-accounting's "
+                          "privacy-loss distribution (Koskela et al. 2020; the tightest valid "
+                          "epsilon, either relation); rdp = Opacus' Renyi DP (Mironov 2017; "
+                          "looser, add-remove only); prv = Opacus' privacy random variables "
+                          "(Gopi et al. 2021; add-remove only).", choices=ACCOUNTANTS)
+    dp_relation: str = key("add-remove", "dp = local: the neighbouring relation epsilon is "
+                           "stated for. add-remove = one record more or less: the client's "
+                           "record count is private, so DP-SGD's sampling rate, steps and "
+                           "normaliser come from a public size (dp-public-records); "
+                           "replace-one = one record changed: the record count is public and "
+                           "they come from it (accountant = pld).", choices=RELATIONS)
+    public_records: int = key(0, "dp = local, dp-relation = add-remove: the public record "
+                              "count N DP-SGD's schedule is fixed from: Poisson rate "
+                              "min(1, B / N), ceil(N / B) steps per local epoch, normaliser "
+                              "min(B, N), and FedAvg's weight. 0 = the run's expected "
+                              "partition size (training rows / num-clients); a SuperNode "
+                              "serving its own data needs it set.", lo=0,
+                              name="dp-public-records")
     grad_sample_mode: str = key("auto", "How DP-SGD computes per-sample gradient norms: hooks "
                                 "(Opacus, per-sample gradients), ghost (Opacus' ghost "
                                 "clipping) or bookkeeping (one backward pass; Linear and "

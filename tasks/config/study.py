@@ -90,6 +90,12 @@ class AnonymizationConfig(Section):
                               "accounted); 0 = no DP.", lo=0)
     cvae_clip: float = key(1.0, "cvae with cvae-epsilon: per-sample gradient clipping norm "
                            "of the DP-CVAE.", lo=0, lo_open=True)
+    cvae_public_records: int = key(0, "cvae with cvae-epsilon: the public record count N the "
+                                   "DP-CVAE's Poisson rate (B / N), steps (ceil(N / B) an "
+                                   "epoch) and normaliser come from, so that cvae-epsilon "
+                                   "holds for add/remove neighbours. 0 = the client's own n, "
+                                   "treated as public: cvae-epsilon is then for replace-one "
+                                   "neighbours.", lo=0)
     cvae_rounds: int = key(20, "cvae-federated: rounds in which clients train the CVAE "
                            "together (decoders averaged with FedAvg) before the head is "
                            "trained.", lo=1)
