@@ -57,7 +57,7 @@ def central_params(cfg: RunConfig, num_clients: int,
                                                      fed.min_train_clients),
         adaptive=p.central_clipping.endswith("adaptive"), delta=p.delta,
         max_epsilon=p.max_epsilon, secure_rng=p.secure_rng,
-        quantization_slack=quantization_slack)
+        quantization_slack=quantization_slack, accountant=p.accountant)
 
 
 def central_privacy(cfg: RunConfig, num_clients: int, slack: float = 0.0) -> CentralPrivacy:
@@ -119,7 +119,8 @@ class CentralPrivacy:
                "denominator": p.denominator, "population": p.population,
                "releases": self.accountant.releases,
                "released-this-round": self.last_round_released,
-               "neighbours": NEIGHBOURS, "accounting": p.describe_accounting()}
+               "neighbours": NEIGHBOURS, "accounting": p.describe_accounting(),
+               "accountant": f"dp-accounting {p.accountant.upper()}"}
         if p.sampling == "poisson":
             out["sampling-rate"] = p.fraction
         else:

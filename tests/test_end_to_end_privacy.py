@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from dp_accounting import GaussianDpEvent, NeighboringRelation
-from dp_accounting.rdp import RdpAccountant
+from dp_accounting.pld import PLDAccountant
 
 from privacy.dp.disclosure import IDENTITY, RECORD_COUNT, SENT_WEIGHTS
 from tasks.results.folder import read_run_info
@@ -36,8 +36,9 @@ def _seed_with_oversampling(rounds, clients, planned):
 def _central_reference(k):
     """Client-level epsilon after k rounds of 2-of-4 central DP at z = 1 (dp-accounting
     directly, not fedpriv's accountant): one client joining can displace another, so each
-    round is a Gaussian mechanism with multiplier z / 2 = 0.5 at delta 1e-5."""
-    acc = RdpAccountant(neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
+    round is a Gaussian mechanism with multiplier z / 2 = 0.5 at delta 1e-5; PLD, the
+    default accountant."""
+    acc = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
     acc.compose(GaussianDpEvent(0.5), k)
     return acc.get_epsilon(1e-5)
 

@@ -33,13 +33,16 @@ with multiplier z_u, centred bit sum with std sigma_b) is exactly a Gaussian mec
 with multiplier z = (z_u^-2 + (2 sigma_b)^-2)^-1/2, so z_u is raised from z to keep the
 requested effective z, which is what is accounted.
 
-Accounting: Google's dp-accounting RDP accountant (Mironov 2017; Mironov, Talwar and
-Zhang 2019 for the sampled Gaussian), composed over every released round. This module
+Accounting: Google's dp-accounting, composed over every released round: its
+privacy-loss distribution by default (Koskela et al. 2020; Doroshenko et al. 2022; the
+tightest valid figure), or its RDP (Mironov 2017; Mironov, Talwar and Zhang 2019 for the
+sampled Gaussian) with ``accountant = "rdp"``. This module
 is plain numpy + dp-accounting: it knows nothing of Flower.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -82,6 +85,9 @@ def effective_update_multiplier(noise_multiplier: float, count_stddev: float) ->
     return rest ** -0.5
 
 
+CENTRAL_ACCOUNTANTS = ("pld", "rdp")  # dp-accounting's; Opacus' PRV is DP-SGD's only
+
+
 @dataclass(frozen=True)
 class DPFedAvgParams:
     """Everything that defines the mechanism (and so its privacy)."""
@@ -100,6 +106,7 @@ class DPFedAvgParams:
     max_epsilon: float = 0.0  # 0 = no limit
     secure_rng: bool = False
     quantization_slack: float = 0.0  # L2 bound on what quantization adds to one update
+    accountant: str = "pld"  # dp-accounting's PLD (tightest) or its RDP
 
     def __post_init__(self) -> None:
         if self.sampling not in CLIENT_SAMPLINGS:
@@ -107,6 +114,9 @@ class DPFedAvgParams:
                              f"{self.sampling!r}")
         if self.noise_multiplier <= 0 or self.clipping_norm <= 0 or self.population < 1:
             raise ValueError("noise multiplier, clipping norm and population must be positive")
+        if self.accountant not in CENTRAL_ACCOUNTANTS:
+            raise ValueError(f"central DP's accountant must be one of {CENTRAL_ACCOUNTANTS}, "
+                             f"got {self.accountant!r}")
 
     @property
     def everyone(self) -> bool:
@@ -275,8 +285,27 @@ class DPFedAvg:
         return RoundRelease(noisy, c, fraction)
 
 
+@functools.lru_cache(maxsize=256)
+def _composed_epsilon(event: DpEvent, releases: int, delta: float, accountant: str) -> float:
+    from dp_accounting import NeighboringRelation, SelfComposedDpEvent
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    if releases == 0:
+        return 0.0
+    # dp-accounting logs a warning for every fractional order its series cannot
+    # evaluate for a sampled Gaussian; those orders are simply left out of the bound.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+    acc = (PLDAccountant(relation) if accountant == "pld"
+           else RdpAccountant(neighboring_relation=relation))
+    acc.compose(SelfComposedDpEvent(event, releases))
+    return float(acc.get_epsilon(delta))
+
+
 class CentralAccountant:
-    """Client-level epsilon of the released model: every released round composed (RDP)."""
+    """Client-level epsilon of the released model: every released round composed
+    (dp-accounting's PLD by default, or its RDP)."""
 
     def __init__(self, params: DPFedAvgParams) -> None:
         self.params = params
@@ -287,18 +316,10 @@ class CentralAccountant:
         return self._composed(self.params.round_event(), releases)
 
     def _composed(self, event: DpEvent, releases: int) -> float:
-        from dp_accounting import NeighboringRelation, SelfComposedDpEvent
-        from dp_accounting.rdp import RdpAccountant
-
-        if releases == 0:
-            return 0.0
-        # dp-accounting logs a warning for every fractional order its series cannot
-        # evaluate for a sampled Gaussian; those orders are simply left out of the bound.
-        logging.getLogger("absl").setLevel(logging.ERROR)
-        accountant = RdpAccountant(
-            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
-        accountant.compose(SelfComposedDpEvent(event, releases))
-        return float(accountant.get_epsilon(self.params.target_delta))
+        """dp-accounting's PLD (default: the tightest valid figure) or RDP epsilon of
+        ``releases`` rounds of ``event``, add/remove neighbours."""
+        return _composed_epsilon(event, releases, self.params.target_delta,
+                                 self.params.accountant)
 
     @property
     def epsilon(self) -> float:

@@ -81,6 +81,10 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
         if strategy != "fedavg":
             errors.append(f"dp = 'central' needs strategy = 'fedavg' (got {strategy!r}): the "
                           "noise is calibrated to an unweighted mean of clipped updates.")
+        if p.accountant == "prv":
+            errors.append("accountant = 'prv' is Opacus' accountant for DP-SGD; central "
+                          "DP-FedAvg is accounted with dp-accounting. Use accountant = 'pld' "
+                          "(the default, tightest) or 'rdp'.")
         if p.noise_multiplier == 0:
             errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
                           "infinite). Use a positive noise-multiplier, e.g. 1.0.")

@@ -141,11 +141,12 @@ class PrivacyConfig(Section):
                            "unpredictable OS-seeded generator with Opacus' secure-mode "
                            "sampling (sum of 4 Gaussians, robust to floating-point attacks). "
                            "Runs are then not reproducible.")
-    accountant: str = key("pld", "dp = local: privacy accountant. pld = dp-accounting's "
-                          "privacy-loss distribution (Koskela et al. 2020; the tightest valid "
-                          "epsilon, either relation); rdp = Opacus' Renyi DP (Mironov 2017; "
-                          "looser, add-remove only); prv = Opacus' privacy random variables "
-                          "(Gopi et al. 2021; add-remove only).", choices=ACCOUNTANTS)
+    accountant: str = key("pld", "Privacy accountant. pld = dp-accounting's privacy-loss "
+                          "distribution (Koskela et al. 2020; the tightest valid epsilon, "
+                          "either relation); rdp = Renyi DP (Mironov 2017; looser; Opacus' "
+                          "for local DP, dp-accounting's for central, add-remove only); prv "
+                          "= Opacus' privacy random variables (Gopi et al. 2021; local DP, "
+                          "add-remove only).", choices=ACCOUNTANTS)
     dp_relation: str = key("add-remove", "dp = local: the neighbouring relation epsilon is "
                            "stated for. add-remove = one record more or less: the client's "
                            "record count is private, so DP-SGD's sampling rate, steps and "
