@@ -58,12 +58,23 @@ def _reported(r: dict[str, Any]) -> list[str]:
     return [str(selection.get("round", "")), _fmt(auroc, 3), noise]
 
 
+def _neighbours(privacy: dict[str, Any]) -> str:
+    """The relation a cell's epsilon is stated for: one record (added/removed or replaced)
+    of a client under local DP, one client under central DP."""
+    if privacy.get("mode") == "local":
+        return f"{privacy.get('dp-relation', 'add-remove')} record"
+    if privacy.get("mode") == "central":
+        return "add-remove client"
+    return ""
+
+
 def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
                ) -> tuple[list[str], list[list[Any]]]:
     """The sweep's table, one row per run: the head and the rows (run-dir and error last)."""
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
-            "target-round", "epsilon", "delta", "server-sees", "reid-top1", "mia-auc",
+            "target-round", "epsilon", "delta", "neighbours", "accountant", "server-sees",
+            "reid-top1", "mia-auc",
             "selected-round",
             "auroc", "noise-auroc", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
@@ -78,6 +89,7 @@ def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
                      _fmt(r.get("best", {}).get("accuracy")), r.get("best", {}).get("round", ""),
                      r.get("rounds", ""), r.get("target-reached-round", ""),
                      _fmt(eps, 3), "" if delta is None else f"{delta:.2g}",
+                     _neighbours(privacy), privacy.get("accountant", ""),
                      _server_sees(r),
                      _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
                      *_reported(r),
