@@ -96,8 +96,12 @@ def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
     strategy = build_strategy(cfg, n)  # under central DP it serves client evaluation only
     aggregation: Aggregation = FlowerAggregation(strategy)
     if cfg.privacy.dp == "central":
+        # sized by the configured num-clients, public, not by the clients that showed up:
+        # a joining client would otherwise change the denominator and the noise, which
+        # the release reveals (docs/DP_TESTER.md measures it)
         aggregation = CentralDPAggregation(
-            central_privacy(cfg, n, protocol_class.slack(cfg, num_parameters)),
+            central_privacy(cfg, cfg.federation.num_clients,
+                            protocol_class.slack(cfg, num_parameters)),
             cfg.privacy.central_clipping.startswith("client"))
     protocol = protocol_class.for_run(cfg, grid, partition_of, evaluation=strategy,
                                       context=context, max_weight=max_weight,

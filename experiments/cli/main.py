@@ -1,5 +1,6 @@
 """The `fedpriv` command line: run a configuration, run a sweep, attack a run's
-observations, deploy across hosts, list keys and presets.
+observations, test a configuration's DP claim (dp-test), deploy across hosts, list keys
+and presets.
 
 Each command imports what it needs when it runs, so --help and bad input stay fast (no
 torch, no Flower: tests/test_layers.py checks it).
@@ -116,6 +117,53 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dp_test(args: argparse.Namespace) -> int:
+    """`fedpriv dp-test`: the neighbouring-datasets test of the configuration's DP claim."""
+    import json
+
+    from ..configs import resolve
+    from ..neighbour_mechanisms import mechanism_for, test_config
+
+    if args.preset is not None and args.config is not None:
+        raise ConfigError(f"the preset is given twice ({args.preset!r} and --config "
+                          f"{args.config!r}); give it once.")
+    if args.runs < 4:
+        raise ConfigError(f"--runs {args.runs}: the test needs at least 4 runs a side (half "
+                          "choose each statistic's threshold, half score it); 200 is usual.")
+    if not 0 < args.confidence < 1:
+        raise ConfigError(f"--confidence {args.confidence} must be between 0 and 1, e.g. 0.95.")
+    cfg = resolve(args.preset if args.preset is not None else args.config, args.set)
+    name = mechanism_for(cfg, args.mechanism)  # refuses a configuration without a claim
+    print(f"dp-test: mechanism {name!r}, {args.runs} runs on D and on D' ...")
+    from tasks.progress import Bar
+
+    with Bar("dp-test runs (a side)", args.runs) as bar:
+        report = test_config(cfg, mechanism=name, runs=args.runs, records=args.records,
+                             confidence=args.confidence, seed=args.seed,
+                             progress=lambda done, total: bar.advance())
+    print(report.table())
+    print()
+    print(report.describe())
+    if args.json is not None:
+        from tasks.files import explain
+
+        claim = report.claim
+        text = json.dumps(
+            {"mechanism": report.mechanism, "neighbours": report.neighbours,
+             "runs": report.runs, "confidence": report.confidence, "delta": report.delta,
+             "epsilon-lower-bound": report.epsilon, "best": report.best.name,
+             "claim": None if claim is None else {"epsilon": claim.epsilon,
+                                                  "delta": claim.delta,
+                                                  "relation": claim.relation},
+             "passed": report.passed, "statistics": report.rows(),
+             "verdict": report.describe()}, indent=2) + "\n"
+        try:
+            args.json.write_text(text)
+        except OSError as exc:  # said in a sentence (main), after the report was printed
+            raise explain(args.json, exc) from None
+    return 0 if report.passed is not False else 1
+
+
 def _cmd_keys(args: argparse.Namespace) -> int:
     if args.toml:
         print(to_toml(defaults()), end="")
@@ -127,7 +175,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "attack": _cmd_attack, "deploy": deploy.run,
-            "keys": _cmd_keys, "presets": lambda args: _cmd_presets()}
+            "dp-test": _cmd_dp_test, "keys": _cmd_keys, "presets": lambda args: _cmd_presets()}
 
 
 def _terminate(signum: int, frame: object) -> None:

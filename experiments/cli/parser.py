@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_sweep(sub)
     _add_attack(sub)
+    _add_dp_test(sub)
     deploy.add_parser(sub)
     keys = sub.add_parser("keys", help="print every run-config key with default and allowed "
                                        "values")
@@ -114,3 +115,44 @@ def _add_attack(sub: argparse._SubParsersAction) -> None:
                         help="only this observed round (repeatable)")
     attack.add_argument("--client", type=int, action="append", metavar="C",
                         help="only this observed client's partition id (repeatable)")
+
+
+def _add_dp_test(sub: argparse._SubParsersAction) -> None:
+    from ..neighbour_mechanisms import MECHANISMS
+
+    mechanisms = "; ".join(f"{name}: {info.help}" for name, info in MECHANISMS.items())
+    test = sub.add_parser(
+        "dp-test", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="test a configuration's DP claim on neighbouring datasets (black box)",
+        description="Run the configuration's DP mechanism, as the product runs it, many "
+                    "times on a dataset D and on a neighbour D', and bound its epsilon from "
+                    "below with 95% confidence from how well simple statistics of the "
+                    "outputs tell D from D' (docs/DP_TESTER.md). PASS (exit 0) when the bound "
+                    "stays under the epsilon the configuration claims, FAIL (exit 1) when it "
+                    "refutes it. A configuration without DP has no claim and is refused.",
+        epilog=textwrap.dedent("""\
+            example (local DP-SGD, 50 vs 51 real MNIST records, one local epoch):
+              fedpriv dp-test --set dp=local --set noise-multiplier=4 --set batch-size=5 \\
+                  --set model=linear --set delta=1e-5 --runs 200 --records 50
+            """))
+    test.add_argument("preset", nargs="?", metavar="PRESET",
+                      help=f"a preset TOML file, or the name of one in {configs.PRESETS}")
+    test.add_argument("--config", metavar="PRESET", help="the preset, as an option")
+    test.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                      help="override one run-config key (repeatable), as for fedpriv run")
+    test.add_argument("--mechanism", metavar="NAME",
+                      help=f"which mechanism to test (default: the one the configuration "
+                           f"claims DP for): {mechanisms}")
+    test.add_argument("--runs", type=int, default=200, metavar="N",
+                      help="runs on each of D and D' (default 200; half choose the tests, "
+                           "half score them)")
+    test.add_argument("--records", type=int, metavar="N",
+                      help="records in D (default 50; D' has one more, or one replaced). "
+                           "DP-FedAvg's D' is the num-clients clients and D one fewer: set "
+                           "num-clients rather than this")
+    test.add_argument("--confidence", type=float, default=0.95,
+                      help="confidence of the lower bound (default 0.95)")
+    test.add_argument("--seed", type=int, default=0,
+                      help="first run's seed (D's run i has seed + 2i, D''s seed + 2i + 1)")
+    test.add_argument("--json", type=Path, metavar="FILE",
+                      help="also write the report (every statistic, claim, verdict) as JSON")
