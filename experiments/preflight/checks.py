@@ -323,7 +323,17 @@ def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
             + (f"–{hi:.3f}" if hi > lo else "")
             + f", clipping {p.max_grad_norm}, {budget}, {p.dp_relation} neighbours, "
             f"{schedule_text}, accountant {ACCOUNTANT_NAMES[p.accountant]}, grad-sample mode "
-            f"{resolve_mode(p.grad_sample_mode, name)}{caveat}")
+            f"{_trained_mode(cfg, name)}{caveat}")
+
+
+def _trained_mode(cfg: RunConfig, name: str) -> str:
+    """The grad-sample mode the clients train with: hooks for the audited clients of a run
+    with canaries (their per-sample gradients are written before clipping)."""
+    mode = resolve_mode(cfg.privacy.grad_sample_mode, name)
+    lk = cfg.leakage
+    if lk.enabled and lk.canaries and mode != "hooks":
+        return f"{mode} (hooks for the audited clients: their canaries need per-sample gradients)"
+    return mode
 
 
 def _central_dp_check(cfg: RunConfig, n: int, weights: int) -> str:
