@@ -1,5 +1,5 @@
 """The whole-run audit through the real round (in-process federation): thousands of
-canaries, every observed round's scores summed, three bounds and the claim check."""
+canaries, every observed round's scores summed, four estimators and the claim check."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def test_whole_run_audit_of_local_dpsgd_sums_rounds_and_respects_the_claim(tmp_p
     assert len(lines) == 3 and len(run) == 1 and run[0]["rounds"] == [1, 2]
     line = run[0]
     assert line["observations-audited"] == 3  # 2 observations + the whole run: Bonferroni
-    assert line["claim-checked-by"] == "steinke, fdp, gdp"  # full batch: Gaussian
+    assert line["claim-checked-by"] == "steinke, fdp, gdp, oneshot"  # full batch: Gaussian
     assert line["claim-consistent"] is True and summary["claim-consistent"] is True
     claimed = line["epsilon-claimed"]  # the cumulative epsilon through round 2
     assert claimed == max(x["epsilon-claimed"] for x in lines)
-    for key in ("epsilon-lower-bound", "epsilon-lower-bound-fdp", "epsilon-estimate-gdp"):
+    for key in ("epsilon-lower-bound", "epsilon-lower-bound-fdp", "epsilon-estimate-gdp",
+                "epsilon-lower-bound-oneshot"):
         assert 0 <= line[key] <= claimed
     # the sum of two rounds carries more signal than either round
     assert line["epsilon-estimate-gdp"] > 0.3 * claimed

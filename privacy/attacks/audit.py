@@ -11,6 +11,12 @@ the paper's Theorem 3.1 (the delta term: 2 m delta times the largest of
 P[v > Binomial >= v - i] / i); the audit reports the largest epsilon that this rejects at
 the stated confidence: a lower bound on the epsilon the run really has. On a DP run it
 must stay below the accountant's epsilon; without DP it is clearly positive.
+
+It is judged against two references: the accountant's claim, which guards against an
+adversary who sees every step, and the exact epsilon of what the auditor sees
+(:mod:`.audit_view`, Steinke et al. 2025: with Poisson batches the server sees only the
+sum of a round's steps, whose epsilon is well below the claim). :class:`AuditResult`
+carries both when the caller knows them, and the bound as a fraction of each.
 """
 
 from __future__ import annotations
@@ -64,14 +70,30 @@ class AuditResult:
     epsilon_lower_bound: float
     confidence: float
     delta: float
+    epsilon_claimed: float | None = None  # the accountant's
+    epsilon_view: float | None = None  # exact, of what the auditor sees (.audit_view)
+
+    @property
+    def fraction_of_claim(self) -> float | None:
+        """The bound over the accountant's epsilon (None when unknown or 0)."""
+        return self.epsilon_lower_bound / self.epsilon_claimed if self.epsilon_claimed \
+            else None
+
+    @property
+    def fraction_of_view(self) -> float | None:
+        """The bound over the view's exact epsilon: how much of what it could show."""
+        return self.epsilon_lower_bound / self.epsilon_view if self.epsilon_view else None
 
 
 def audit(scores: np.ndarray, included: np.ndarray, delta: float, confidence: float = 0.95,
-          guess_fraction: float = 0.5) -> AuditResult:
-    """Score the auditor's guesses against which canaries really were included."""
+          guess_fraction: float = 0.5, epsilon_claimed: float | None = None,
+          epsilon_view: float | None = None) -> AuditResult:
+    """Score the auditor's guesses against which canaries really were included
+    (``epsilon_claimed`` / ``epsilon_view``: the references it is reported against)."""
     g = guesses(scores, guess_fraction)
     truth = np.where(included, 1, -1)
     r = int((g != 0).sum())
     v = int(((g == truth) & (g != 0)).sum())
     return AuditResult(len(scores), r, v, epsilon_lower_bound(len(scores), r, v, delta,
-                                                              confidence), confidence, delta)
+                                                              confidence), confidence, delta,
+                       epsilon_claimed, epsilon_view)

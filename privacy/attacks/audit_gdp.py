@@ -95,7 +95,10 @@ def gdp_mu_lower_bound(in_scores: np.ndarray, out_scores: np.ndarray,
     best = GdpEstimate(0.0, 1.0, 1.0, len(grid))
     for k in grid:
         fpr_hi = float(beta.ppf(1 - alpha, k, len(outs) - k + 1))
-        fn = int((ins < outs[k - 1]).sum())
+        # "included" when a score is strictly above the threshold: an included score tied
+        # with it counts as missed (ties, e.g. scores that never moved, would otherwise
+        # look like perfect detection; with continuous scores nothing changes)
+        fn = int((ins <= outs[k - 1]).sum())
         fnr_hi = float(beta.ppf(1 - alpha, fn + 1, len(ins) - fn)) if fn < len(ins) else 1.0
         mu = float(norm.isf(fpr_hi) - norm.ppf(fnr_hi))
         if mu > best.mu_lower_bound:
