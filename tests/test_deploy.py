@@ -413,7 +413,8 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
         results = tmp_path / "results"
         job = _fedpriv("deploy", "run", *op, "--set", "num-clients=2", "--set",
                        "num-server-rounds=4", "--set", "dp=local", "--set",
-                       "noise-multiplier=1.0", "--set", f"results-dir={results}",
+                       "noise-multiplier=1.0", "--set", "dp-public-records=500", "--set",
+                       f"results-dir={results}",
                        marker=marker)
         started.append(job)
         lines = []
@@ -453,7 +454,9 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
         ledger = ledger_json(folder)
         assert [r["round"] for r in ledger] == [1, 2, 3, 4]
         sizes = {c["partition-id"]: c["num-examples"] for c in ledger[-1]["clients"]}
-        assert sizes[1] == 400  # host 1's own file
+        # host 1 serves its own file (400 rows): under local DP its schedule and FedAvg
+        # weight are the public size every host was given, not its row count
+        assert sizes == {0: 500, 1: 500}
         eps = [{c["partition-id"]: c["epsilon"] for c in r["clients"]} for r in ledger]
         assert all(eps[k][p] > eps[k - 1][p] for k in (1, 2, 3) for p in (0, 1)), eps
         for i in range(2):  # each host's own ledger: every round released once
