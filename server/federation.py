@@ -57,7 +57,7 @@ from .loop import (
 )
 from .privacy_log import AnonymizationLog, PrivacyLog
 from .recorder import RoundRecorder
-from .summary import write_summary
+from .summary import CANARY_AUDIT, canary_audit_text, write_summary
 from .tamper import Tamper
 from .task import ServerTask, discover
 from .tracking import BACKENDS as TRACKERS
@@ -251,6 +251,7 @@ def finish(cfg: RunConfig, run: RunFolder, info: RunInfo, fed: Federation,
         say(f"stopping early: {result.stopped_early}")
     _report_model(cfg, info, fed.evaluator, fed.selection, result.arrays)
     info.privacy = fed.privacy.summary()
+    _audit_canary_clients(cfg, run, fed.runner, result.arrays)
     if cfg.results.save_model:  # the evaluator holds the final model
         task = fed.task
         torch.save({"model": task.model_name, "input-shape": list(feature_shape(cfg)),
@@ -266,6 +267,23 @@ def finish(cfg: RunConfig, run: RunFolder, info: RunInfo, fed: Federation,
     run.write_info(info)
     write_summary(run, cfg, info, records)
     return info
+
+
+def _audit_canary_clients(cfg: RunConfig, run: RunFolder, runner: RoundRunner,
+                          final: ArrayRecord) -> None:
+    """With canary-clients: the audit of the final model against the run's client-level
+    claim (Andrew et al. 2024), written as audit-canary-clients.json (summary.md says it)."""
+    audit = getattr(runner.aggregation, "canaries", None)
+    central = runner.central
+    if audit is None or central is None:
+        return
+    if audit.rounds == 0:
+        say("canary-client audit: no round was released, nothing to audit")
+        return
+    out = audit.result(final.to_numpy_ndarrays(), central.epsilon,
+                       cfg.leakage.audit_confidence)
+    run.write_json(CANARY_AUDIT, out)
+    say(canary_audit_text(out).replace("**", ""))
 
 
 def _report_model(cfg: RunConfig, info: RunInfo, evaluator: CentralEvaluator,

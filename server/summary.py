@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,30 @@ from .console import number
 RELEASE_SCATTER = "release_scatter.png"  # experiments/leakage/release_plot.py draws it
 SCATTER_LINE = f"![original vs released embeddings](plots/{RELEASE_SCATTER})"
 LOSS_LINE = "![loss](plots/loss.png)"
+CANARY_AUDIT = "audit-canary-clients.json"  # canary-clients: server.federation writes it
+
+
+def canary_audit_text(audit: Mapping[str, Any]) -> str:
+    """The canary-client audit's verdict in one sentence (without the list marker)."""
+    claim = audit.get("epsilon-claimed")
+    verdict = ("no claim to check" if audit.get("claim-consistent") is None else
+               "consistent with the claim" if audit["claim-consistent"] else
+               f"**the claim is rejected** (by {', '.join(audit['claim-rejected-by'])})")
+    return (f"canary-client audit (Andrew et al. 2024; {audit['canary-clients']} canary "
+            f"clients, {audit['held-out']} held out, {audit['rounds']} rounds): epsilon "
+            f"lower bound **{audit['epsilon-lower-bound-oneshot']:.3f}** (one-shot, "
+            f"{audit['confidence']:.0%} confidence), estimate "
+            f"{audit['epsilon-estimate-oneshot']:.3f}, GDP bound "
+            f"{audit['epsilon-estimate-gdp']:.3f}; claimed "
+            + ("none" if claim is None else f"{claim:.3f}") + f": {verdict}")
+
+
+def canary_audit_lines(run_dir: Path) -> list[str]:
+    """summary.md's line for audit-canary-clients.json, when the run wrote one."""
+    path = run_dir / CANARY_AUDIT
+    if not path.is_file():
+        return []
+    return [f"- {canary_audit_text(json.loads(path.read_text()))} (`{CANARY_AUDIT}`)"]
 
 
 def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
@@ -188,6 +213,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         f"- model: `{info.model}` ({info.parameters or 0:,} parameters)",
     ]
     lines += privacy_lines(info.privacy or {}, info.aggregation or {}, cfg)
+    lines += canary_audit_lines(run.path)
     if info.anonymization:
         lines.append(anonymization_line(info.anonymization))
     if info.backbone:

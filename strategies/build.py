@@ -19,7 +19,10 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
+from privacy.attacks.canary_clients import CanaryClientAudit
+from privacy.dp.dpfedavg import DPFedAvgParams
 from tasks.config import FederationConfig, RunConfig
+from tasks.seeding import derive_seed
 
 from .aggregation import Aggregation, FlowerAggregation
 from .central_dp import CentralDPAggregation, central_privacy
@@ -83,6 +86,23 @@ def build_strategy(cfg: RunConfig, num_clients: int) -> Strategy:
     return STRATEGIES.load(fed.strategy)(fed, common_args(fed, num_clients), cfg.training.lr)
 
 
+CANARY_SEED = 0xCA  # the canary clients' directions and sampling: from the run seed
+
+
+def canary_audit(cfg: RunConfig, params: DPFedAvgParams, num_parameters: int
+                 ) -> CanaryClientAudit | None:
+    """The canary-client audit of central DP-FedAvg (``canary-clients``; Andrew et al.
+    2024): that many canary clients and as many held-out directions in the space of the
+    model's ``num_parameters``, sampled as the mechanism ``params`` samples clients."""
+    count = cfg.leakage.canary_clients
+    if not count:
+        return None
+    if num_parameters <= 0:
+        raise ValueError("canary-clients needs the model's parameter count (num_parameters)")
+    return CanaryClientAudit.for_run(params, count, count, num_parameters,
+                                     derive_seed(cfg.training.seed, CANARY_SEED))
+
+
 def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
                  num_parameters: int = 0, context: Context | None = None,
                  max_weight: float = 0.0) -> RoundRunner:
@@ -99,10 +119,11 @@ def build_runner(cfg: RunConfig, grid: Grid, partition_of: Mapping[int, int], *,
         # sized by the configured num-clients, public, not by the clients that showed up:
         # a joining client would otherwise change the denominator and the noise, which
         # the release reveals (docs/DP_TESTER.md measures it)
+        privacy = central_privacy(cfg, cfg.federation.num_clients,
+                                  protocol_class.slack(cfg, num_parameters))
         aggregation = CentralDPAggregation(
-            central_privacy(cfg, cfg.federation.num_clients,
-                            protocol_class.slack(cfg, num_parameters)),
-            cfg.privacy.central_clipping.startswith("client"))
+            privacy, cfg.privacy.central_clipping.startswith("client"),
+            canary_audit(cfg, privacy.params, num_parameters))
     protocol = protocol_class.for_run(cfg, grid, partition_of, evaluation=strategy,
                                       context=context, max_weight=max_weight,
                                       num_parameters=num_parameters)

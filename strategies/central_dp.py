@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from privacy.attacks.canary_clients import CanaryClientAudit
 from privacy.dp.accounting import clients_per_round
 from privacy.dp.dpfedavg import (
     CLIP_KEY,
@@ -132,11 +133,18 @@ class CentralDPAggregation:
     """DP-FedAvg as the server's aggregation: the cohort by the mechanism's sampling rule;
     every update the server sees clipped (again, if the client clipped), the sum noised,
     divided by the fixed denominator and accounted. Under SecAgg+/HE the server sees only
-    the sum of the clients' clipped updates, which it noises the same way."""
+    the sum of the clients' clipped updates, which it noises the same way.
 
-    def __init__(self, privacy: CentralPrivacy, client_side: bool) -> None:
+    ``canaries``: the canary-client audit (Andrew et al. 2024, ``canary-clients``): the
+    round's canary clients (sampled at the run's rate by the audit) are clients like any
+    other: their updates are clipped, summed (added to the secure sum under SecAgg+/HE)
+    and noised with the real clients', and each release is counted for the audit."""
+
+    def __init__(self, privacy: CentralPrivacy, client_side: bool,
+                 canaries: CanaryClientAudit | None = None) -> None:
         self.privacy = privacy
         self.client_side = client_side
+        self.canaries = canaries
 
     def begin_round(self, server_round: int) -> None:
         self.privacy.last_round_released = False
@@ -159,19 +167,61 @@ class CentralDPAggregation:
     def combine(self, server_round: int, arrays: ArrayRecord, got: Collected
                 ) -> ArrayRecord:
         current = arrays.to_numpy_ndarrays()
+        norm = self.privacy.clipping_norm
         if got.total is not None:  # equal weights: the sum of the clients' clipped updates
-            return with_arrays(arrays, self.privacy.release(server_round, current, got.total))
+            total = got.total
+            if self.canaries is not None:  # each canary update already has norm C
+                extra = self._canaries(server_round, current, norm, summed=True)
+                total = [np.asarray(t, dtype=np.float64) + e
+                         for t, e in zip(total, extra, strict=True)]
+            return self._released(arrays, self.privacy.release(server_round, current, total))
         updates = [[np.asarray(new, dtype=np.float64) - old for new, old in
                     zip(r.content["arrays"].to_numpy_ndarrays(), current, strict=True)]
                    for r in got.replies]
-        total, bits = clipped_sum(updates, self.privacy.clipping_norm,
-                                  [a.shape for a in current])
+        canary = ([] if self.canaries is None else
+                  self._canaries(server_round, current, norm, summed=False))
+        total, bits = clipped_sum([*updates, *canary], norm, [a.shape for a in current])
         if self.client_side and self.privacy.params.adaptive:
             bits = [bool(metrics_of(r).get(UNCLIPPED_KEY, 0)) for r in got.replies]
-        return with_arrays(arrays, self.privacy.release(server_round, current, total, bits))
+        # a canary's norm is C exactly (rounding must not make it count as clipped)
+        bits = [*bits[:len(updates)], *[True] * len(canary)]
+        return self._released(arrays,
+                              self.privacy.release(server_round, current, total, bits))
+
+    def _canaries(self, server_round: int, current: list[np.ndarray], norm: float,
+                  summed: bool) -> Any:
+        """The round's canary updates (or their sum) for a model of ``current``'s arrays."""
+        assert self.canaries is not None
+        size = sum(int(np.size(a)) for a in current)
+        if size != self.canaries.clients.directions.dim:
+            raise ValueError(f"the canary clients' directions have "
+                             f"{self.canaries.clients.directions.dim} entries and the model "
+                             f"{size}: canary-clients needs the model's parameter count")
+        if summed:
+            return self.canaries.round_sum(server_round, current, norm)
+        return self.canaries.replies(server_round, current, norm)
+
+    def _released(self, arrays: ArrayRecord, new: list[np.ndarray]) -> ArrayRecord:
+        if self.canaries is not None:
+            self.canaries.released()
+        return with_arrays(arrays, new)
 
     def state(self) -> State:
-        return {"central": self.privacy.state()}, {}
+        meta: dict[str, Any] = {"central": self.privacy.state()}
+        saved: dict[str, np.ndarray] = {}
+        if self.canaries is not None:  # the audit goes on from the model the run started at
+            start = self.canaries.start or []
+            meta["canary-clients"] = {**self.canaries.state(), "start-arrays": len(start)}
+            saved = {f"canary-start.{i}": a for i, a in enumerate(start)}
+        return meta, saved
 
     def restore(self, state: State) -> None:
-        self.privacy.restore(state[0]["central"])
+        meta, saved = state
+        self.privacy.restore(meta["central"])
+        audit = meta.get("canary-clients")
+        if self.canaries is not None and audit is not None:
+            start = [saved[f"canary-start.{i}"] for i in range(int(audit["start-arrays"]))]
+            if start:
+                self.canaries.restore(audit, start)
+            else:
+                self.canaries.rounds = int(audit["rounds"])

@@ -33,6 +33,7 @@ from privacy.analysis.leakage_metrics import (
     reconstruction_scores,
     to_pixels,
 )
+from privacy.attacks.audit_view import CanaryView
 from privacy.attacks.inversion import Reconstruction
 from privacy.attacks.observation import Observation, state_dict
 from privacy.attacks.registry import (
@@ -221,7 +222,8 @@ class Attacker:
             return {"epsilon-claimed": _float(d.get("epsilon")), "delta": _float(d.get("delta")),
                     "claimed-by": "the client's DP-SGD accountant (record-level)",
                     # without subsampling DP-SGD's privacy curve is exactly Gaussian
-                    "gaussian-claim": _float(d.get("sample-rate")) == 1.0}
+                    "gaussian-claim": _float(d.get("sample-rate")) == 1.0,
+                    "view": self._view(d)}
         if self.cfg.privacy.dp == "central":
             # a canary changes one record of a client that stays: record-level accounting
             releases = sum(1 for r in read_ledger(self.run_dir)
@@ -233,6 +235,22 @@ class Attacker:
                                   "per round, no amplification)",
                     "gaussian-claim": True}  # Gaussian mechanisms composed
         return {"epsilon-claimed": None, "delta": None, "claimed-by": "no DP"}
+
+    def _view(self, disclosed: dict[str, Any]) -> CanaryView | None:
+        return _view_of(self.cfg, disclosed)
+
+
+def _view_of(cfg: RunConfig, disclosed: dict[str, Any]) -> CanaryView | None:
+    """What the server's view of one round's fixed canaries is (:mod:`privacy.attacks.
+    audit_view`): the sum of that round's Poisson steps, when the update is exactly that
+    sum (plain SGD: no momentum or weight decay weighting the steps, no pruning after)."""
+    t = cfg.training
+    sigma, q = _float(disclosed.get("noise-multiplier")), _float(disclosed.get("sample-rate"))
+    steps = int(disclosed.get("train-steps") or 0)
+    if t.momentum or t.weight_decay or cfg.leakage.prune_update or not sigma or not q \
+            or steps < 1:
+        return None
+    return CanaryView(sigma, q, steps)
 
 
 def _float(value: Any) -> float | None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from privacy.attacks.audit_suite import audit_all, claim_check
+from privacy.attacks.audit_view import summed
 from tasks.config import RunConfig
 
 
@@ -50,9 +51,10 @@ def audit_line(cfg: RunConfig, scores: np.ndarray, included: np.ndarray,
     bounds = audit_all(scores, included, delta, confidence, lk.audit_guess_fraction)
     return {**bounds.record(), "confidence": lk.audit_confidence,
             "per-observation-confidence": confidence, "observations-audited": family,
-            **{k: v for k, v in claimed.items() if k != "gaussian-claim"}, "delta": delta,
+            **{k: v for k, v in claimed.items() if k not in ("gaussian-claim", "view")},
+            "delta": delta,
             **claim_check(bounds, claimed.get("epsilon-claimed"),
-                          bool(claimed.get("gaussian-claim")))}
+                          bool(claimed.get("gaussian-claim")), claimed.get("view"))}
 
 
 def family_size(audited_clients: dict[Any, int]) -> int:
@@ -60,6 +62,12 @@ def family_size(audited_clients: dict[Any, int]) -> int:
     client observed more than once (``audited_clients``: client -> observations)."""
     return max(1, sum(audited_clients.values())
                + sum(1 for n in audited_clients.values() if n > 1))
+
+
+def _summed_view(seen: list[AuditedRound]) -> Any:
+    """The view of the observed rounds' summed scores (None when a round has none)."""
+    views = [a.claimed.get("view") for a in seen]
+    return summed(views) if all(v is not None for v in views) else None
 
 
 def whole_run_lines(cfg: RunConfig, name: str, rounds: dict[Any, list[AuditedRound]],
@@ -74,5 +82,6 @@ def whole_run_lines(cfg: RunConfig, name: str, rounds: dict[Any, list[AuditedRou
         last = seen[-1]
         lines.append({"round": last.round, "client": client, "attack": name, "scope": "run",
                       "rounds": [a.round for a in seen], "audited": last.audited,
-                      **audit_line(cfg, total, included[client], last.claimed, family)})
+                      **audit_line(cfg, total, included[client],
+                                   {**last.claimed, "view": _summed_view(seen)}, family)})
     return lines

@@ -206,6 +206,7 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
         errors.append(f"leakage-clients = {lk.leakage_clients!r} is not a list of partition "
                       "ids (e.g. '0,3'), 'all' or 'aggregate'.")
         clients = []
+    errors += _canary_client_checks(cfg)
     if not lk.enabled:
         if lk.canaries:
             errors.append("canaries are for the audit of observed rounds: set leakage-rounds "
@@ -247,6 +248,36 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
                       "its canary rows, so reconstructions and label counts would be made "
                       "and scored for records that are not its data. Audit in a run of its "
                       "own (attacks = 'mia,audit'), or set canaries = 0.")
+    return errors
+
+
+def _canary_client_checks(cfg: RunConfig) -> list[str]:
+    """The canary-client audit (privacy.attacks.canary_clients) audits central DP-FedAvg
+    with Poisson client sampling or every client every round."""
+    n, p, fed = cfg.leakage.canary_clients, cfg.privacy, cfg.federation
+    if not n:
+        return []
+    if p.dp != "central":
+        return [f"canary-clients = {n} with dp = {p.dp!r}: canary clients audit central "
+                "DP-FedAvg's client-level guarantee, which only dp = 'central' gives. Set "
+                "dp = 'central' (with a noise-multiplier), or canary-clients = 0 (record "
+                "canaries for local DP: canaries)."]
+    errors = []
+    if n < 3:
+        errors.append(f"canary-clients = {n}: the audit fits its bounds to the cosines of at "
+                      "least 3 canary clients and 3 held-out directions. Set canary-clients "
+                      ">= 3 (hundreds to thousands audit tightly), or 0.")
+    if p.client_sampling == "fixed" and fed.fraction_train < 1:
+        errors.append(f"canary-clients = {n} with client-sampling = 'fixed' and "
+                      f"fraction-train = {fed.fraction_train}: in a fixed-size cohort a canary "
+                      "client would have to displace a real one, which the audit does not "
+                      "model. Set client-sampling = 'poisson' (or fraction-train = 1), or "
+                      "canary-clients = 0.")
+    if cfg.leakage.server == "malicious":
+        errors.append(f"canary-clients = {n} with server = 'malicious': the tampered rounds' "
+                      "results are thrown away after the canaries were summed, so the audit "
+                      "would count rounds the model never received. Audit in an honest run "
+                      "(server = 'honest'), or set canary-clients = 0.")
     return errors
 
 

@@ -105,6 +105,40 @@ class ModelIgnores(Rule):
                 f"set model to one of {', '.join(readers)}")
 
 
+@dataclass(frozen=True)
+class Zero(Rule):
+    """The key has no effect while the count ``on`` is 0 (``example``: a count that acts)."""
+
+    on: str
+    example: int
+
+    def idle(self, flat: Mapping[str, Scalar]) -> str | None:
+        return f"{self.on} = 0" if flat[self.on] == 0 else None
+
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        return f"set {self.on} > 0 (e.g. {self.on} = {self.example})"
+
+
+@dataclass(frozen=True)
+class AllOf(Rule):
+    """The key has no effect while every one of ``rules`` says it has none (it acts as
+    soon as one of them would let it)."""
+
+    rules: tuple[Rule, ...]
+
+    @property
+    def on(self) -> str:  # type: ignore[override]
+        return self.rules[0].on
+
+    def idle(self, flat: Mapping[str, Scalar]) -> str | None:
+        whys = [rule.idle(flat) for rule in self.rules]
+        return None if any(w is None for w in whys) else " and ".join(
+            w for w in whys if w is not None)
+
+    def fix(self, keys: Mapping[str, Key]) -> str:
+        return ", or ".join(rule.fix(keys) for rule in self.rules)
+
+
 _LOCAL_ONLY = Unless("dp", ("none", "central"))
 _CENTRAL_ONLY = Unless("dp", ("none", "local"))
 _SECAGG_ONLY = Unless("secure-aggregation", ("off", "he"))
@@ -116,14 +150,20 @@ _PLAIN = ("fedavg", "fedmedian")
 # reference-fraction (the server's data is held back from every client either way);
 # prune-update (a defence every client applies).
 _OBSERVED = Unset("leakage-rounds", "no round is observed, so no attack runs", "1")
-_ALWAYS = ("leakage-rounds", "server", "canaries", "reference-fraction", "prune-update")
+# canary-clients: the server's audit of central DP, in every round; audit-confidence
+# serves it as well as the observed rounds' audit.
+_ALWAYS = ("leakage-rounds", "server", "canaries", "canary-clients", "reference-fraction",
+           "prune-update", "audit-confidence")
 
 RULES: dict[str, Rule] = {
     **{k.name: _OBSERVED for k in LeakageConfig.keys() if k.name not in _ALWAYS},
     "server-trap": Unless("server", ("honest",)),
+    "canary-clients": _CENTRAL_ONLY,
+    "audit-confidence": AllOf((_OBSERVED, Zero("canary-clients", 1000))),
     "mlp-hidden": ModelIgnores(),
     "target-epsilon": _LOCAL_ONLY,
-    "max-grad-norm": _LOCAL_ONLY,
+    # DP-SGD's clipping norm, and the record canaries' norm whatever the dp mode
+    "max-grad-norm": AllOf((_LOCAL_ONLY, Zero("canaries", 100))),
     "dp-train-data": _LOCAL_ONLY,
     "dp-relation": _LOCAL_ONLY,
     "dp-public-records": _LOCAL_ONLY,

@@ -194,9 +194,15 @@ class LeakageConfig(Section):
                         "observed client inserts, each with probability 1/2; at most the "
                         "model's parameter count; thousands audit tightly (0 = no audit).",
                         lo=0)
+    canary_clients: int = key(0, "Audit of central DP (dp = central, client-level): canary "
+                              "clients the server adds (Andrew et al. 2024); each sends the "
+                              "clipping norm times a random direction of its own in each "
+                              "round it is sampled in; as many directions are held out. 0 = "
+                              "none; 1,000 reach about 0.8x a claim of 8.", lo=0)
     audit_confidence: float = key(0.95, "Audit: joint confidence of the audit's bounds (the "
                                   "three estimators, every observation and the whole run; "
-                                  "Bonferroni).", lo=0, hi=1, lo_open=True, hi_open=True)
+                                  "Bonferroni; canary-clients: its two bounds).", lo=0, hi=1,
+                                  lo_open=True, hi_open=True)
     audit_guess_fraction: float = key(0.5, "Audit: share of canaries the auditor guesses on "
                                       "(the rest it abstains on), fixed before the run.", lo=0,
                                       hi=1, lo_open=True)
