@@ -94,17 +94,35 @@ def check_accountant(accountant: str, relation: str) -> None:
             "Poisson-subsampled Gaussian), or dp-relation = 'add-remove'.")
 
 
+def pld_interval(rough_epsilon: float, interval: float = 1e-4) -> float:
+    """The PLD's value discretization for a mechanism whose epsilon is about
+    ``rough_epsilon``: dp-accounting's default 1e-4 up to epsilon 10, then proportionally
+    coarser. The privacy loss of a Gaussian with multiplier sigma spans about 1/sigma^2,
+    so at sigma 0.01 the default grid needs 10^8 points (the process is killed for
+    memory); the pessimistic estimate stays an upper bound on any grid."""
+    if not math.isfinite(rough_epsilon):
+        return 1.0
+    return interval * max(1.0, rough_epsilon / 10)
+
+
 @functools.lru_cache(maxsize=1024)
 def _pld_epsilon(history: tuple[Entry, ...], delta: float, relation: str,
                  interval: float = 1e-4) -> float:
     """dp-accounting's PLD epsilon of the history (pessimistic estimate, an upper bound on
-    the true epsilon; ``interval`` is its value discretization, 1e-4 its default)."""
+    the true epsilon; ``interval`` is its value discretization, 1e-4 its default, made
+    coarser by :func:`pld_interval` for epsilons over 10)."""
     from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
     from dp_accounting.pld import PLDAccountant
 
     if any(s <= 0 for s, _, _ in history):
         return math.inf
-    acc = PLDAccountant(dp_relation(relation), value_discretization_interval=interval)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
+        rough = _rdp_epsilon(history, delta)  # add/remove; replace-one is at most ~2x it
+    if relation == "replace-one":
+        rough *= 2
+    acc = PLDAccountant(dp_relation(relation),
+                        value_discretization_interval=pld_interval(rough, interval))
     for sigma, q, steps in history:
         event = GaussianDpEvent(sigma)
         acc.compose(PoissonSampledDpEvent(q, event) if q < 1 else event, int(steps))

@@ -296,9 +296,16 @@ def _composed_epsilon(event: DpEvent, releases: int, delta: float, accountant: s
     # dp-accounting logs a warning for every fractional order its series cannot
     # evaluate for a sampled Gaussian; those orders are simply left out of the bound.
     logging.getLogger("absl").setLevel(logging.ERROR)
+    from .accounting import pld_interval
+
     relation = NeighboringRelation.ADD_OR_REMOVE_ONE
-    acc = (PLDAccountant(relation) if accountant == "pld"
-           else RdpAccountant(neighboring_relation=relation))
+    rdp = RdpAccountant(neighboring_relation=relation)
+    rdp.compose(SelfComposedDpEvent(event, releases))
+    if accountant == "rdp":
+        return float(rdp.get_epsilon(delta))
+    # the grid made coarser for epsilons over 10 (tiny noise would need 10^8 points)
+    acc = PLDAccountant(relation,
+                        value_discretization_interval=pld_interval(rdp.get_epsilon(delta)))
     acc.compose(SelfComposedDpEvent(event, releases))
     return float(acc.get_epsilon(delta))
 
