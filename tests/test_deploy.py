@@ -141,7 +141,8 @@ def test_three_hosts_with_tls_and_authentication_survive_a_killed_supernode(tmp_
     run = [sys.executable, "-m", "experiments.cli", "deploy"]
     subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
                    cwd=REPO, check=True, capture_output=True)
-    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "4"], cwd=REPO,
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "4",
+                    "--certs", str(tmp_path / "certs")], cwd=REPO,
                    check=True, capture_output=True)
     ca = str(tmp_path / "certs" / "ca.crt")
     port, internal = _free_ports(2)
@@ -323,7 +324,8 @@ def secured_superlink(tmp_path: Path, marker: str, started: list[subprocess.Pope
     run = [sys.executable, "-m", "experiments.cli", "deploy"]
     subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
                    cwd=REPO, check=True, capture_output=True)
-    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", str(keys)], cwd=REPO,
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", str(keys),
+                    "--certs", str(tmp_path / "certs")], cwd=REPO,
                    check=True, capture_output=True)
     port, internal = _free_ports(2)
     ca = str(tmp_path / "certs" / "ca.crt")
@@ -384,7 +386,8 @@ def test_a_restarted_superlink_keeps_registrations_and_the_run_resumes_without_r
     run = [sys.executable, "-m", "experiments.cli", "deploy"]
     subprocess.run([*run, "certs", str(tmp_path / "certs"), "--host", "server.lab"],
                    cwd=REPO, check=True, capture_output=True)
-    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "2"], cwd=REPO,
+    subprocess.run([*run, "keys", str(tmp_path / "keys"), "--nodes", "2",
+                    "--certs", str(tmp_path / "certs")], cwd=REPO,
                    check=True, capture_output=True)
     digits = load_dataset("mnist")
     rows = np.random.default_rng(1).permutation(len(digits.y_train))[:400]

@@ -244,13 +244,17 @@ def query(msg: Message, context: Context) -> Message:
 '''
 
 
-def _probe_app(folder: Path) -> Path:
+def _probe_app(folder: Path, source: str = PROBE, publisher: str = "outsider",
+               config: str = "") -> Path:
+    """A Flower app of another digest than fedpriv's: ``source`` as ``probe.py``, with a
+    ``marker-dir`` run-config key (and ``config``, more TOML lines)."""
     folder.mkdir()
-    (folder / "probe.py").write_text(PROBE)
+    (folder / "probe.py").write_text(source)
     (folder / "pyproject.toml").write_text(
         '[project]\nname = "probe"\nversion = "1.0.0"\n\n[tool.flwr.app]\n'
-        'publisher = "outsider"\n\n[tool.flwr.app.components]\nserverapp = "probe:server"\n'
-        'clientapp = "probe:client"\n\n[tool.flwr.app.config]\nmarker-dir = ""\n')
+        f'publisher = "{publisher}"\n\n[tool.flwr.app.components]\n'
+        'serverapp = "probe:server"\nclientapp = "probe:client"\n\n'
+        f'[tool.flwr.app.config]\nmarker-dir = ""\n{config}')
     return folder
 
 
@@ -328,7 +332,10 @@ def test_an_outsider_with_only_the_ca_can_do_nothing_through_the_public_port(tmp
         started.append(_fedpriv("deploy", "superlink", "--certs", str(certs.ca.parent),
                                 "--state", str(tmp_path / "state"), "--host", "127.0.0.2",
                                 "--port", str(port), "--internal-port", str(internal),
-                                marker=marker, log=log))
+                                # a peer without a client certificate cannot even finish the
+                                # handshake (tests/test_deploy_gateway.py); off here, so the
+                                # outsider's calls reach the gateway's checks behind it
+                                "--no-client-certs", marker=marker, log=log))
         _wait_for(log, SERVING)
         reg = subprocess.run([*run, "register", str(tmp_path / "keys" / "supernode-0.pub"),
                               *op], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -382,9 +389,14 @@ def test_an_outsider_with_only_the_ca_can_do_nothing_through_the_public_port(tmp
         # the same probes on the loopback port work: they are real
         again = outsider("run", str(probe), "lo", "--run-config", f"marker-dir='{marks}'")
         assert again.returncode == 0, again.stdout + again.stderr
-        ran = marks / f"client-ran-{registered[0]}"
-        assert _wait_until(ran.exists, 120), (list(marks.iterdir()), log.read_text()[-3000:])
-        assert (marks / "server-ran").exists()  # run by the SuperLink's own SuperExec
+        assert _wait_until((marks / "server-ran").exists, 120), (list(marks.iterdir()),
+                                                                  log.read_text()[-3000:])
+        # run by the SuperLink's own SuperExec; its ClientApp reached the SuperNode, which
+        # runs only client code its host pinned: refused there, none of it executed
+        node_log = tmp_path / "supernode.log"
+        assert _wait_until(lambda: "refused app outsider/probe" in node_log.read_text(), 120), \
+            node_log.read_text()[-3000:]
+        assert not (marks / f"client-ran-{registered[0]}").exists()
         # (it polls on until stopped; under load its first refusal can come after the run)
         assert _wait_until(lambda: "SuperExec authentication failed" in log.read_text(), 60), \
             log.read_text()[-3000:]

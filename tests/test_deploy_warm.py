@@ -90,6 +90,12 @@ def test_the_warm_node_runs_flowers_supernode_in_process_isolation():
     cmd = worker_command(flower, 0.05, 123)
     assert cmd[cmd.index("--runtime-api-address") + 1] == "127.0.0.1:9099"
     assert "--insecure" in cmd and cmd[cmd.index("--parent-pid") + 1] == "123"
+    assert "--allow-any-app" in cmd  # no pins given: any app
+    pinned = worker_command(flower, 0.05, 123, Path("/p/runtime.secret"), ["d" * 64],
+                            Path("/p/apps"))
+    assert pinned[pinned.index("--superexec-auth-secret-file") + 1] == "/p/runtime.secret"
+    assert pinned[pinned.index("--allow-app") + 1] == "d" * 64
+    assert "--allow-any-app" not in pinned and pinned[-2:] == ["--apps-dir", "/p/apps"]
     tls = worker_command(["--host", "0.0.0.0", "--port", "1", "--ssl-ca-certfile", "ca.crt"],
                          0.05, 1)
     assert tls[tls.index("--runtime-api-address") + 1] == "127.0.0.1:1"

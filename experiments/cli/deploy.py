@@ -16,14 +16,14 @@ from ..configs import PRESETS
 EXAMPLE = """\
 three hosts (server.lab, and hospitals a and b), the server holding the CA:
   server$ fedpriv deploy certs certs --host server.lab
-  server$ fedpriv deploy keys keys --nodes 2
+  server$ fedpriv deploy keys keys --nodes 2 --certs certs
   server$ fedpriv deploy superlink --certs certs --state state --host 0.0.0.0 --nodes 2
           (SuperNodes connect to server.lab:9092, a gateway that serves only Flower's
           Fleet API; the SuperLink itself, with the Control API that registers nodes and
           runs apps, listens on 127.0.0.1:9093: operator commands run on the server)
   server$ fedpriv deploy register keys/supernode-0.pub keys/supernode-1.pub \\
               --superlink 127.0.0.1:9093 --ca certs/ca.crt
-  (copy certs/ca.crt and keys/supernode-I to host I)
+  (copy certs/ca.crt, keys/supernode-I and keys/supernode-I.crt to host I)
   a$      fedpriv deploy supernode --superlink server.lab:9092 --ca ca.crt \\
               --key supernode-0 --partition-id 0 --num-partitions 2
   b$      fedpriv deploy supernode --superlink server.lab:9092 --ca ca.crt \\
@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_superlink(cmds)
     _add_supernode(cmds)
     _add_run(cmds)
+    cmds.add_parser("app-digest", help="print the digest (SHA-256 of the app bundle) of "
+                                       "this installation's fedpriv app, which SuperNodes "
+                                       "pin by default (compare it across hosts; --allow-app)")
 
 
 def _add_connection(p: argparse.ArgumentParser, operator: bool = True) -> None:
@@ -74,6 +77,10 @@ def _add_files(cmds: argparse._SubParsersAction) -> None:
     keys = cmds.add_parser("keys", help="make SuperNode key pairs (ECDSA P-384, OpenSSH)")
     keys.add_argument("folder", type=Path)
     keys.add_argument("--nodes", type=int, required=True, metavar="N")
+    keys.add_argument("--certs", type=Path, metavar="FOLDER",
+                      help="the folder `fedpriv deploy certs` made (with ca-private/ca.key): "
+                           "also issue each node a TLS client certificate for its key "
+                           "(supernode-I.crt), which the SuperLink's gateway demands")
 
 
 def _add_register(cmds: argparse._SubParsersAction) -> None:
@@ -104,12 +111,20 @@ def _add_superlink(cmds: argparse._SubParsersAction) -> None:
     link.add_argument("--nodes", type=int, default=0, help="for the printed commands")
     link.add_argument("--insecure", action="store_true",
                       help="no TLS and no authentication: loopback demos only")
+    link.add_argument("--no-client-certs", action="store_true",
+                      help="let SuperNodes without a TLS client certificate connect (e.g. "
+                           "Flower's own flower-supernode); outsiders can then hold TLS "
+                           "connections open on the public port")
 
 
 def _add_supernode(cmds: argparse._SubParsersAction) -> None:
     node = cmds.add_parser("supernode", help="start a SuperNode for this host (foreground)")
     _add_connection(node, operator=False)
     node.add_argument("--key", type=Path, help="this host's private key (with authentication)")
+    node.add_argument("--client-cert", type=Path, metavar="CRT",
+                      help="this node's TLS client certificate for the SuperLink's gateway "
+                           "(default: KEY.crt beside --key, made by `fedpriv deploy keys "
+                           "--certs`)")
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
     node.add_argument("--data-path", type=Path,
@@ -149,6 +164,15 @@ def _add_supernode(cmds: argparse._SubParsersAction) -> None:
     node.add_argument("--poll", type=float, default=0.1, metavar="SECONDS",
                       help="while busy (a message in the last minute), pull from the "
                            "SuperLink every SECONDS (default 0.1; idle: Flower's 3 s)")
+    node.add_argument("--allow-app", action="append", default=[], metavar="SHA256",
+                      help="also run the app whose bundle has this digest (repeatable; "
+                           "`fedpriv deploy app-digest` prints one). By default this node "
+                           "runs only this installation's own fedpriv app")
+    node.add_argument("--allow-app-file", action="append", default=[], type=Path,
+                      metavar="FILE", help="digests to allow, one per line (# comments)")
+    node.add_argument("--allow-any-app", action="store_true",
+                      help="run whatever app the SuperLink sends: the operator's code then "
+                           "enforces every client-side defence")
 
 
 def _add_run(cmds: argparse._SubParsersAction) -> None:
@@ -197,9 +221,14 @@ def _certs(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from ..deploy.credentials import write_node_keys
 
-    paths = write_node_keys(args.folder, args.nodes)
-    print(f"wrote {len(paths)} key pairs in {args.folder}: give supernode-I (private) to "
-          "host I only; register the .pub files with `fedpriv deploy register`")
+    paths = write_node_keys(args.folder, args.nodes, certs=args.certs)
+    print(f"wrote {len(paths)} key pairs in {args.folder}: give supernode-I (private)"
+          f"{' and supernode-I.crt' if args.certs else ''} to host I only; register the "
+          ".pub files with `fedpriv deploy register`")
+    if args.certs is None:
+        print("note: no --certs, so no TLS client certificates: a SuperLink started with "
+              "--certs admits only nodes that have one (mutual TLS). Run this again with "
+              "--certs FOLDER where the CA's signing key is kept.")
     return 0
 
 
@@ -231,7 +260,8 @@ def _superlink(args: argparse.Namespace) -> int:
               "holds it can impersonate the SuperLink)")
     return superlink.serve_superlink(certs, args.state, args.host, args.port,
                                      auth=certs is not None, nodes=args.nodes,
-                                     internal_port=args.internal_port)
+                                     internal_port=args.internal_port,
+                                     client_certs=not args.no_client_certs)
 
 
 def _supernode(args: argparse.Namespace) -> int:
@@ -253,15 +283,75 @@ def _supernode(args: argparse.Namespace) -> int:
             not args.state_dir.is_dir():
         raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a file; give a folder "
                           "(it is made if missing).")
+    allow = _allowed_apps(args)  # bad digests refused before anything starts
+    cert = _client_cert(args)
     superlink.port_free("127.0.0.1", args.port, "--port")
     if not 0 <= args.partition_id < args.num_partitions:
         raise ConfigError(f"--partition-id {args.partition_id} must be in 0.."
                           f"{args.num_partitions - 1} (--num-partitions "
                           f"{args.num_partitions}).")
     config = _node_config(args)
+    if allow is None:
+        print("warning: --allow-any-app: this node runs whatever app the SuperLink sends, so "
+              "the operator's code enforces every client-side defence (DP-SGD, the "
+              "disclosure rule, the refusal of trap weights)")
+    else:
+        from ..deploy.app_pin import app_digest
+
+        allow = list(dict.fromkeys([app_digest(), *allow]))
     return supernode.serve_supernode(_connection(args), config, args.key, args.port,
                                      rejoin_wait=args.rejoin_wait,
-                                     warm=not args.clientapp_per_message, poll=args.poll)
+                                     warm=not args.clientapp_per_message, poll=args.poll,
+                                     allow_apps=allow, client_cert=cert)
+
+
+def _client_cert(args: argparse.Namespace) -> Path | None:
+    """The node's TLS client certificate (``--client-cert``, else KEY.crt beside --key),
+    checked against its key; None, with a note, when there is none."""
+    from ..deploy.client_cert import context
+    from ..deploy.credentials import client_certificate_path
+
+    cert = args.client_cert
+    if cert is None and args.key is not None and not args.insecure:
+        beside = client_certificate_path(args.key)
+        cert = beside if beside.is_file() else None
+        if cert is None:
+            print(f"note: no client certificate ({beside.name} beside --key): the "
+                  "SuperLink's gateway refuses this node at the TLS handshake unless it runs "
+                  "with --no-client-certs. Make one with `fedpriv deploy keys KEYS --nodes N "
+                  "--certs CERTS`.")
+    if cert is None:
+        return None
+    if args.insecure or args.key is None:
+        raise ConfigError("--client-cert needs TLS (--ca) and the node's --key: the "
+                          "certificate is issued for that key.")
+    if not cert.is_file():
+        raise ConfigError(f"--client-cert {str(cert)!r} is not a file; copy this node's "
+                          "certificate (supernode-I.crt, made by `fedpriv deploy keys "
+                          "--certs`) here.")
+    context(cert, args.key, None)  # the certificate is this key's, or a clear error now
+    return cert
+
+
+def _allowed_apps(args: argparse.Namespace) -> list[str] | None:
+    """The app digests given with --allow-app and --allow-app-file, checked (None:
+    --allow-any-app); ConfigError for a bad one, or for pins the executor cannot keep."""
+    from ..deploy.app_pin import check_digest, read_digest_file
+
+    given = [check_digest(d, "--allow-app") for d in args.allow_app]
+    for path in args.allow_app_file:
+        given += read_digest_file(path)
+    if args.allow_any_app:
+        return None
+    if args.clientapp_per_message:
+        raise ConfigError(
+            "--clientapp-per-message runs Flower's own flwr-clientapp, which cannot check "
+            "which app it runs, so this node could not keep its pin (by default only this "
+            "installation's fedpriv app"
+            f"{', plus the --allow-app digests' if given else ''}). Drop "
+            "--clientapp-per-message to run pinned apps in fedpriv's ClientApp worker, or "
+            "add --allow-any-app to run whatever the SuperLink sends.")
+    return given
 
 
 def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:
@@ -274,8 +364,9 @@ def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:
 
         print(f"own data: {describe(args.data_path)}")
         config["data-path"] = str(args.data_path.resolve())
-    if args.state_dir is not None:
-        args.state_dir.mkdir(parents=True, exist_ok=True)
+    if args.state_dir is not None:  # the DP ledger and the CVAE: this user's only
+        args.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        args.state_dir.chmod(0o700)
         config["state-dir"] = str(args.state_dir.resolve())
     if args.accept_trap_weights:
         config["accept-trap-weights"] = True
@@ -314,8 +405,16 @@ def _run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _app_digest(args: argparse.Namespace) -> int:
+    """Print this installation's app digest: what SuperNodes on this code pin."""
+    from ..deploy.app_pin import app_digest
+
+    print(app_digest())
+    return 0
+
+
 COMMANDS = {"certs": _certs, "keys": _keys, "register": _register, "superlink": _superlink,
-            "supernode": _supernode, "run": _run}
+            "supernode": _supernode, "run": _run, "app-digest": _app_digest}
 
 
 def _host_data(args: argparse.Namespace) -> dict[str, str | int | bool]:

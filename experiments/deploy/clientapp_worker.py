@@ -20,6 +20,21 @@ cannot be kept warm. This module reuses that module's ``pull_task_input``,
 them (its error replies and task statuses included). That is reliance on Flower
 internals, checked by ``tests/test_deploy_warm.py`` against the installed Flower.
 Runtime dependency installation is not supported (fedpriv turns it off everywhere).
+
+What it guards on the host (the node's Runtime API is plain HTTP on loopback, where any
+local user could otherwise claim the node's tasks):
+
+- ``--superexec-auth-secret-file``: it signs ``AcquireTask`` with the SuperNode's
+  secret (Flower's ``SuperExecAuthHttpInterceptor``, as Flower's SuperExec does); every
+  other Runtime call needs the task token ``AcquireTask`` hands out;
+- ``--allow-app DIGEST`` (repeatable) or ``--allow-any-app``: before installing or
+  importing anything from a FAB it computes the FAB's SHA-256 itself and refuses one not
+  pinned: nothing of that app runs; the server gets an Error reply (as Flower sends for
+  a ClientApp that fails to load) and the host one log line saying how to pin it;
+- the Context goes back to the SuperNode with the node config (and run config, ids) it
+  came with: only ``Context.state`` is the ClientApp's to change;
+- umask 077: what the ClientApp writes (its ``state-dir``: the DP ledger, the CVAE) is
+  readable by this host user only.
 """
 
 from __future__ import annotations
@@ -27,11 +42,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
+
+from .app_pin import fab_digest, refusal
 
 # Imported before the first message, so that no message pays for them. Only third-party
 # packages: the app's own modules must come from the run's FAB.
@@ -41,16 +62,36 @@ SERVED = "[fedpriv clientapp-worker] served task"  # logged once per message
 READY = "[fedpriv clientapp-worker] ready"
 PULL_BACKOFF = 0.02  # s before asking again for a message object not yet there (Flower: 1)
 PULL_BACKOFF_CAP = 0.5
+KEEP = {name.split(".")[0] for name in PRELOAD} | {"experiments"}  # never re-imported
+ACQUIRE = "/flwr.proto.Runtime/AcquireTask"  # the one Runtime call the secret guards
+
+
+class AppRefused(Exception):
+    """A FAB whose digest this host has not pinned: nothing of it was installed or run."""
+
+    def __init__(self, fab_id: str, version: str, digest: str) -> None:
+        self.fab_id, self.version, self.digest = fab_id, version, digest
+        super().__init__(f"this SuperNode's host runs only pinned client code; app "
+                         f"{fab_id} {version} (FAB sha256 {digest}) is not pinned there")
 
 
 def preload(names: tuple[str, ...] = PRELOAD) -> list[str]:
-    """Import the ClientApp's heavy dependencies now; return those that are not installed."""
+    """Import the ClientApp's heavy dependencies now; return those that are not installed.
+    A root logging handler one of them installs (Opacus calls ``basicConfig``) is removed:
+    it printed every line of this worker twice."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
     missing = []
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
             missing.append(name)
+    for handler in root.handlers[:]:
+        if handler not in before:
+            root.removeHandler(handler)
     return missing
 
 
@@ -96,10 +137,19 @@ def pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
 class Worker:
     """Runs ClientApp tasks one after another in this process, keeping the loaded app."""
 
-    def __init__(self, address: str, insecure: bool, certificates: bytes | None) -> None:
+    def __init__(self, address: str, insecure: bool, certificates: bytes | None,
+                 secret: bytes | None = None, allowed: frozenset[str] | None = frozenset(),
+                 apps_dir: Path | None = None) -> None:
+        """``secret``: the SuperNode's Runtime API secret (None: it has none);
+        ``allowed``: the FAB digests this host pinned (None: any app); ``apps_dir``: a
+        private folder to install FABs in (default: a fresh one)."""
         self.address = address
         self.insecure = insecure
         self.certificates = certificates
+        self.secret = secret
+        self.allowed = allowed
+        self.apps_dir = apps_dir or Path(tempfile.mkdtemp(prefix="fedpriv-apps-"))
+        self.refused: set[str] = set()  # digests already reported in the log
         self.fab_hash: str | None = None
         self.app_dir: Path | None = None
         self.app: Any = None
@@ -111,6 +161,7 @@ class Worker:
         from flwr.supercore.interceptors import (
             RuntimeTokenHttpInterceptor,
             RuntimeVersionHttpInterceptor,
+            SuperExecAuthHttpInterceptor,
         )
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
@@ -121,6 +172,9 @@ class Worker:
                                    RuntimeVersionHttpInterceptor(component_name=component)]
         if token:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
+        elif self.secret:
+            interceptors.append(SuperExecAuthHttpInterceptor(
+                master_secret=self.secret, protected_methods=frozenset({ACQUIRE})))
         retry = make_simple_http_retry_invoker()
         return RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=self.insecure,
@@ -128,31 +182,52 @@ class Worker:
             retry_invoker=retry), retry
 
     def load(self, run: Any, fab: Any) -> Any:
-        """The run's ClientApp: installed from its FAB and imported once per FAB; a new
-        FAB first unloads the previous one's modules (they are the same packages)."""
-        if fab.hash_str == self.fab_hash:
+        """The run's ClientApp: its FAB's digest checked against the pins first
+        (:class:`AppRefused`, before anything of it is installed or imported), then
+        installed in this worker's private folder and imported once per FAB, from the FAB
+        only; a new FAB first unloads the previous one's modules (the same packages)."""
+        digest = fab_digest(fab.content)  # never the hash the FAB comes labelled with
+        if digest == self.fab_hash:
             return self.app
+        if self.allowed is not None and digest not in self.allowed:
+            raise AppRefused(run.fab_id, run.fab_version, digest)
         from flwr.cli.install import install_from_fab
         from flwr.clientapp.utils import get_load_client_app_fn
-        from flwr.common.config import get_project_dir
+        from flwr.supercore import log
+
+        log(INFO, "[fedpriv clientapp-worker] running app %s %s (FAB sha256 %s, %s)",
+            run.fab_id, run.fab_version, digest,
+            "pinned" if self.allowed is not None else "any app allowed")
 
         self.unload()
-        install_from_fab(fab.content, skip_prompt=True)
-        self.app = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)(
-            run.fab_id, run.fab_version, fab.hash_str)
-        self.fab_hash = fab.hash_str
-        self.app_dir = Path(get_project_dir(run.fab_id, run.fab_version, fab.hash_str))
+        # a folder per digest: Flower reuses an installed folder named by the first
+        # digits of the hash without checking its content
+        path = install_from_fab(fab.content, install_dir=self.apps_dir / digest,
+                                skip_prompt=True)
+        # the app's packages already imported from this environment (`tasks`, by
+        # experiments/__init__.py) are imported again from the FAB
+        self._forget(_top_level(path) - KEEP)
+        self.app = get_load_client_app_fn(default_app_ref="", app_path=str(path),
+                                          multi_app=True)(run.fab_id, run.fab_version, digest)
+        self.fab_hash = digest
+        self.app_dir = Path(path)
         return self.app
+
+    @staticmethod
+    def _forget(names: set[str], root: str | None = None) -> None:
+        """Drop from ``sys.modules`` the modules named ``names`` (with their submodules)
+        and, with ``root``, those whose file is inside that folder."""
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None) or ""
+            inside = bool(root and file and str(Path(file).resolve()).startswith(root + "/"))
+            if inside or name.split(".")[0] in names:
+                del sys.modules[name]
 
     def unload(self) -> None:
         """Forget the loaded FAB's modules (those whose file is inside its folder)."""
         if self.app_dir is None:
             return
-        root = str(self.app_dir.resolve())
-        for name, module in list(sys.modules.items()):
-            file = getattr(module, "__file__", None) or ""
-            if file and str(Path(file).resolve()).startswith(root + "/"):
-                del sys.modules[name]
+        self._forget(set(), str(self.app_dir.resolve()))
         with contextlib.suppress(ValueError):
             sys.path.remove(str(self.app_dir.absolute()))
         self.app = self.fab_hash = self.app_dir = None
@@ -172,24 +247,35 @@ class Worker:
         client, retry = self._client(token)
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         message = reply = context = None
+        kept: dict[str, Any] = {}
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         try:
             heartbeat.start()
             message, context, run, fab = pull_task_input(client)
+            kept = _identity(context)
             app = self.load(run, fab)
             reply = app(message=message, context=context)
             sub_status, details = SubStatus.COMPLETED, ""
         except Exception as ex:  # the ClientApp's failure becomes the reply, as in Flower
             code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
             reason = f"{type(ex)}:<'{ex}'>"
-            if isinstance(ex, LoadClientAppError):
+            if isinstance(ex, AppRefused):
+                code, reason = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, str(ex)
+                if ex.digest not in self.refused:  # one line per app, not per message
+                    self.refused.add(ex.digest)
+                    log(ERROR, "%s", refusal(ex.fab_id, ex.version, ex.digest))
+            elif isinstance(ex, LoadClientAppError):
                 code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
                 reason = "An exception was raised when attempting to load `ClientApp`"
-            log(ERROR, "ClientApp raised an exception", exc_info=ex)
+            if not isinstance(ex, AppRefused):
+                log(ERROR, "ClientApp raised an exception", exc_info=ex)
             details = reason
             if message is not None:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)
         finally:
+            if context is not None:  # only Context.state is the ClientApp's to change
+                for name, value in kept.items():
+                    setattr(context, name, value)
             try:
                 if reply is not None and context is not None:
                     try:
@@ -232,6 +318,25 @@ class Worker:
             client.close()
 
 
+def _identity(context: Any) -> dict[str, Any]:
+    """What the SuperNode's Context says about the node and the run, copied: put back
+    before the Context is pushed, so no task changes what the next one sees."""
+    return {"node_config": dict(context.node_config), "run_config": dict(context.run_config),
+            "run_id": context.run_id, "node_id": context.node_id,
+            "series_id": context.series_id}
+
+
+def _top_level(folder: Path) -> set[str]:
+    """The importable top-level names an installed app folder provides."""
+    names = set()
+    for entry in folder.iterdir():
+        if entry.is_dir() and (entry / "__init__.py").is_file():
+            names.add(entry.name)
+        elif entry.suffix == ".py":
+            names.add(entry.stem)
+    return names
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runtime-api-address", required=True, metavar="HOST:PORT",
@@ -243,21 +348,56 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll", type=float, default=0.05,
                     help="seconds between asks for a task (a local HTTP call)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process is gone")
-    return ap.parse_args(argv)
+    ap.add_argument("--apps-dir", type=Path, metavar="DIR",
+                    help="a private folder to install apps in (default: a fresh one, "
+                         "removed at exit)")
+    ap.add_argument("--superexec-auth-secret-file", type=Path, metavar="FILE",
+                    help="the SuperNode's Runtime API secret: AcquireTask is signed with it")
+    pins = ap.add_mutually_exclusive_group(required=True)
+    pins.add_argument("--allow-app", action="append", default=[], metavar="SHA256",
+                      help="run only FABs with this digest (repeatable)")
+    pins.add_argument("--allow-any-app", action="store_true",
+                      help="run any FAB the SuperLink sends (no pin)")
+    args = ap.parse_args(argv)
+    from .app_pin import DIGEST
+
+    bad = [d for d in args.allow_app if not DIGEST.match(d)]
+    if bad:
+        ap.error(f"--allow-app {bad[0]!r}: not 64 lower-case hexadecimal digits")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    os.umask(0o077)  # what the ClientApp writes (its state-dir) is this user's only
     preload()
     from flwr.supercore.app_utils import start_parent_process_monitor
 
     if args.parent_pid is not None:  # belt and braces beside the parent-death signal
         start_parent_process_monitor(args.parent_pid)
     certs = None if args.insecure else args.root_certificates.read_bytes()
+    secret = (args.superexec_auth_secret_file.read_bytes()
+              if args.superexec_auth_secret_file else None)
+    allowed = None if args.allow_any_app else frozenset(args.allow_app)
+    if args.apps_dir is not None:
+        args.apps_dir.mkdir(mode=0o700, exist_ok=True)
+    worker = Worker(args.runtime_api_address, bool(args.insecure), certs, secret, allowed,
+                    args.apps_dir)
+
+    def on_term(*_: object) -> None:
+        """SIGTERM (the keeper's stop, the parent-death signal): remove the installed
+        apps, then die of the signal as before (the keeper reads the exit code)."""
+        shutil.rmtree(worker.apps_dir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
-        Worker(args.runtime_api_address, bool(args.insecure), certs).serve(args.poll)
+        worker.serve(args.poll)
     except KeyboardInterrupt:  # the parent monitor's SIGINT, or Ctrl-C
         return 0
+    finally:
+        shutil.rmtree(worker.apps_dir, ignore_errors=True)
     return 0
 
 

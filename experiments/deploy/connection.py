@@ -10,6 +10,7 @@ register`` through a private FLWR_HOME; :class:`DeployedSuperLink` lets
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -77,14 +78,36 @@ def refuse_public_port(link: Connection) -> None:
         if exc.code != 403 or OPERATOR_ONLY[:40] not in exc.read(4096).decode(errors="replace"):
             return
     except urllib.error.URLError as exc:
-        raise _unreachable(link, exc.reason) from None
+        if not _demands_client_certificate(link):
+            raise _unreachable(link, exc.reason) from None
     except (OSError, ValueError) as exc:
-        raise _unreachable(link, exc) from None
+        if not _demands_client_certificate(link):
+            raise _unreachable(link, exc) from None
     raise ConfigError(f"--superlink {link.address} is the deployment's public port, which "
                       "serves SuperNodes only (Flower's Fleet API). Operator commands "
                       "(register, run) run on the SuperLink's host against its internal "
                       "port: --superlink 127.0.0.1:INTERNAL_PORT (the port `fedpriv deploy "
                       "superlink` printed; --port + 1 by default).")
+
+
+def _demands_client_certificate(link: Connection) -> bool:
+    """Whether ``link`` is a TLS server that refused us for want of a client certificate:
+    under TLS 1.3 the client's handshake completes, then the gateway (mutual TLS) sends
+    the "certificate required" alert or, under asyncio, just closes without a byte."""
+    if link.ca is None:
+        return False
+    host, _, port = link.address.rpartition(":")
+    context = ssl.create_default_context(cafile=str(link.ca))
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as raw, \
+                context.wrap_socket(raw, server_hostname=host.strip("[]")) as tls:
+            tls.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            return tls.recv(1) == b""
+    except ssl.SSLError as exc:
+        return "CERTIFICATE_REQUIRED" in str(exc).upper() or \
+            "HANDSHAKE_FAILURE" in str(exc).upper()
+    except OSError:
+        return False
 
 
 def _unreachable(link: Connection, reason: object) -> ConfigError:

@@ -6,7 +6,11 @@ address the SuperNodes use **and** 127.0.0.1 and localhost, because the SuperLin
 SuperExec connects to it over loopback with the same certificate (Flower 1.41).
 ``write_node_keys`` makes one ECDSA P-384 key pair per SuperNode in OpenSSH format, what
 ``flower-supernode --auth-supernode-private-key`` reads and ``flwr supernode register``
-takes (the same keys ``ssh-keygen -t ecdsa -b 384`` writes).
+takes (the same keys ``ssh-keygen -t ecdsa -b 384`` writes); given the certificates
+folder, it also issues each node a TLS client certificate for that same key, which the
+fleet gateway demands (mutual TLS), so only the deployment's nodes complete a handshake.
+Credentials are written only into a folder the user owns that no one else may write to
+and that is not a symbolic link.
 
 Private keys are written 0600 into a fresh temporary file beside the target (created with
 ``O_EXCL | O_NOFOLLOW``) that is renamed over it, so a key never inherits an old file's
@@ -141,9 +145,16 @@ def host_name(host: str) -> str:
 
 
 def _make_folder(folder: Path) -> None:
-    """``folder`` made (with parents); ConfigError naming it when that cannot be done."""
+    """``folder`` made (with parents, 0700 when new); ConfigError naming it when that cannot
+    be done, or when it is a link or another user may change what is in it."""
+    if folder.is_symlink():
+        raise ConfigError(
+            f"{folder} is a symbolic link (to {os.readlink(folder)}); fedpriv writes "
+            "certificates and keys only into a real folder you own, because whoever controls "
+            "the link's target could swap the files afterwards. Name a folder of your own "
+            "(it is made if missing), then run the command again.")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
         raise ConfigError(f"{folder} is a file, not a folder: name a folder to write the "
                           "certificates or keys into.") from None
@@ -153,6 +164,36 @@ def _make_folder(folder: Path) -> None:
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"cannot write into {folder} (no permission); name a folder you "
                           "can write to.")
+    _own_folder(folder)
+
+
+def _own_folder(folder: Path) -> None:
+    """ConfigError unless ``folder`` belongs to this user and no one else may write in it:
+    another user who owns or can write to it could replace ``ca.crt``, a key or
+    ``ca-private/`` after fedpriv wrote them."""
+    info = folder.stat()
+    me = os.geteuid()
+    if info.st_uid != me:
+        owner = _user_name(info.st_uid)
+        raise ConfigError(
+            f"{folder} belongs to {owner}, not to you; they could replace the certificates "
+            "or keys written there (a CA, a server key, a node key) after fedpriv wrote "
+            "them. Name a folder you own (it is made if missing), then run the command "
+            "again.")
+    if info.st_mode & 0o022:
+        raise ConfigError(
+            f"{folder} can be written by other users (mode {info.st_mode & 0o777:o}); they "
+            "could replace the certificates or keys written there. Make it private (chmod "
+            f"700 {folder}) or name another folder, then run the command again.")
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _refuse_link(path: Path, what: str) -> None:
@@ -288,13 +329,19 @@ def certificate_hosts(cert: Path) -> list[str]:
         [str(v) for v in san.get_values_for_type(x509.IPAddress)]
 
 
-def write_node_keys(folder: Path, count: int, prefix: str = "supernode") -> list[Path]:
-    """``count`` ECDSA P-384 key pairs, ``<prefix>-<i>`` (private) and ``.pub``."""
+def write_node_keys(folder: Path, count: int, prefix: str = "supernode",
+                    certs: Path | None = None) -> list[Path]:
+    """``count`` ECDSA P-384 key pairs, ``<prefix>-<i>`` (private) and ``.pub``; with
+    ``certs`` (a folder made by :func:`write_certificates`), also ``<prefix>-<i>.crt``, a
+    TLS client certificate for the same key from the deployment's CA, which the fleet
+    gateway demands before any request (mutual TLS)."""
     if not 1 <= count <= 10_000:
         raise ConfigError(f"--nodes {count}: give 1 to 10,000 SuperNodes.")
+    issuer = _issuer(certs) if certs is not None else None
     _make_folder(folder)
     for i in range(count):  # refuse before anything is written
-        for path in (folder / f"{prefix}-{i}", folder / f"{prefix}-{i}.pub"):
+        for path in (folder / f"{prefix}-{i}", folder / f"{prefix}-{i}.pub",
+                     folder / f"{prefix}-{i}.crt"):
             _refuse_link(path, "a SuperNode key")
     paths = []
     for i in range(count):
@@ -306,5 +353,51 @@ def write_node_keys(folder: Path, count: int, prefix: str = "supernode") -> list
         _write_public(path.with_suffix(".pub"), key.public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
             + f" fedpriv-{prefix}-{i}\n".encode())
+        if issuer is not None:
+            _write_public(client_certificate_path(path), client_certificate(
+                key.public_key(), f"{prefix}-{i}", *issuer))
         paths.append(path)
     return paths
+
+
+def client_certificate_path(key: Path) -> Path:
+    """Where :func:`write_node_keys` puts the TLS client certificate of node key ``key``."""
+    return key.with_name(key.name + ".crt")
+
+
+def _issuer(certs: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The deployment's CA certificate and signing key from a ``fedpriv deploy certs``
+    folder; ConfigError saying what is missing."""
+    ca, key = certs / "ca.crt", ca_key_path(certs)
+    if not (ca.is_file() and key.is_file()):
+        raise ConfigError(
+            f"--certs {str(certs)!r} holds no CA: it needs ca.crt and {CA_PRIVATE}/ca.key, "
+            "as `fedpriv deploy certs FOLDER --host NAME` writes them (run this where the "
+            "CA's signing key is kept).")
+    certificate = read_certificate(ca, "--certs")
+    try:
+        signing = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ConfigError(f"{key} is not the CA's PEM signing key ({exc}); make the files "
+                          "again with `fedpriv deploy certs`.") from None
+    if not isinstance(signing, ec.EllipticCurvePrivateKey) or \
+            signing.public_key() != certificate.public_key():
+        raise ConfigError(f"{key} does not belong to {ca}; make the files again with "
+                          "`fedpriv deploy certs`.")
+    return certificate, signing
+
+
+def client_certificate(public: ec.EllipticCurvePublicKey, name: str, ca: x509.Certificate,
+                       ca_key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A PEM TLS client certificate (clientAuth only) for a node's own key, valid while
+    the CA is."""
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca.subject)
+            .public_key(public).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(ca.not_valid_after_utc)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA384()))
+    return cert.public_bytes(serialization.Encoding.PEM)

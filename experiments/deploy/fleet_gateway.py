@@ -11,28 +11,64 @@ Anything else is refused with a short explanation and one log line on the operat
 side. Built on uvicorn (HTTP/1.1 + TLS), Starlette (routing) and httpx (upstream), the
 libraries Flower's own HTTP APIs use; bodies stream through with a size bound.
 
+Against outsiders (each optional, so older callers keep working):
+
+* ``--client-ca``: mutual TLS. A peer without a certificate from that CA never completes
+  the handshake, so it never reaches the app nor uvicorn's ``limit_concurrency`` count.
+* ``--require-signature``: every Fleet POST must carry Flower's node-auth headers
+  (``flwr-public-key``, ``flwr-timestamp``, ``flwr-signature``: ECDSA SHA-256 over the
+  ASCII timestamp) with a fresh timestamp and a valid signature, checked from the headers
+  before any body byte is forwarded (the SuperLink itself reads the whole body first).
+  A signature covers only its timestamp, and Flower's SuperLink
+  (``flwr/superlink/routers/fleet/node_auth.py``) accepts it while its age is inside
+  ``(-SYSTEM_TIME_TOLERANCE, TIMESTAMP_TOLERANCE + SYSTEM_TIME_TOLERANCE)`` = (-5 s,
+  305 s): one captured header set would authorize any Fleet call for about five
+  minutes. So the gateway keeps every accepted (public key, timestamp) for that window
+  (310 s, bounded to ``--replay-cache`` entries) and refuses it a second time. With
+  ``--client-ca`` too, the signing key must be the key of the peer's TLS certificate.
+* always: at most ``--max-per-peer`` connections from one address (so no single peer
+  fills ``limit_concurrency``), a complete request head within ``--header-timeout``
+  seconds, every method caught and every refusal (uvicorn's own 400 and 503 included)
+  logged with the real peer; forwarding headers from outside (X-Forwarded-*, Forwarded,
+  X-Real-IP) are dropped and X-Forwarded-For is set to the real peer, which the
+  SuperLink's uvicorn trusts from loopback. Upstream 401/403 answers are logged too.
+  Not logged: a TLS handshake that fails (no or a wrong client certificate), which
+  asyncio ends before the HTTP protocol sees the connection.
+
 ``python -m experiments.deploy.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
-(--cert server.pem --key server.key --ca ca.crt | --insecure)``
+(--cert server.pem --key server.key --ca ca.crt [--client-ca ca.crt] | --insecure)
+[--require-signature] [--max-per-peer N] [--header-timeout S]``
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import binascii
 import datetime as dt
+import hashlib
 import re
 import socket
 import ssl
 import sys
+import time
+from base64 import b64decode
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import h11
 import httpx
 import uvicorn
+from cryptography import x509
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.utils import get_remote_addr
 
 FLEET_PREFIX = "/v1/fleet/"
 # Fleet routes are lower-case words joined by '-' (register-node, pull-messages, ...):
@@ -40,18 +76,46 @@ FLEET_PREFIX = "/v1/fleet/"
 FLEET_PATH = re.compile(rb"/v1/fleet/[a-z][a-z0-9-]{0,63}")
 MAX_BODY = 256 * 1024 * 1024  # Flower chunks arrays at 5 MiB and caps FABs at 10 MB
 READY = "fleet gateway ready"
-REFUSED = "gateway refused"
+REFUSED = "gateway refused"  # an HTTP answer the gateway (or uvicorn under it) refused with
+CLOSED = "gateway closed"  # a connection closed without an answer
+UPSTREAM_REFUSED = "superlink refused"  # the SuperLink's own 401/403, with the real peer
+LIMIT_CONCURRENCY = 512
+MAX_PER_PEER = 32
+HEADER_TIMEOUT = 10.0
+# Flower's node-auth headers and window (flwr.common.constant, flwr.supercore.constant;
+# copied so that importing READY or bind does not load Flower; a test checks they match):
+# the SuperLink accepts a signature while its age is in (-5 s, 305 s)
+# (flwr/superlink/routers/fleet/node_auth.py); an accepted one is remembered for the whole
+# span that a copy of it could still be accepted: 310 s from the moment it is seen.
+TIMESTAMP_HEADER = "flwr-timestamp"
+FLEET_HTTP_PUBLIC_KEY_HEADER = "flwr-public-key"
+FLEET_HTTP_SIGNATURE_HEADER = "flwr-signature"
+TIMESTAMP_TOLERANCE = 300
+SYSTEM_TIME_TOLERANCE = 5
+MIN_AGE = -SYSTEM_TIME_TOLERANCE
+MAX_AGE = TIMESTAMP_TOLERANCE + SYSTEM_TIME_TOLERANCE
+REPLAY_WINDOW = float(MAX_AGE - MIN_AGE)
+REPLAY_CACHE = 262144  # entries, about 150 bytes each
+SIGNATURE_HEADERS = (FLEET_HTTP_PUBLIC_KEY_HEADER, TIMESTAMP_HEADER, FLEET_HTTP_SIGNATURE_HEADER)
 # RFC 9110 hop-by-hop fields, the Host (httpx sets the upstream's), and what uvicorn adds
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
                   "host"})
+# what a client could claim about where a request came from (the gateway sets its own)
+_CLAIMS = frozenset({"forwarded", "x-real-ip", "x-client-ip", "true-client-ip",
+                     "cf-connecting-ip", "via"})
 _NOT_BACK = _HOP | {"server", "date"}
+METHODS_ALL = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 OPERATOR_ONLY = ("this port serves only Flower's Fleet API (SuperNodes). The Control and "
                  "Runtime APIs (flwr run, ls, log, stop, supernode register/unregister) "
                  "are served only on the SuperLink host's loopback address: run operator "
                  "commands on that host.\n")
+UNSIGNED = ("a Fleet call must carry a valid, fresh, not yet used SuperNode signature "
+            "(flwr-public-key, flwr-timestamp, flwr-signature).\n")
 
 Log = Callable[[str], None]
+Peer = tuple[str, int]
+PeerKey = Callable[[Peer | None], bytes | None]
 
 
 class _TooLarge(Exception):
@@ -67,13 +131,85 @@ def _stamp() -> str:
     return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+def _peer(client: Peer | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "?"
+
+
+class ReplayCache:
+    """Accepted (public key, timestamp) pairs for :data:`REPLAY_WINDOW` seconds, at most
+    ``capacity`` of them: a second use inside the window is a replay."""
+
+    def __init__(self, capacity: int = REPLAY_CACHE, window: float = REPLAY_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity, self.window, self.clock = capacity, window, clock
+        self._until: OrderedDict[bytes, float] = OrderedDict()  # digest -> expiry, in order
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def add(self, key: bytes, timestamp: str) -> str | None:
+        """Remember one use; None if fresh, else why it is refused ("replay", "full")."""
+        now = self.clock()
+        while self._until:
+            digest, until = next(iter(self._until.items()))
+            if until > now:
+                break
+            del self._until[digest]
+        digest = hashlib.sha256(len(key).to_bytes(4, "big") + key + timestamp.encode()).digest()
+        if digest in self._until:
+            return "replay"
+        if len(self._until) >= self.capacity:  # never evict early: that would allow a replay
+            return "full"
+        self._until[digest] = now + self.window
+        return None
+
+
+def check_signature(headers: Any, replay: ReplayCache, peer_key: bytes | None = None,
+                    require_peer_key: bool = False,
+                    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+                    ) -> str | None:
+    """Why a Fleet call's node-auth headers are refused (None: accepted and remembered):
+    Flower's own check (flwr/superlink/routers/fleet/node_auth.py), made before any body
+    byte is read, plus the replay cache and, with mutual TLS, the certificate's key."""
+    # Flower's own helpers, lazily: importing flwr takes about half a second
+    from flwr.supercore.primitives.asymmetric import (
+        bytes_to_public_key,
+        public_key_to_bytes,
+        verify_signature,
+    )
+    try:
+        values = [headers.get(name) for name in SIGNATURE_HEADERS]
+        if None in values:
+            return "unsigned"
+        encoded, timestamp, signature = values
+        public = bytes_to_public_key(b64decode(encoded, validate=True))
+        raw_signature = b64decode(signature, validate=True)
+        age = (now() - dt.datetime.fromisoformat(timestamp)).total_seconds()
+        if not MIN_AGE < age < MAX_AGE:
+            return "stale timestamp"
+        if not verify_signature(public, timestamp.encode("ascii"), raw_signature):
+            return "bad signature"
+    except (ValueError, TypeError, UnicodeError, binascii.Error):
+        return "bad signature"
+    key = public_key_to_bytes(public)  # one form for every encoding of the same key
+    if require_peer_key and key != peer_key:
+        return "key is not the TLS client certificate's"
+    verdict = replay.add(key, timestamp)
+    return {"replay": "replayed signature", "full": "replay cache full"}.get(verdict or "")
+
+
 def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = MAX_BODY,
-               log: Log = print, transport: httpx.AsyncBaseTransport | None = None
-               ) -> Starlette:
+               log: Log = print, transport: httpx.AsyncBaseTransport | None = None,
+               require_signature: bool = False, peer_key: PeerKey | None = None,
+               replay_cache: int = REPLAY_CACHE) -> Starlette:
     """The gateway's ASGI app forwarding Fleet calls to ``upstream`` (``scheme://host:port``);
-    ``transport`` replaces the network in tests."""
+    ``transport`` replaces the network in tests. ``require_signature`` refuses Fleet calls
+    without a fresh, valid, unused node signature; ``peer_key`` (given a peer's
+    ``(host, port)``, its TLS client certificate's public key as Flower's bytes) makes the
+    signing key have to be that one."""
     timeout = httpx.Timeout(connect=5.0, read=120.0, write=60.0, pool=30.0)
     client: httpx.AsyncClient | None = None
+    replay = ReplayCache(replay_cache)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -89,7 +225,15 @@ def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = 
         if not isinstance(route, str):
             return _refuse(request, *route, log)
         path = route
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        if require_signature and path != "/health":
+            mine = peer_key(request.scope.get("client")) if peer_key else None
+            why = check_signature(request.headers, replay, mine, peer_key is not None)
+            if why is not None:
+                status = 503 if why == "replay cache full" else 401
+                return _refuse(request, status, UNSIGNED, log, why)
+        headers = [(k, v) for k, v in request.headers.items() if not _claim(k)]
+        if request.client:
+            headers.append(("x-forwarded-for", request.client.host))
         assert client is not None
         sent = client.build_request(request.method, path, headers=headers,
                                     content=_bounded(request, max_body)
@@ -103,13 +247,28 @@ def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = 
                 f"{type(exc).__name__}: {exc}")
             return PlainTextResponse("502: the SuperLink behind this gateway did not "
                                      "answer.\n", status_code=502)
+        if answer.status_code in (401, 403):
+            log(f"{_stamp()} {UPSTREAM_REFUSED} {answer.status_code} "
+                f"{_peer(request.scope.get('client'))} {request.method} {path}")
         back = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_BACK]
         return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
                                  headers=dict(back), background=BackgroundTask(answer.aclose))
 
-    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-    return Starlette(routes=[Route("/{path:path}", forward, methods=methods)],
-                     lifespan=lifespan)
+    async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+        """Every HTTP request, whatever its method or path (even ``OPTIONS *``)."""
+        request = Request(scope, receive)
+        response = await forward(request)
+        await response(scope, receive, send)
+
+    app = Starlette(lifespan=lifespan)
+    app.router.default = endpoint  # no routes: nothing is answered behind our back
+    return app
+
+
+def _claim(name: str) -> bool:
+    """A header the gateway does not forward: hop-by-hop, or a claim about the client."""
+    low = name.lower()
+    return low in _HOP or low in _CLAIMS or low.startswith("x-forwarded-")
 
 
 def _route(request: Request, max_body: int) -> str | tuple[int, str]:
@@ -118,7 +277,9 @@ def _route(request: Request, max_body: int) -> str | tuple[int, str]:
     raw: bytes = request.scope.get("raw_path") or b""
     query = request.scope.get("query_string") or b""
     is_fleet = raw.startswith(FLEET_PREFIX.encode())
-    if raw == b"/health" and request.method in ("GET", "HEAD") and not query:
+    if raw == b"/health" and not query:
+        if request.method not in ("GET", "HEAD"):
+            return 405, "/health takes GET only.\n"
         path = "/health"
     elif is_fleet and FLEET_PATH.fullmatch(raw) and not query:
         if request.method != "POST":
@@ -134,13 +295,15 @@ def _route(request: Request, max_body: int) -> str | tuple[int, str]:
     return path
 
 
-def _refuse(request: Request, status: int, body: str, log: Log) -> Response:
-    """The refusal, with one log line on the operator's side."""
-    peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
+def _refuse(request: Request, status: int, body: str, log: Log, why: str = "") -> Response:
+    """The refusal, with one log line on the operator's side; the connection closes after
+    it, so a body the caller is still sending is not read on."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
-    log(f"{_stamp()} {REFUSED} {status} {peer} {_printable(request.method.encode(), 16)} "
-        f"{_printable(raw)}")
-    return PlainTextResponse(f"{status}: {body}", status_code=status)
+    log(f"{_stamp()} {REFUSED} {status} {_peer(request.scope.get('client'))} "
+        f"{_printable(request.method.encode(), 16)} {_printable(raw)}"
+        + (f" ({why})" if why else ""))
+    return PlainTextResponse(f"{status}: {body}", status_code=status,
+                             headers={"connection": "close"})
 
 
 async def _bounded(request: Request, max_body: int) -> AsyncIterator[bytes]:
@@ -151,6 +314,172 @@ async def _bounded(request: Request, max_body: int) -> AsyncIterator[bytes]:
         if seen > max_body:
             raise _TooLarge
         yield chunk
+
+
+# --- the connection level: uvicorn's h11 protocol, watched ----------------------------------
+
+class Peers:
+    """What the connection level knows and the app asks: open connections per address, and
+    each TLS client certificate's public key (Flower's byte form) by ``(host, port)``."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+        self.keys: dict[Peer, bytes] = {}
+        self.over: dict[str, int] = {}  # addresses now past the limit: connections closed
+
+    def key(self, client: Peer | None) -> bytes | None:
+        """The public key of ``client``'s TLS certificate, if it showed one."""
+        return self.keys.get(tuple(client)) if client else None  # type: ignore[arg-type]
+
+
+def _certificate_key(transport: asyncio.BaseTransport) -> bytes | None:
+    """The peer's TLS client certificate's public key, in Flower's byte form."""
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes  # lazy, as above
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        return None
+    try:
+        return public_key_to_bytes(x509.load_der_x509_certificate(der).public_key())  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return None
+
+
+def gateway_protocol(log: Log, peers: Peers, *, max_per_peer: int = MAX_PER_PEER,
+                     header_timeout: float = HEADER_TIMEOUT) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol with the gateway's connection rules: at most
+    ``max_per_peer`` connections per address (0: no limit), a complete request head
+    within ``header_timeout`` seconds (0: none), the peer's certificate key recorded in
+    ``peers``, and uvicorn's own 400 and 503 answers logged with the peer. Built on
+    uvicorn 0.49's ``H11Protocol``; tests/test_deploy_gateway.py checks that it fits."""
+
+    class GatewayProtocol(H11Protocol):
+        _refused = False
+        _address: str | None = None
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.logger = _Watched(self.logger, self)  # type: ignore[assignment]
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            client = get_remote_addr(transport)
+            address = client[0] if client else "?"
+            if max_per_peer and peers.open.get(address, 0) >= max_per_peer:
+                self._refused, self.transport = True, transport
+                closed = peers.over.get(address, 0)
+                peers.over[address] = closed + 1
+                if not closed:  # once while the address stays over the limit
+                    log(f"{_stamp()} {CLOSED} {_peer(client)}: over --max-per-peer "
+                        f"{max_per_peer} connections from {address}")
+                transport.abort()
+                return
+            self._address = address
+            peers.open[address] = peers.open.get(address, 0) + 1
+            key = _certificate_key(transport)
+            if key is not None and client is not None:
+                peers.keys[client] = key
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            if self._address is not None:
+                left = peers.open.get(self._address, 1) - 1
+                if left > 0:
+                    peers.open[self._address] = left
+                else:
+                    peers.open.pop(self._address, None)
+                if left < max_per_peer and self._address in peers.over:
+                    closed = peers.over.pop(self._address)
+                    if closed > 1:
+                        log(f"{_stamp()} {CLOSED} {closed} connections from "
+                            f"{self._address} over --max-per-peer {max_per_peer} in all")
+                self._address = None
+            if self.client is not None:
+                peers.keys.pop(self.client, None)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm()  # a new request starts: its head has header_timeout to arrive
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a request head was read
+                self._disarm()
+
+        def send_400_response(self, msg: str) -> None:
+            log(f"{_stamp()} {REFUSED} 400 {_peer(self.client)} - - (malformed request: "
+                f"{msg.rstrip('.')})")
+            self._disarm()
+            super().send_400_response(msg)
+
+        def _arm(self) -> None:
+            if header_timeout > 0 and self._head_timer is None:
+                self._head_timer = self.loop.call_later(header_timeout, self._head_late)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                log(f"{_stamp()} {CLOSED} {_peer(self.client)}: no complete request head "
+                    f"in {header_timeout:g} s")
+                self.transport.close()
+
+        def concurrency_refused(self) -> None:
+            """uvicorn answers 503 itself past ``limit_concurrency``: log it."""
+            scope = self.scope or {}
+            log(f"{_stamp()} {REFUSED} 503 {_peer(self.client)} "
+                f"{_printable(str(scope.get('method', '-')).encode(), 16)} "
+                f"{_printable(scope.get('raw_path') or b'-')} (over limit_concurrency)")
+
+    return GatewayProtocol
+
+
+# uvicorn's H11Protocol says why it answers 503 only through its logger; this is the text
+CONCURRENCY_WARNING = "Exceeded concurrency limit."
+
+
+class _Watched:
+    """A connection's uvicorn logger, passing everything through, that also tells the
+    connection when uvicorn refuses a request for ``limit_concurrency``."""
+
+    def __init__(self, logger: Any, protocol: Any) -> None:
+        self._logger, self._protocol = logger, protocol
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == CONCURRENCY_WARNING:
+            self._protocol.concurrency_refused()
+        self._logger.warning(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
+def raise_open_files_limit() -> int:
+    """The soft RLIMIT_NOFILE raised to the hard one, so TLS handshakes in progress
+    (which asyncio holds up to 60 s) cannot run the gateway out of descriptors."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -183,9 +512,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", help="the deployment's ca.crt (verifies the SuperLink)")
     parser.add_argument("--insecure", action="store_true", help="no TLS (loopback demos)")
     parser.add_argument("--max-body", type=int, default=MAX_BODY, metavar="BYTES")
+    parser.add_argument("--client-ca", metavar="CA.crt",
+                        help="mutual TLS: only peers with a client certificate from this CA "
+                             "complete the handshake")
+    parser.add_argument("--require-signature", action="store_true",
+                        help="refuse Fleet calls without a fresh, valid, unused node "
+                             "signature (with --client-ca: by the certificate's key)")
+    parser.add_argument("--max-per-peer", type=int, default=MAX_PER_PEER, metavar="N",
+                        help=f"connections one address may hold (0: no limit; default "
+                             f"{MAX_PER_PEER}; all peers together: {LIMIT_CONCURRENCY})")
+    parser.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT,
+                        metavar="SECONDS", help="close a connection whose request head is "
+                        f"not complete after this long (0: never; default {HEADER_TIMEOUT:g})")
+    parser.add_argument("--replay-cache", type=int, default=REPLAY_CACHE, metavar="ENTRIES",
+                        help=f"signatures remembered for {REPLAY_WINDOW:g} s "
+                             f"(default {REPLAY_CACHE})")
     args = parser.parse_args(argv)
     if args.insecure == bool(args.cert and args.key and args.ca):
         parser.error("give --cert, --key and --ca, or --insecure")
+    if args.client_ca and args.insecure:
+        parser.error("--client-ca needs TLS: give --cert, --key and --ca, not --insecure")
+    if not 0 <= args.max_per_peer < LIMIT_CONCURRENCY:
+        parser.error(f"--max-per-peer must be 0 (no limit) to {LIMIT_CONCURRENCY - 1}, below "
+                     f"the gateway's {LIMIT_CONCURRENCY} connections in all")
+    if args.header_timeout < 0 or args.replay_cache < 1:
+        parser.error("--header-timeout must be 0 or more and --replay-cache 1 or more")
     host, port = _split(args.listen)
     scheme = "http" if args.insecure else "https"
     verify: ssl.SSLContext | bool = (False if args.insecure
@@ -194,23 +545,37 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    raise_open_files_limit()
+    if args.require_signature or args.client_ca:
+        import flwr.supercore.primitives.asymmetric  # noqa: F401  (now, not at the first call)
     try:
         sock = bind(host, port)
     except OSError as exc:
         log(f"fleet gateway: cannot listen on {args.listen}: {exc.strerror or exc}")
         return 2
-    app = create_app(f"{scheme}://{args.upstream}", verify, max_body=args.max_body, log=log)
+    peers = Peers()
+    app = create_app(f"{scheme}://{args.upstream}", verify, max_body=args.max_body, log=log,
+                     require_signature=args.require_signature,
+                     peer_key=peers.key if args.client_ca else None,
+                     replay_cache=args.replay_cache)
+    protocol = gateway_protocol(log, peers, max_per_peer=args.max_per_peer,
+                                header_timeout=args.header_timeout)
+    mutual = {"ssl_ca_certs": args.client_ca,
+              "ssl_cert_reqs": ssl.CERT_REQUIRED} if args.client_ca else {}
     config = uvicorn.Config(app, ssl_certfile=args.cert, ssl_keyfile=args.key,
                             log_level="warning", access_log=False, server_header=False,
-                            proxy_headers=False, limit_concurrency=512,
-                            timeout_keep_alive=30, timeout_graceful_shutdown=3)
+                            proxy_headers=False, limit_concurrency=LIMIT_CONCURRENCY,
+                            timeout_keep_alive=30, timeout_graceful_shutdown=3,
+                            http=protocol, ws="none", **mutual)  # no WebSocket upgrades
     try:
         config.load()  # the certificate and key, before saying ready
     except (OSError, ssl.SSLError) as exc:
         log(f"fleet gateway: cannot load the TLS certificate/key: {exc}")
         return 2
+    extra = "".join([", client certificates required" if args.client_ca else "",
+                     ", node signatures required" if args.require_signature else ""])
     log(f"{READY}: {scheme}://{args.listen} -> {scheme}://{args.upstream} "
-        f"(Fleet API only; Control and Runtime APIs refused)")
+        f"(Fleet API only; Control and Runtime APIs refused{extra})")
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

@@ -65,13 +65,20 @@ def superexec_command(certs: Certificates | None, port: int, secret: Path,
             "--parent-pid", str(superlink_pid)]
 
 
-def gateway_command(certs: Certificates | None, host: str, port: int, internal: int
-                    ) -> list[str]:
+def gateway_command(certs: Certificates | None, host: str, port: int, internal: int,
+                    client_certs: bool = True, auth: bool = True) -> list[str]:
     """The fleet-only gateway (:mod:`experiments.deploy.fleet_gateway`) on the public
-    ``host:port``, in front of the SuperLink on ``127.0.0.1:internal``."""
+    ``host:port``, in front of the SuperLink on ``127.0.0.1:internal``. With TLS it
+    demands a client certificate from the deployment's CA (``client_certs``) and, with
+    SuperNode authentication, a fresh node signature made by that certificate's key
+    before any request body is read."""
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     tls = (["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
            if certs else ["--insecure"])
+    if certs and client_certs:
+        tls += ["--client-ca", str(certs.ca)]
+    if certs and auth:
+        tls += ["--require-signature"]
     return [sys.executable, "-m", "experiments.deploy.fleet_gateway", "--listen", listen,
             "--upstream", f"127.0.0.1:{internal}", *tls]
 
@@ -120,7 +127,8 @@ def _answers(port: int, certs: Certificates | None) -> bool:
 
 def serve_superlink(certs: Certificates | None, state: Path, host: str, port: int,
                     auth: bool, nodes: int, echo: Echo = print,
-                    internal_port: int | None = None, startup_timeout: float = 90.0) -> int:
+                    internal_port: int | None = None, startup_timeout: float = 90.0,
+                    client_certs: bool = True) -> int:
     """Run the SuperLink in the foreground until it exits or is interrupted.
 
     The SuperLink (Fleet, Control and Runtime APIs on one server) listens on
@@ -133,11 +141,17 @@ def serve_superlink(certs: Certificates | None, state: Path, host: str, port: in
     if certs:
         certs.check()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)  # registrations, runs, the secret
+    if state.is_symlink() or state.stat().st_uid != os.geteuid():
+        raise ConfigError(f"--state {str(state)!r} is a symbolic link or belongs to another "
+                          "user, who could then read the registrations and runs or replace "
+                          "the Runtime API secret; name a folder of your own (it is made if "
+                          "missing).")
+    state.chmod(0o700)
     port_free("127.0.0.1", internal, "--internal-port")
     port_free(host, port, "--port")
     secret = write_secret(state)
     name = public_name(certs) if certs else "127.0.0.1"
-    _announce(certs, state, host, port, internal, auth, echo)
+    _announce(certs, state, host, port, internal, auth, echo, client_certs)
     ready = threading.Event()
 
     def line(text: str) -> None:
@@ -153,12 +167,12 @@ def serve_superlink(certs: Certificates | None, state: Path, host: str, port: in
                  f"{link.poll()}); see its output above.")
             return link.poll() or 1
         children.start(superexec_command(certs, internal, secret, link.pid))
-        children.start(gateway_command(certs, host, port, internal))
+        children.start(gateway_command(certs, host, port, internal, client_certs, auth))
         if not children.pump(ready.is_set, startup_timeout):
             echo(f"the fleet gateway did not start on {host}:{port}; see its output above.")
             gone = children.exited()
             return (gone.returncode if gone else 0) or 1
-        _next_steps(certs, name, port, internal, auth, nodes, echo)
+        _next_steps(certs, name, port, internal, auth, nodes, echo, client_certs)
         children.pump()
         gone = children.exited()
         return gone.returncode if gone else 0
@@ -177,28 +191,36 @@ def _internal_port(port: int, internal_port: int | None) -> int:
 
 
 def _announce(certs: Certificates | None, state: Path, host: str, port: int, internal: int,
-              auth: bool, echo: Echo) -> None:
+              auth: bool, echo: Echo, client_certs: bool = True) -> None:
     """What is about to listen where, with a warning when it is not secured."""
     if certs is None:
         echo("warning: --insecure: no TLS and no SuperNode authentication; anyone who can "
              "reach this port can join the federation and read the models. Use it only on "
              "loopback.")
+    elif not client_certs:
+        echo("warning: --no-client-certs: anyone who can reach the public port can complete "
+             "a TLS handshake and hold connections open; only node signatures keep them "
+             "out of the federation.")
+    mutual = ", client certificates required" if certs and client_certs else ""
     echo(f"SuperLink on 127.0.0.1:{internal} ({'TLS' if certs else 'insecure'}"
          f"{', SuperNode authentication' if auth else ''}; Control and Runtime APIs on this "
-         f"host only); fleet gateway for SuperNodes on {host}:{port}; state in "
+         f"host only); fleet gateway for SuperNodes on {host}:{port}{mutual}; state in "
          f"{state / 'state.db'}")
 
 
 def _next_steps(certs: Certificates | None, name: str, port: int, internal: int, auth: bool,
-                nodes: int, echo: Echo) -> None:
+                nodes: int, echo: Echo, client_certs: bool = True) -> None:
     """The commands to run next (register, start SuperNodes, submit runs), then
     :data:`SERVING`."""
     ca = f" --ca {certs.ca}" if certs else " --insecure"
     op = f"--superlink 127.0.0.1:{internal}{ca}"
+    if certs and client_certs:
+        echo("each SuperNode needs its key and TLS client certificate: `fedpriv deploy keys "
+             "KEYS --nodes N --certs CERTS` (where the CA's signing key is kept)")
     if auth:
         echo("on this host, register each SuperNode's public key first:")
         echo(f"  fedpriv deploy register KEYS/supernode-0.pub ... {op}")
-    echo("then on each host I (with ca.crt and its own private key):")
+    echo("then on each host I (with ca.crt, its own private key and its .crt):")
     node_ca = " --ca ca.crt" if certs else " --insecure"
     key = " --key supernode-I" if auth else ""
     echo(f"  fedpriv deploy supernode --superlink {name}:{port}{node_ca}{key} "

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tasks.config import ConfigError
 from tasks.progress import Relay
 
 from ..runtime.procs import stream_child
-from ..runtime.superlink import flower_env, flower_executable
+from ..runtime.superlink import (
+    flower_env,
+    flower_executable,  # noqa: F401 (tests guard starts with it)
+)
+from .app_pin import describe
 from .connection import Connection
 
 Echo = Callable[[str], None]
@@ -26,20 +30,33 @@ NOT_ACTIVATED = "[code: 2004]"
 JOINED = "SuperNode ID:"
 ONLINE_AFTER_HEARTBEAT = 60  # Flower's HEARTBEAT_PATIENCE (2) x the 30 s heartbeat
 BUSY_FOR = 60.0  # s after its last message that a warm node keeps polling fast
+# Test hook: False starts the node without a Runtime API secret (the attack it stops).
+PROTECT_RUNTIME_API = True
 
 
 def supernode_command(link: Connection, node_config: dict[str, str | int | bool],
                       key: Path | None, host: str = "127.0.0.1", port: int = 9094,
-                      warm: bool = True, poll: float = 0.1) -> list[str]:
-    """The SuperNode for one host: the partition it serves, its key. ``warm``: Flower's
-    SuperNode with one ClientApp worker and short polls while busy
-    (:mod:`experiments.deploy.warm_node`); else the stock ``flower-supernode`` (a
-    ``flwr-clientapp`` process per message)."""
+                      warm: bool = True, poll: float = 0.1,
+                      allow_apps: Sequence[str] | None = (),
+                      client_cert: Path | None = None) -> list[str]:
+    """The SuperNode for one host: the partition it serves, its key, always through
+    :mod:`experiments.deploy.warm_node` (a fresh Runtime API secret per start). ``warm``:
+    one ClientApp worker and short polls while busy; else Flower's stock executor (a
+    ``flwr-clientapp`` process per message). ``allow_apps``: the app digests it runs
+    (default: this installation's app; None: any app, needed when not ``warm``).
+    ``client_cert``: the TLS client certificate the node shows the SuperLink's gateway
+    (its key is ``key``)."""
     config = " ".join(f"{k}={node_config_value(k, v)}" for k, v in node_config.items())
-    start = [sys.executable, "-m", "experiments.deploy.warm_node", "--poll", str(poll),
-             "--idle-after", str(BUSY_FOR), "--"] if warm else \
-        [flower_executable("flower-supernode")]
-    cmd = [*start, "--superlink", link.address, *link.flags(),
+    start = [sys.executable, "-m", "experiments.deploy.warm_node"]
+    start += ["--poll", str(poll), "--idle-after", str(BUSY_FOR)] if warm else \
+        ["--executor", "superexec"]
+    start += ["--allow-any-app"] if allow_apps is None else \
+        [a for d in allow_apps for a in ("--allow-app", d)]
+    if not PROTECT_RUNTIME_API:
+        start.append("--unprotected-runtime-api")
+    if client_cert is not None:
+        start += ["--client-cert", str(client_cert)]
+    cmd = [*start, "--", "--superlink", link.address, *link.flags(),
            "--node-config", config, "--host", host, "--port", str(port)]
     if key is not None:
         if not key.is_file():
@@ -102,7 +119,9 @@ class _Attempt:
 
 def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], key: Path | None,
                     port: int, echo: Echo = print, *, rejoin_wait: float = 90.0,
-                    retry_every: float = 3.0, warm: bool = True, poll: float = 0.1) -> int:
+                    retry_every: float = 3.0, warm: bool = True, poll: float = 0.1,
+                    allow_apps: Sequence[str] | None = (),
+                    client_cert: Path | None = None) -> int:
     """Run one SuperNode in the foreground until it exits or is interrupted.
 
     A SuperNode restarted after a crash or ``kill -9`` is refused while the SuperLink still
@@ -111,10 +130,18 @@ def serve_supernode(link: Connection, node_config: dict[str, str | int | bool], 
     retried every ``retry_every`` s for up to ``rejoin_wait`` s, then ends with the
     register advice.
     """
-    cmd = supernode_command(link, node_config, key, port=port, warm=warm, poll=poll)
+    cmd = supernode_command(link, node_config, key, port=port, warm=warm, poll=poll,
+                            allow_apps=allow_apps, client_cert=client_cert)
+    pinned = ("any app the SuperLink sends (not pinned)" if allow_apps is None else
+              f"pinned to app {describe(allow_apps)}" if allow_apps else
+              "pinned to this installation's fedpriv app")
     echo(f"SuperNode for {link.address} ({'TLS' if link.ca else 'insecure'}"
-         f"{', authenticated' if key else ''}), node config: {cmd[cmd.index('--node-config') + 1]}"
-         f", ClientApps {'in one warm worker' if warm else 'in a process per message'}")
+         f"{', authenticated' if key else ''}"
+         f"{', client certificate ' + client_cert.name if client_cert else ''}), "
+         f"node config: {cmd[cmd.index('--node-config') + 1]}"
+         f", ClientApps {'in one warm worker' if warm else 'in a process per message'}, "
+         f"{pinned}; Runtime API on 127.0.0.1:{port} "
+         f"{'authenticated (a fresh secret per start)' if PROTECT_RUNTIME_API else 'OPEN'}")
     env = flower_env(None)
     attempt = _Attempt(echo)
     code = stream_child(cmd, attempt.line, env)

@@ -1,16 +1,28 @@
 """A Flower SuperNode whose ClientApps run in one warm process, with short polls.
 
-``python -m experiments.deploy.warm_node [--poll S] [--idle-after S] -- ARGS`` runs
-Flower's own ``flower-supernode ARGS --isolation process`` in this process (the same
-SuperLink connection, TLS, node authentication, node config and Runtime API), after
+``python -m experiments.deploy.warm_node [--poll S] [--idle-after S] [--allow-app SHA256
+| --allow-any-app] -- ARGS`` runs Flower's own ``flower-supernode ARGS --isolation
+process`` in this process (the same SuperLink connection, TLS, node authentication, node
+config and Runtime API), after
+
+- writing a fresh Runtime API secret for this start (a new 0700 folder, the file 0600;
+  removed when the node exits) and giving it to the SuperNode
+  (``--superexec-auth-secret-file``) and to its executor, so that no other local user
+  can claim this node's tasks (``AcquireTask``) on its plain-HTTP loopback port;
 
 - starting :mod:`experiments.deploy.clientapp_worker` beside it, which serves every
   ClientApp message of this node in one long-running process instead of a new
   ``flwr-clientapp`` per message. The worker is this process's child: it gets the
   parent-death signal (the kernel stops it when this process dies, even by SIGKILL), it
   watches this PID too, it is restarted if it dies, and it is stopped by its PID when the
-  SuperNode exits;
+  SuperNode exits. It runs only FABs whose digest is pinned (``--allow-app``; default:
+  this installation's own fedpriv app, :func:`experiments.deploy.app_pin.app_digest`);
 - shortening the SuperNode's fixed polls (:mod:`experiments.deploy.fast_poll`).
+
+``--executor superexec`` runs Flower's stock executor instead, still authenticated:
+Flower's ``flower-superexec`` (a ``flwr-clientapp`` process per message, Flower's 3 s
+polls), started and stopped by PID the same way. It cannot check digests, so it needs
+``--allow-any-app``.
 
 Everything else is Flower's: the Fleet connection, heartbeats, the node's state and
 ``Context`` per run, the Runtime API the worker talks to.
@@ -19,16 +31,24 @@ Everything else is Flower's: the Fleet connection, heartbeats, the node's state 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..runtime.procs import _die_with_parent
 
 WORKER = "experiments.deploy.clientapp_worker"
+EXECUTORS = ("worker", "superexec")
+SECRET_FLAG = "--superexec-auth-secret-file"
 
 
 def _flag(args: list[str], name: str) -> str | None:
@@ -42,9 +62,22 @@ def _flag(args: list[str], name: str) -> str | None:
     return value
 
 
-def worker_command(flower_args: list[str], poll: float, parent: int) -> list[str]:
-    """The worker for a SuperNode started with ``flower_args``: its Runtime API address
-    (``--host``/``--port``, Flower's defaults otherwise), and TLS if the API has it."""
+def write_runtime_secret() -> Path:
+    """A fresh Runtime API secret: ``runtime.secret`` (mode 0600, 64 hex characters) in a
+    new private folder (mode 0700, made by ``mkdtemp``); created exclusively and never
+    through a symlink. Remove its folder when the node exits."""
+    folder = Path(tempfile.mkdtemp(prefix="fedpriv-supernode-"))
+    os.chmod(folder, 0o700)
+    path = folder / "runtime.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_hex(32).encode())
+    return path
+
+
+def _runtime_api(flower_args: list[str]) -> list[str]:
+    """How an executor reaches the SuperNode's Runtime API: its address
+    (``--host``/``--port``, Flower's defaults otherwise) and TLS if the API has it."""
     from flwr.supercore.constant import SUPERNODE_DEFAULT_CLIENT_ADDRESS
 
     default_host, _, default_port = SUPERNODE_DEFAULT_CLIENT_ADDRESS.rpartition(":")
@@ -54,15 +87,38 @@ def worker_command(flower_args: list[str], poll: float, parent: int) -> list[str
     address = f"{host}:{_flag(flower_args, '--port') or default_port}"
     ca = _flag(flower_args, "--ssl-ca-certfile")
     trust = ["--root-certificates", ca] if ca else ["--insecure"]
-    return [sys.executable, "-m", WORKER, "--runtime-api-address", address, *trust,
-            "--poll", str(poll), "--parent-pid", str(parent)]
+    return ["--runtime-api-address", address, *trust]
+
+
+def worker_command(flower_args: list[str], poll: float, parent: int,
+                   secret: Path | None = None, allow: Sequence[str] | None = None,
+                   apps: Path | None = None) -> list[str]:
+    """The worker for a SuperNode started with ``flower_args``: its Runtime API, the
+    secret that signs ``AcquireTask`` (if any), the pinned digests (None: any app), the
+    private folder it installs apps in (default: its own)."""
+    pins = ["--allow-any-app"] if allow is None else \
+        [a for d in allow for a in ("--allow-app", d)]
+    auth = [SECRET_FLAG, str(secret)] if secret is not None else []
+    where = ["--apps-dir", str(apps)] if apps is not None else []
+    return [sys.executable, "-m", WORKER, *_runtime_api(flower_args), "--poll", str(poll),
+            "--parent-pid", str(parent), *auth, *pins, *where]
+
+
+def superexec_command(flower_args: list[str], parent: int, secret: Path | None) -> list[str]:
+    """Flower's stock executor for this SuperNode: ``flower-superexec`` (a
+    ``flwr-clientapp`` per message), proving itself with ``secret``."""
+    auth = [SECRET_FLAG, str(secret)] if secret is not None else []
+    return [str(Path(sys.executable).parent / "flower-superexec"),
+            *_runtime_api(flower_args), *auth, "--parent-pid", str(parent)]
 
 
 class WorkerKeeper:
-    """Starts the worker, restarts it if it dies, and stops it by PID at the end."""
+    """Starts the worker (or SuperExec), restarts it if it dies, and stops it by PID at
+    the end."""
 
-    def __init__(self, cmd: list[str]) -> None:
+    def __init__(self, cmd: list[str], name: str = "the ClientApp worker") -> None:
         self.cmd = cmd
+        self.name = name
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.starts = 0
@@ -87,7 +143,7 @@ class WorkerKeeper:
             code = self.proc.wait()
             if self.stopping.is_set() or code in (-signal.SIGTERM, -signal.SIGINT):
                 return  # stopped from outside: this SuperNode is going too
-            print(f"[fedpriv warm node] the ClientApp worker (pid {self.proc.pid}) exited "
+            print(f"[fedpriv warm node] {self.name} (pid {self.proc.pid}) exited "
                   f"with code {code}; starting another", file=sys.stderr, flush=True)
             if self.stopping.wait(1.0):
                 return
@@ -124,9 +180,35 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                          "(default: never)")
     ap.add_argument("--worker-poll", type=float, default=0.05,
                     help="seconds between the worker's asks for a task (local)")
+    ap.add_argument("--executor", choices=EXECUTORS, default="worker",
+                    help="worker: fedpriv's warm ClientApp worker (default); superexec: "
+                         "Flower's flower-superexec, a flwr-clientapp per message and "
+                         "Flower's 3 s polls (needs --allow-any-app)")
+    pins = ap.add_mutually_exclusive_group()
+    pins.add_argument("--allow-app", action="append", default=[], metavar="SHA256",
+                      help="run only apps whose FAB has this digest (repeatable; default: "
+                           "this installation's fedpriv app)")
+    pins.add_argument("--allow-any-app", action="store_true",
+                      help="run any app the SuperLink sends")
+    ap.add_argument("--client-cert", type=Path, metavar="PATH",
+                    help="present this TLS client certificate to the SuperLink (its key: "
+                         "the --auth-supernode-private-key given to Flower)")
+    ap.add_argument("--unprotected-runtime-api", action="store_true",
+                    help=argparse.SUPPRESS)  # tests only: the attack the secret stops
     args = ap.parse_args(own)
     if (_flag(flower, "--isolation") or "process") != "process":
         ap.error("a warm node runs its ClientApps in its own worker: --isolation process only")
+    if args.executor == "superexec" and not args.allow_any_app:
+        ap.error("--executor superexec runs Flower's flwr-clientapp, which cannot check an "
+                 "app's digest: give --allow-any-app, or use --executor worker to pin apps")
+    from .app_pin import DIGEST
+
+    bad = [d for d in args.allow_app if not DIGEST.match(d)]
+    if bad:
+        ap.error(f"--allow-app {bad[0]!r}: not 64 lower-case hexadecimal digits")
+    if args.client_cert is not None and not _flag(flower, "--auth-supernode-private-key"):
+        ap.error("--client-cert needs the node's key: give Flower's "
+                 "--auth-supernode-private-key after --")
     kept: list[str] = []
     skip = False
     for a in flower:  # drop a given --isolation (it can only be `process`), then add it
@@ -139,31 +221,64 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, [*kept, "--isolation", "process"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+def _remove(folder: Path | None) -> None:
+    """Remove this start's secret folder (a no-op when there is none or it is gone)."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
+
+def main(argv: list[str] | None = None) -> int:
     args, flower = parse(sys.argv[1:] if argv is None else argv)
+    os.umask(0o077)  # the SuperNode's and its ClientApps' files: this user's only
+    from logging import INFO, WARNING
+
     from flwr.supercore import log
     from flwr.supercore.exit import add_exit_handler
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    from .fast_poll import install
+    if args.client_cert is not None:  # before Flower opens its Fleet connection
+        from .client_cert import install as install_client_cert
 
-    why = install(poll=args.poll, idle_after=args.idle_after)
-    from logging import INFO, WARNING
+        install_client_cert(Path(args.client_cert),
+                            Path(str(_flag(flower, "--auth-supernode-private-key"))))
+    if args.executor == "worker":
+        from .fast_poll import install
 
-    if why:
-        log(WARNING, "[fedpriv warm node] keeping Flower's 3 s polls: %s", why)
+        why = install(poll=args.poll, idle_after=args.idle_after)
+        if why:
+            log(WARNING, "[fedpriv warm node] keeping Flower's 3 s polls: %s", why)
+        else:
+            log(INFO, "[fedpriv warm node] SuperNode polls every %g s while busy", args.poll)
+    folder = secret = None
+    given = _flag(flower, SECRET_FLAG)
+    if given is not None:
+        secret = Path(given)
+    elif not args.unprotected_runtime_api:
+        secret = write_runtime_secret()
+        folder = secret.parent
+        flower = [*flower, SECRET_FLAG, str(secret)]
+    if args.executor == "worker":
+        allow = None
+        if not args.allow_any_app:
+            from .app_pin import app_digest
+
+            allow = args.allow_app or [app_digest()]
+        # the apps it installs live in this start's private folder, removed with it
+        keeper = WorkerKeeper(worker_command(flower, args.worker_poll, os.getpid(), secret,
+                                             allow, folder / "apps" if folder else None))
     else:
-        log(INFO, "[fedpriv warm node] SuperNode polls every %g s while busy", args.poll)
-    keeper = WorkerKeeper(worker_command(flower, args.worker_poll, os.getpid()))
+        keeper = WorkerKeeper(superexec_command(flower, os.getpid(), secret),
+                              "Flower's SuperExec")
     add_exit_handler(keeper.stop)
-    keeper.start()
+    add_exit_handler(lambda: _remove(folder))
     sys.argv = [str(Path(sys.executable).parent / "flower-supernode"), *flower]
     try:
+        keeper.start()
         flower_supernode()
     finally:
-        keeper.stop()
+        with contextlib.suppress(Exception):
+            keeper.stop()
+        _remove(folder)
     return 0
 
 

@@ -209,9 +209,12 @@ class LocalSuperLink:
 
     def _supernode(self) -> list[str]:
         """The command that starts a SuperNode, before Flower's arguments."""
+        node = [sys.executable, "-m", "experiments.deploy.warm_node"]
         if self.clientapps == "warm":  # lives only as long as this SuperLink: always fast
-            return [sys.executable, "-m", "experiments.deploy.warm_node", "--"]
-        return [flower_executable("flower-supernode")]
+            return [*node, "--"]  # pinned to this installation's app
+        # Flower's own executor (a flwr-clientapp per message, its 3 s polls), still with a
+        # Runtime API secret per start; it cannot check an app's digest
+        return [*node, "--executor", "superexec", "--allow-any-app", "--"]
 
     @property
     def record_path(self) -> Path:
