@@ -684,3 +684,152 @@ def test_the_gateway_refuses_client_ca_without_tls_and_an_impossible_per_peer_li
     assert no_tls.returncode == 2 and "--client-ca needs TLS" in no_tls.stderr
     too_many = run("--insecure", "--max-per-peer", "512")
     assert too_many.returncode == 2 and "--max-per-peer must be 0" in too_many.stderr
+
+
+# --- only registered nodes' bodies, bodies that keep coming, bounded per node ---------------
+
+
+def _registry(path: Path, *keys: ec.EllipticCurvePrivateKey, unregistered=()) -> Path:
+    """A SQLite file with the SuperLink's ``node`` table as Flower 1.42 keeps it (the
+    columns the gateway reads), ``keys`` registered and ``unregistered`` removed."""
+    import sqlite3
+
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE node (node_id INTEGER, status TEXT, public_key BLOB UNIQUE)")
+        for i, key in enumerate(keys):
+            db.execute("INSERT INTO node VALUES (?, 'online', ?)",
+                       (i, public_key_to_bytes(key.public_key())))
+        for i, key in enumerate(unregistered):
+            db.execute("INSERT INTO node VALUES (?, 'unregistered', ?)",
+                       (100 + i, public_key_to_bytes(key.public_key())))
+        db.commit()
+    return path
+
+
+def test_only_a_registered_nodes_body_is_forwarded(tmp_path):
+    """The outsider of a gateway run without client certificates signs with a key of its
+    own: refused from the headers (401), its body never forwarded; a registered node's
+    call passes; an unregistered (removed) node's does not."""
+    node, gone, outsider = _new_key(), _new_key(), _new_key()
+    registry = _registry(tmp_path / "state.db", node, unregistered=[gone])
+    with _running(["--insecure", "--require-signature", "--registered-db", str(registry)]
+                  ) as (gateway, upstream):
+        with _node_client(gateway.port, None) as c:
+            assert c.post("/v1/fleet/push-object", content=b"y" * 1000,
+                          headers=_signed(node)).status_code == 200
+            for who in (outsider, gone):
+                assert c.post("/v1/fleet/push-object", content=b"z" * 100000,
+                              headers=_signed(who)).status_code == 401
+            # asking to join is Flower's to answer (its "not registered" refusal, which the
+            # SuperNode reports), with a small body only
+            assert c.post("/v1/fleet/activate-node", content=b"a" * 200,
+                          headers=_signed(outsider)).status_code == 200
+            assert c.post("/v1/fleet/activate-node", content=b"b" * 100000,
+                          headers=_signed(outsider)).status_code == 413
+        assert gateway.wait_for(r"\(key not registered\)$")
+        time.sleep(0.3)
+        assert upstream.received == 1200
+    # the real SuperLink's schema, as `fedpriv deploy superlink` passes it, is covered by
+    # tests/test_deploy.py: with a wrong query no node's call would pass
+
+
+async def _streamed(data: bytes):
+    """An answer body as the network delivers it (the gateway streams it back)."""
+    yield data
+
+
+def test_a_body_that_stops_coming_is_cut_and_one_node_cannot_hold_the_superlink():
+    """A signed head whose body never arrives is answered 408 after the idle bound; one
+    node's requests open upstream at once are capped; a key that cannot verify (X25519)
+    is a 401, not a crash."""
+    from cryptography.hazmat.primitives.asymmetric import x25519
+
+    key, other = _new_key(), _new_key()
+    app_log: list[str] = []
+
+    class Stalled(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            async for _ in request.stream:  # type: ignore[union-attr]
+                pass
+            return httpx.Response(200, content=_streamed(b"ok"))
+
+    app = create_app("http://superlink", False, log=app_log.append, transport=Stalled(),
+                     require_signature=True, body_idle=0.3, body_deadline=5)
+
+    async def stalled_body() -> dict:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            if not sent:
+                sent.append({})
+                return {"type": "http.request", "body": b"x" * 10, "more_body": True}
+            await asyncio.sleep(30)  # the rest never comes
+            return {"type": "http.disconnect"}
+
+        answer: dict = {}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+
+        headers = [(k.encode(), v.encode()) for k, v in _signed(key).items()]
+        scope = {"type": "http", "method": "POST", "path": "/v1/fleet/push-object",
+                 "raw_path": b"/v1/fleet/push-object", "query_string": b"",
+                 "headers": [(b"content-length", b"1000"), *headers],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 9092),
+                 "scheme": "http", "http_version": "1.1", "root_path": ""}
+        async with app.router.lifespan_context(app):
+            await asyncio.wait_for(app(scope, receive, send), 5)
+        return answer
+
+    t0 = time.monotonic()
+    assert asyncio.run(stalled_body()) == {"status": 408}
+    assert time.monotonic() - t0 < 3
+    assert any("(body too slow)" in line for line in app_log), app_log
+
+    # one node with IN_FLIGHT_PER_KEY requests open upstream: its next one is refused (429)
+    async def crowded() -> list[int]:
+        release = asyncio.Event()
+
+        class Held(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                await release.wait()
+                return httpx.Response(200, content=_streamed(b"ok"))
+
+        held = create_app("http://superlink", False, log=app_log.append, transport=Held(),
+                          require_signature=True)
+        async with held.router.lifespan_context(held), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=held), base_url="http://gw") as c:
+            first = [asyncio.create_task(c.post("/v1/fleet/pull-messages",
+                                                headers=_signed(key)))
+                     for _ in range(gw.IN_FLIGHT_PER_KEY)]
+            await asyncio.sleep(0.5)
+            over = await c.post("/v1/fleet/pull-messages", headers=_signed(key))
+            bystander = asyncio.create_task(c.post("/v1/fleet/pull-messages",
+                                                   headers=_signed(other)))
+            await asyncio.sleep(0.2)
+            release.set()
+            done = await asyncio.gather(*first, bystander)
+            public = x25519.X25519PrivateKey.generate().public_key()
+            odd = {**_signed(key), gw.FLEET_HTTP_PUBLIC_KEY_HEADER: b64encode(
+                public.public_bytes(serialization.Encoding.PEM,
+                                    serialization.PublicFormat.SubjectPublicKeyInfo)).decode()}
+            x = await c.post("/v1/fleet/pull-messages", headers=odd)
+            return [over.status_code, *[r.status_code for r in done][-1:], x.status_code]
+
+    assert asyncio.run(crowded()) == [429, 200, 401]
+
+
+def test_a_tls_handshake_that_never_starts_is_dropped_within_seconds(tmp_path):
+    """A connection that never sends its ClientHello holds a descriptor only for the
+    handshake timeout (5 s, not asyncio's 60 s)."""
+    certs = write_certificates(tmp_path / "certs", ["127.0.0.1"])
+    with _running(**_tls(certs, "--client-ca", str(certs.ca))) as (gateway, _):
+        silent = [_connect(gateway.port) for _ in range(20)]
+        t0 = time.monotonic()
+        assert all(_closed(s, gw.HANDSHAKE_TIMEOUT + 5) for s in silent)
+        assert time.monotonic() - t0 < gw.HANDSHAKE_TIMEOUT + 5
+        for s in silent:
+            s.close()

@@ -365,7 +365,17 @@ def _node_config(args: argparse.Namespace) -> dict[str, str | int | bool]:
         print(f"own data: {describe(args.data_path)}")
         config["data-path"] = str(args.data_path.resolve())
     if args.state_dir is not None:  # the DP ledger and the CVAE: this user's only
+        import os
+
+        if args.state_dir.is_symlink():
+            raise ConfigError(f"--state-dir {str(args.state_dir)!r} is a symbolic link; give "
+                              "a real folder of your own (it is made if missing), so that no "
+                              "one else controls where the DP ledger is kept.")
         args.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if args.state_dir.stat().st_uid != os.geteuid():
+            raise ConfigError(f"--state-dir {str(args.state_dir)!r} belongs to another user, "
+                              "who could read or replace the DP ledger kept there; give a "
+                              "folder of your own (it is made if missing).")
         args.state_dir.chmod(0o700)
         config["state-dir"] = str(args.state_dir.resolve())
     if args.accept_trap_weights:

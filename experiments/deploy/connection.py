@@ -104,8 +104,7 @@ def _demands_client_certificate(link: Connection) -> bool:
             tls.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             return tls.recv(1) == b""
     except ssl.SSLError as exc:
-        return "CERTIFICATE_REQUIRED" in str(exc).upper() or \
-            "HANDSHAKE_FAILURE" in str(exc).upper()
+        return "CERTIFICATE_REQUIRED" in str(exc).upper()
     except OSError:
         return False
 

@@ -25,7 +25,15 @@ Against outsiders (each optional, so older callers keep working):
   305 s): one captured header set would authorize any Fleet call for about five
   minutes. So the gateway keeps every accepted (public key, timestamp) for that window
   (310 s, bounded to ``--replay-cache`` entries) and refuses it a second time. With
-  ``--client-ca`` too, the signing key must be the key of the peer's TLS certificate.
+  ``--client-ca`` too, the signing key must be the key of the peer's TLS certificate;
+  with ``--registered-db`` (the SuperLink's SQLite state, read-only), a key the SuperLink
+  registered, so an outsider's own key pair pushes no body. A body must keep coming
+  (:data:`BODY_IDLE`, :data:`BODY_DEADLINE`) and one key has at most
+  :data:`IN_FLIGHT_PER_KEY` requests open upstream and :data:`REPLAY_PER_KEY` signatures
+  in the window, so one node cannot hold the SuperLink's connections or fill the cache.
+* with TLS, a handshake must finish within :data:`HANDSHAKE_TIMEOUT` s (asyncio's
+  default is 60 s); before it finishes a connection is not counted per address (asyncio
+  makes the protocol only after the handshake), which a firewall's per-source limit covers.
 * always: at most ``--max-per-peer`` connections from one address (so no single peer
   fills ``limit_concurrency``), a complete request head within ``--header-timeout``
   seconds, every method caught and every refusal (uvicorn's own 400 and 503 included)
@@ -37,7 +45,7 @@ Against outsiders (each optional, so older callers keep working):
 
 ``python -m experiments.deploy.fleet_gateway --listen HOST:PORT --upstream 127.0.0.1:PORT
 (--cert server.pem --key server.key --ca ca.crt [--client-ca ca.crt] | --insecure)
-[--require-signature] [--max-per-peer N] [--header-timeout S]``
+[--require-signature [--registered-db STATE.DB]] [--max-per-peer N] [--header-timeout S]``
 """
 
 from __future__ import annotations
@@ -45,7 +53,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import binascii
+import contextlib
 import datetime as dt
+import functools
 import hashlib
 import re
 import socket
@@ -64,7 +74,7 @@ import uvicorn
 from cryptography import x509
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -96,6 +106,14 @@ MIN_AGE = -SYSTEM_TIME_TOLERANCE
 MAX_AGE = TIMESTAMP_TOLERANCE + SYSTEM_TIME_TOLERANCE
 REPLAY_WINDOW = float(MAX_AGE - MIN_AGE)
 REPLAY_CACHE = 262144  # entries, about 150 bytes each
+REPLAY_PER_KEY = 16384  # one key's calls in a window (about 53 a second, sustained)
+IN_FLIGHT_PER_KEY = 32  # one key's requests open upstream at once
+JOINING = frozenset({"/v1/fleet/register-node", "/v1/fleet/activate-node"})
+JOINING_BODY = 64 * 1024  # bytes: a node's request to join holds its key and a few fields
+UPSTREAM_CONNECTIONS = 512
+BODY_IDLE = 30.0  # s a request body may pause between chunks
+BODY_DEADLINE = 300.0  # s a whole request body may take
+HANDSHAKE_TIMEOUT = 5.0  # s for a TLS handshake (asyncio's default: 60)
 SIGNATURE_HEADERS = (FLEET_HTTP_PUBLIC_KEY_HEADER, TIMESTAMP_HEADER, FLEET_HTTP_SIGNATURE_HEADER)
 # RFC 9110 hop-by-hop fields, the Host (httpx sets the upstream's), and what uvicorn adds
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -122,6 +140,10 @@ class _TooLarge(Exception):
     """The request body passed the gateway's bound."""
 
 
+class _TooSlow(Exception):
+    """The request body stopped arriving, or took too long in all."""
+
+
 def _printable(raw: bytes, limit: int = 200) -> str:
     text = raw[:limit].decode("ascii", "backslashreplace")
     return "".join(c if c.isprintable() else "?" for c in text)
@@ -140,9 +162,12 @@ class ReplayCache:
     ``capacity`` of them: a second use inside the window is a replay."""
 
     def __init__(self, capacity: int = REPLAY_CACHE, window: float = REPLAY_WINDOW,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 per_key: int = REPLAY_PER_KEY) -> None:
         self.capacity, self.window, self.clock = capacity, window, clock
-        self._until: OrderedDict[bytes, float] = OrderedDict()  # digest -> expiry, in order
+        self.per_key = per_key  # so that one key cannot fill the cache for every node
+        self._until: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()  # in order
+        self._count: dict[bytes, int] = {}  # entries per key
 
     def __len__(self) -> int:
         return len(self._until)
@@ -151,26 +176,35 @@ class ReplayCache:
         """Remember one use; None if fresh, else why it is refused ("replay", "full")."""
         now = self.clock()
         while self._until:
-            digest, until = next(iter(self._until.items()))
+            digest, (until, owner) = next(iter(self._until.items()))
             if until > now:
                 break
             del self._until[digest]
+            left = self._count.get(owner, 1) - 1
+            if left > 0:
+                self._count[owner] = left
+            else:
+                self._count.pop(owner, None)
         digest = hashlib.sha256(len(key).to_bytes(4, "big") + key + timestamp.encode()).digest()
         if digest in self._until:
             return "replay"
         if len(self._until) >= self.capacity:  # never evict early: that would allow a replay
             return "full"
-        self._until[digest] = now + self.window
+        if self._count.get(key, 0) >= self.per_key:
+            return "key over its rate"
+        self._until[digest] = (now + self.window, key)
+        self._count[key] = self._count.get(key, 0) + 1
         return None
 
 
 def check_signature(headers: Any, replay: ReplayCache, peer_key: bytes | None = None,
                     require_peer_key: bool = False,
-                    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-                    ) -> str | None:
+                    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                    registered: Callable[[bytes], bool] | None = None) -> str | None:
     """Why a Fleet call's node-auth headers are refused (None: accepted and remembered):
     Flower's own check (flwr/superlink/routers/fleet/node_auth.py), made before any body
-    byte is read, plus the replay cache and, with mutual TLS, the certificate's key."""
+    byte is read, plus the replay cache, with mutual TLS the certificate's key, and with
+    ``registered`` a key the SuperLink has registered."""
     # Flower's own helpers, lazily: importing flwr takes about half a second
     from flwr.supercore.primitives.asymmetric import (
         bytes_to_public_key,
@@ -189,34 +223,79 @@ def check_signature(headers: Any, replay: ReplayCache, peer_key: bytes | None = 
             return "stale timestamp"
         if not verify_signature(public, timestamp.encode("ascii"), raw_signature):
             return "bad signature"
-    except (ValueError, TypeError, UnicodeError, binascii.Error):
-        return "bad signature"
+    except (ValueError, TypeError, UnicodeError, binascii.Error, AttributeError):
+        return "bad signature"  # AttributeError: a key that cannot verify (e.g. X25519)
     key = public_key_to_bytes(public)  # one form for every encoding of the same key
     if require_peer_key and key != peer_key:
         return "key is not the TLS client certificate's"
+    if registered is not None and not registered(key):
+        return "key not registered"
     verdict = replay.add(key, timestamp)
     return {"replay": "replayed signature", "full": "replay cache full"}.get(verdict or "")
+
+
+class RegisteredKeys:
+    """The node keys the SuperLink has registered, read (read-only) from its SQLite state
+    (Flower 1.42's ``node`` table: ``public_key``, ``status``), so that a body is
+    forwarded only for a node the operator admitted. A key found stays known for
+    ``ttl`` seconds; an unknown one is looked up again at most every ``ttl`` seconds."""
+
+    def __init__(self, database: str, ttl: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.database, self.ttl, self.clock = database, ttl, clock
+        self._seen: dict[bytes, tuple[bool, float]] = {}
+
+    def __call__(self, key: bytes) -> bool:
+        now = self.clock()
+        known = self._seen.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        answer = self._lookup(key)
+        if len(self._seen) > 65536:
+            self._seen.clear()
+        self._seen[key] = (answer, now + self.ttl)
+        return answer
+
+    def _lookup(self, key: bytes) -> bool:
+        import sqlite3
+
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{self.database}?mode=ro",
+                                                    uri=True, timeout=2.0)) as db:
+                row = db.execute("SELECT 1 FROM node WHERE public_key = ? AND "
+                                 "(status IS NULL OR status != 'unregistered')",
+                                 (key,)).fetchone()
+        except sqlite3.Error:
+            return False  # not readable yet: refuse, the node retries
+        return row is not None
 
 
 def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = MAX_BODY,
                log: Log = print, transport: httpx.AsyncBaseTransport | None = None,
                require_signature: bool = False, peer_key: PeerKey | None = None,
-               replay_cache: int = REPLAY_CACHE) -> Starlette:
+               replay_cache: int = REPLAY_CACHE,
+               registered: Callable[[bytes], bool] | None = None,
+               body_idle: float = BODY_IDLE, body_deadline: float = BODY_DEADLINE) -> Starlette:
     """The gateway's ASGI app forwarding Fleet calls to ``upstream`` (``scheme://host:port``);
     ``transport`` replaces the network in tests. ``require_signature`` refuses Fleet calls
     without a fresh, valid, unused node signature; ``peer_key`` (given a peer's
     ``(host, port)``, its TLS client certificate's public key as Flower's bytes) makes the
-    signing key have to be that one."""
+    signing key have to be that one; ``registered`` (a key -> bool) that it be a node the
+    SuperLink registered. A body must keep arriving (``body_idle`` s between chunks,
+    ``body_deadline`` s in all), and one key has at most :data:`IN_FLIGHT_PER_KEY`
+    requests open upstream, so no one holds the SuperLink's connections."""
     timeout = httpx.Timeout(connect=5.0, read=120.0, write=60.0, pool=30.0)
     client: httpx.AsyncClient | None = None
     replay = ReplayCache(replay_cache)
+    in_flight: dict[bytes, int] = {}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         nonlocal client
         async with httpx.AsyncClient(base_url=upstream, verify=verify, timeout=timeout,
                                      transport=transport, follow_redirects=False,
-                                     limits=httpx.Limits(max_connections=128)) as c:
+                                     limits=httpx.Limits(
+                                         max_connections=UPSTREAM_CONNECTIONS)) as c:
             client = c
             yield
 
@@ -225,23 +304,60 @@ def create_app(upstream: str, verify: ssl.SSLContext | bool, *, max_body: int = 
         if not isinstance(route, str):
             return _refuse(request, *route, log)
         path = route
+        signer = b""
+        bound = max_body
         if require_signature and path != "/health":
             mine = peer_key(request.scope.get("client")) if peer_key else None
-            why = check_signature(request.headers, replay, mine, peer_key is not None)
+            # a node not yet admitted asks to be: Flower's SuperLink answers that itself
+            # (its "not registered" refusal, which the SuperNode reports), so those two
+            # calls pass without a registered key, with a small body
+            joining = path in JOINING
+            if joining:
+                bound = min(max_body, JOINING_BODY)
+                declared = request.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > bound:
+                    return _refuse(request, 413, f"request body over {bound} bytes.\n", log)
+            why = check_signature(request.headers, replay, mine, peer_key is not None,
+                                  registered=None if joining else registered)
             if why is not None:
-                status = 503 if why == "replay cache full" else 401
+                status = {"replay cache full": 503, "key over its rate": 429}.get(why, 401)
                 return _refuse(request, status, UNSIGNED, log, why)
+            signer = request.headers[FLEET_HTTP_PUBLIC_KEY_HEADER].encode()
+            if in_flight.get(signer, 0) >= IN_FLIGHT_PER_KEY:
+                return _refuse(request, 429, f"over {IN_FLIGHT_PER_KEY} requests at once "
+                               "from one node.\n", log, "too many in flight")
+        in_flight[signer] = in_flight.get(signer, 0) + 1
+        try:
+            return await _send(request, path, bound)
+        finally:
+            left = in_flight.get(signer, 1) - 1
+            if left > 0:
+                in_flight[signer] = left
+            else:
+                in_flight.pop(signer, None)
+
+    async def _send(request: Request, path: str, max_body: int) -> Response:
+        """Forward one accepted request upstream (its body bounded to ``max_body``) and
+        stream the answer back."""
         headers = [(k, v) for k, v in request.headers.items() if not _claim(k)]
         if request.client:
             headers.append(("x-forwarded-for", request.client.host))
         assert client is not None
         sent = client.build_request(request.method, path, headers=headers,
-                                    content=_bounded(request, max_body)
+                                    content=_bounded(request, max_body, body_idle,
+                                                     body_deadline)
                                     if request.method == "POST" else None)
         try:
             answer = await client.send(sent, stream=True)
         except _TooLarge:
             return _refuse(request, 413, f"request body over {max_body} bytes.\n", log)
+        except _TooSlow as exc:
+            return _refuse(request, 408, f"request body too slow ({exc}).\n", log,
+                           "body too slow")
+        except ClientDisconnect:
+            log(f"{_stamp()} {CLOSED} {_peer(request.scope.get('client'))}: it went away "
+                f"while sending {path}")
+            return Response(status_code=400, headers={"connection": "close"})
         except httpx.HTTPError as exc:
             log(f"{_stamp()} gateway: the SuperLink did not answer {path}: "
                 f"{type(exc).__name__}: {exc}")
@@ -306,10 +422,23 @@ def _refuse(request: Request, status: int, body: str, log: Log, why: str = "") -
                              headers={"connection": "close"})
 
 
-async def _bounded(request: Request, max_body: int) -> AsyncIterator[bytes]:
-    """The request body as it streams in; :class:`_TooLarge` past ``max_body`` bytes."""
+async def _bounded(request: Request, max_body: int, idle: float = BODY_IDLE,
+                   deadline: float = BODY_DEADLINE) -> AsyncIterator[bytes]:
+    """The request body as it streams in; :class:`_TooLarge` past ``max_body`` bytes,
+    :class:`_TooSlow` when it pauses ``idle`` s or takes over ``deadline`` s in all."""
     seen = 0
-    async for chunk in request.stream():
+    end = time.monotonic() + deadline
+    chunks = request.stream().__aiter__()
+    while True:
+        wait = min(idle, end - time.monotonic())
+        if wait <= 0:
+            raise _TooSlow(f"not complete after {deadline:g} s")
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), wait)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise _TooSlow(f"no byte for {wait:g} s") from None
         seen += len(chunk)
         if seen > max_body:
             raise _TooLarge
@@ -524,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT,
                         metavar="SECONDS", help="close a connection whose request head is "
                         f"not complete after this long (0: never; default {HEADER_TIMEOUT:g})")
+    parser.add_argument("--registered-db", metavar="STATE.DB",
+                        help="the SuperLink's SQLite state: forward a Fleet call's body only "
+                             "for a node key registered there (with --require-signature)")
     parser.add_argument("--replay-cache", type=int, default=REPLAY_CACHE, metavar="ENTRIES",
                         help=f"signatures remembered for {REPLAY_WINDOW:g} s "
                              f"(default {REPLAY_CACHE})")
@@ -557,7 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(f"{scheme}://{args.upstream}", verify, max_body=args.max_body, log=log,
                      require_signature=args.require_signature,
                      peer_key=peers.key if args.client_ca else None,
-                     replay_cache=args.replay_cache)
+                     replay_cache=args.replay_cache,
+                     registered=RegisteredKeys(args.registered_db) if args.registered_db
+                     else None)
     protocol = gateway_protocol(log, peers, max_per_peer=args.max_per_peer,
                                 header_timeout=args.header_timeout)
     mutual = {"ssl_ca_certs": args.client_ca,
@@ -576,8 +710,19 @@ def main(argv: list[str] | None = None) -> int:
                      ", node signatures required" if args.require_signature else ""])
     log(f"{READY}: {scheme}://{args.listen} -> {scheme}://{args.upstream} "
         f"(Fleet API only; Control and Runtime APIs refused{extra})")
-    uvicorn.Server(config).run(sockets=[sock])
+    asyncio.run(_serve(uvicorn.Server(config), sock, tls=not args.insecure))
     return 0
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket, tls: bool) -> None:
+    """Serve on ``sock``; with TLS, a handshake must finish within
+    :data:`HANDSHAKE_TIMEOUT` s (uvicorn leaves asyncio's 60 s, so each silent connection
+    would hold a descriptor a minute): this loop's ``create_server`` gets the timeout."""
+    if tls:
+        loop = asyncio.get_running_loop()
+        loop.create_server = functools.partial(  # type: ignore[method-assign]
+            loop.create_server, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+    await server.serve(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -66,12 +66,13 @@ def superexec_command(certs: Certificates | None, port: int, secret: Path,
 
 
 def gateway_command(certs: Certificates | None, host: str, port: int, internal: int,
-                    client_certs: bool = True, auth: bool = True) -> list[str]:
+                    client_certs: bool = True, auth: bool = True,
+                    state: Path | None = None) -> list[str]:
     """The fleet-only gateway (:mod:`experiments.deploy.fleet_gateway`) on the public
     ``host:port``, in front of the SuperLink on ``127.0.0.1:internal``. With TLS it
     demands a client certificate from the deployment's CA (``client_certs``) and, with
-    SuperNode authentication, a fresh node signature made by that certificate's key
-    before any request body is read."""
+    SuperNode authentication, a fresh node signature made by that certificate's key, of
+    a node registered in ``state/state.db``, before any request body is read."""
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     tls = (["--cert", str(certs.cert), "--key", str(certs.key), "--ca", str(certs.ca)]
            if certs else ["--insecure"])
@@ -79,6 +80,8 @@ def gateway_command(certs: Certificates | None, host: str, port: int, internal: 
         tls += ["--client-ca", str(certs.ca)]
     if certs and auth:
         tls += ["--require-signature"]
+        if state is not None:
+            tls += ["--registered-db", str(state / "state.db")]
     return [sys.executable, "-m", "experiments.deploy.fleet_gateway", "--listen", listen,
             "--upstream", f"127.0.0.1:{internal}", *tls]
 
@@ -167,7 +170,8 @@ def serve_superlink(certs: Certificates | None, state: Path, host: str, port: in
                  f"{link.poll()}); see its output above.")
             return link.poll() or 1
         children.start(superexec_command(certs, internal, secret, link.pid))
-        children.start(gateway_command(certs, host, port, internal, client_certs, auth))
+        children.start(gateway_command(certs, host, port, internal, client_certs, auth,
+                                       state))
         if not children.pump(ready.is_set, startup_timeout):
             echo(f"the fleet gateway did not start on {host}:{port}; see its output above.")
             gone = children.exited()

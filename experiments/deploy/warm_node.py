@@ -249,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             log(WARNING, "[fedpriv warm node] keeping Flower's 3 s polls: %s", why)
         else:
             log(INFO, "[fedpriv warm node] SuperNode polls every %g s while busy", args.poll)
+    allow = None  # the pinned digests, worked out before any secret is written
+    if args.executor == "worker" and not args.allow_any_app:
+        from .app_pin import app_digest
+
+        allow = args.allow_app or [app_digest()]
     folder = secret = None
     given = _flag(flower, SECRET_FLAG)
     if given is not None:
@@ -258,18 +263,15 @@ def main(argv: list[str] | None = None) -> int:
         folder = secret.parent
         flower = [*flower, SECRET_FLAG, str(secret)]
     if args.executor == "worker":
-        allow = None
-        if not args.allow_any_app:
-            from .app_pin import app_digest
-
-            allow = args.allow_app or [app_digest()]
         # the apps it installs live in this start's private folder, removed with it
         keeper = WorkerKeeper(worker_command(flower, args.worker_poll, os.getpid(), secret,
                                              allow, folder / "apps" if folder else None))
     else:
         keeper = WorkerKeeper(superexec_command(flower, os.getpid(), secret),
                               "Flower's SuperExec")
-    add_exit_handler(keeper.stop)
+    # before Flower's own handlers (stop_http_server): the worker must be gone before the
+    # Runtime API's port is free, or a local user could take the port and serve it tasks
+    add_exit_handler(keeper.stop, run_before_force_exit=True)
     add_exit_handler(lambda: _remove(folder))
     sys.argv = [str(Path(sys.executable).parent / "flower-supernode"), *flower]
     try:
