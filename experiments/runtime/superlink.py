@@ -146,6 +146,7 @@ class LocalSuperLink:
                                  f"{', '.join(CLIENTAPP_MODES)}")
         self.cwd = cwd or Path.cwd()
         self.num_supernodes = supernodes
+        self._digest: str | None = None  # the app the warm nodes are pinned to
         # a SuperNode imports only the plugins its own node config names (the host's
         # choice): these local ones are the user's, so they get the run's
         self.plugins = plugins
@@ -211,7 +212,11 @@ class LocalSuperLink:
         """The command that starts a SuperNode, before Flower's arguments."""
         node = [sys.executable, "-m", "experiments.deploy.warm_node"]
         if self.clientapps == "warm":  # lives only as long as this SuperLink: always fast
-            return [*node, "--"]  # pinned to this installation's app
+            if self._digest is None:  # once here, not in every node (Flower's builder: ~1 s)
+                from ..deploy.app_pin import app_digest
+
+                self._digest = app_digest()
+            return [*node, "--allow-app", self._digest, "--"]  # this installation's app
         # Flower's own executor (a flwr-clientapp per message, its 3 s polls), still with a
         # Runtime API secret per start; it cannot check an app's digest
         return [*node, "--executor", "superexec", "--allow-any-app", "--"]
