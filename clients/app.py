@@ -36,14 +36,16 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
+from privacy.dp import distributed
 from privacy.dp.disclosure import policy
 from tasks import messages
 from tasks.config import validate
+from tasks.distributed_dp import plan_for
+from tasks.encrypted_updates import cohort_of
 from tasks.encrypted_updates import from_record as signed_updates
-from tasks.seeding import derive_seed
 from tasks.training import evaluate, resolve_device
 
-from . import encrypted
+from . import encrypted, secagg_guard
 from .anonymized import federated_cvae_release, federated_cvae_round
 from .host_config import flat_config, host_run_config
 from .local_dp import load_ledger
@@ -222,32 +224,69 @@ def fit(msg: Message, context: Context) -> Message:
     return _reply(msg, metrics, None if new_state is None else ArrayRecord(new_state))
 
 
-@handles(messages.SECURE_FIT, mods=[secaggplus_mod])
+def secagg_guard_mod(msg: Message, context: Context, call_next: ClientAppCallable
+                     ) -> Message:
+    """A SecAgg+ client's checks against an active server (:mod:`clients.secagg_guard`),
+    before Flower's mod acts on the message."""
+    secagg_guard.check(msg, context, in_simulation())
+    return call_next(msg, context)
+
+
+@handles(messages.SECURE_FIT, mods=[secagg_guard_mod, secaggplus_mod])
 def secure_fit(msg: Message, context: Context) -> Message:
     """A SecAgg+ round (Flower's workflow sends plain "train" in the legacy FitIns layout).
 
     The update (not the new weights) goes into the secure sum: its values are small, so
     SecAgg+'s [-r, r] range quantizes them finely, and clipping to [-r, r] never moves a
     zero, which keeps central DP's sensitivity bound (strategies.protocols.secagg).
+    With the contribution record on, the client answers this model only for the cohort it
+    answered it for before, if any (:mod:`clients.contributions`).
     """
     client = Client.of(context)
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     names = client.model_keys()
     old = parameters_to_ndarrays(fitins.parameters)
+    server_round = int(fitins.config["server-round"])
+    simulated = in_simulation()
+    secret_seed, rounding_seed = secagg_guard.claim(msg, context, client, old, server_round,
+                                                    simulated)
     state = {k: torch.from_numpy(np.array(a)) for k, a in zip(names, old, strict=True)}
-    new_state, metrics = local_update(client, context, state, fitins.config)
-    # out of budget: weight 0 adds nothing to the secure sum
-    weight = 0 if new_state is None else (
-        1 if client.cfg.privacy.dp == "central" else int(metrics["num-examples"]))
-    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(as_update(new_state, old)),
+    new_state, metrics = local_update(client, context, state, fitins.config, secret_seed)
+    update = as_update(new_state, old)
+    if client.cfg.privacy.dp == "distributed":
+        # the clipped, integer-encoded update plus this client's noise share, weight 1 (a
+        # client that declined adds its noise share to a zero update)
+        update, weight = [distributed_vector(client, update, server_round, secret_seed,
+                                             simulated)], 1
+    else:  # out of budget: weight 0 adds nothing to the secure sum
+        weight = 0 if new_state is None else (
+            1 if client.cfg.privacy.dp == "central" else int(metrics["num-examples"]))
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(update),
                     weight, {k: v for k, v in metrics.items()
                              if isinstance(v, (int, float, str))})
     # Flower's mod then quantizes the update with stochastic rounding drawn from numpy's
-    # global generator: seeded per client and round, a secure run is reproducible in any
-    # runtime (the masks still come from os.urandom, so the server learns no more)
-    np.random.seed(derive_seed(client.cfg.training.seed, int(fitins.config["server-round"]),
-                               client.partition_id, 7))
+    # global generator (the masks come from os.urandom): seeded per client and round in
+    # simulation, so a secure run is reproducible in any runtime; from the contribution's
+    # secret seed on a real SuperNode (a replay rounds alike)
+    np.random.seed(rounding_seed)
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
+
+
+def distributed_vector(client: Client, update: list[np.ndarray], server_round: int,
+                       seed: int | None, simulated: bool) -> np.ndarray:
+    """This client's part of a distributed-DP sum (:mod:`privacy.dp.distributed`): its
+    rounding and noise drawn from the contribution's seed (a replay to the same cohort sends
+    the same vector, so no second noise sample is ever revealed), which is secret on a real
+    SuperNode; in simulation the run's public seed unless ``secure-rng``."""
+    flat = np.concatenate([np.asarray(u, dtype=np.float64).ravel() for u in update])
+    plan = plan_for(client.cfg, flat.size)
+    if seed is None and (client.cfg.privacy.secure_rng or not simulated):
+        rng = distributed.secret_generator()
+    else:
+        seed = client.round_seed(server_round) if seed is None else seed
+        rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, 0xD1])))
+    return distributed.client_vector(flat, plan, distributed.sign_seed(
+        client.cfg.training.seed, server_round), rng)
 
 
 @handles(messages.CVAE_FIT)
@@ -315,7 +354,7 @@ def he_fit(msg: Message, context: Context) -> Message:
     client = Client.of(context)
     config = msg.content["config"]
     chunks, signature, metrics = encrypted.encrypted_update(
-        client, context, msg.content["arrays"].to_torch_state_dict(), config)
+        client, context, msg.content["arrays"].to_torch_state_dict(), config, in_simulation())
     reply = _reply(msg, metrics)
     if chunks is not None:
         reply.content[messages.HE_STATE] = ConfigRecord({"ciphertexts": chunks,
@@ -330,7 +369,8 @@ def he_decrypt(msg: Message, context: Context) -> Message:
     client = Client.of(context)
     asked = msg.content.config_records[messages.HE_STATE]
     values, counts = encrypted.decrypt_sum(client, context, int(asked["server-round"]),
-                                           signed_updates(asked), int(asked["length"]))
+                                           signed_updates(asked), int(asked["length"]),
+                                           cohort_of(asked), in_simulation())
     return _reply(msg, {"partition-id": client.partition_id},
                   ArrayRecord({"sum": Array(values), "counts": Array(counts)}))
 

@@ -25,6 +25,7 @@ from flwr.app import ConfigRecord, Context
 from privacy.encryption import ckks, cohort, keyshare
 from tasks.messages import HE_STATE
 
+from . import contributions
 from .update import Client, local_update
 
 MIN_COHORT = "he-min-cohort"  # node_config key: a host may demand a larger minimum cohort
@@ -127,7 +128,7 @@ def secret(context: Context) -> bytes:
 
 
 def encrypted_update(client: Client, context: Context, arrays: Mapping[str, Any],
-                     config: Mapping[str, Any]
+                     config: Mapping[str, Any], simulated: bool = False
                      ) -> tuple[list[bytes] | None, bytes | None, dict[str, Any]]:
     """Train on the global model, then encrypt ``weight * (new - old)`` with the shared key
     (weight 1 under central DP, where the update is clipped, else the record count: CKKS's
@@ -141,30 +142,60 @@ def encrypted_update(client: Client, context: Context, arrays: Mapping[str, Any]
     if decryptor not in roster(context):
         raise cohort.CohortRefused(f"the named decryptor {decryptor} is not in this run's "
                                    "roster")
+    declared = sorted({int(p) for p in config.get("he-cohort", [])})
+    guard, radius = contributions.settings(client.cfg.secagg.contribution_record,
+                                           client.cfg.secagg.contribution_radius,
+                                           context.node_config, simulated)
+    if guard and (client.partition_id not in declared or decryptor not in declared
+                  or not set(declared) <= set(roster(context))):
+        raise cohort.CohortRefused(
+            f"the round's declared cohort {declared} must hold this client "
+            f"({client.partition_id}) and the decryptor ({decryptor}), all from the roster: "
+            "the contribution record binds each update to one whole cohort")
     _next_round(context, "last-signed", server_round)
     state = {k: v for k, v in arrays.items()}
-    new_state, metrics = local_update(client, context, state, config)
-    if new_state is None:
-        return None, None, metrics
+    secret_seed = None
+    if guard:
+        record = contributions.load(context, radius, simulated)
+        entry = record.claim([v.numpy() for v in state.values()], declared, "he",
+                             server_round, client.round_seed(server_round)
+                             if simulated and not client.cfg.privacy.secure_rng else None)
+        contributions.save(context, record, simulated)  # before anything leaves the client
+        secret_seed = entry.seed
+    new_state, metrics = local_update(client, context, state, config, secret_seed)
+    if new_state is None:  # declined: a signed statement with no ciphertexts, so that the
+        # round's decryptor can tell a decline (nothing in the sum) from a dropped update
+        return [], cohort.sign(bytes(_keys(context)["signing-private"]), cohort.statement(
+            run_name(context), server_round, client.partition_id, decryptor, [],
+            declared)), metrics
     update = np.concatenate([(new_state[k].numpy().astype(np.float64)
                               - state[k].numpy().astype(np.float64)).ravel() for k in state])
     weight = 1.0 if client.cfg.privacy.dp == "central" else float(metrics["num-examples"])
     chunks = ckks.encrypt(secret(context), update, weight)
     signature = cohort.sign(bytes(_keys(context)["signing-private"]), cohort.statement(
-        run_name(context), server_round, client.partition_id, decryptor, chunks))
+        run_name(context), server_round, client.partition_id, decryptor, chunks, declared))
     return chunks, signature, metrics
 
 
 def decrypt_sum(client: Client, context: Context, server_round: int,
-                updates: list[cohort.SignedUpdate], length: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """As the round's decryptor: check the cohort (signatures, distinct members, the
-    minimum), add the ciphertexts here and decrypt the sum, once per round."""
+                updates: list[cohort.SignedUpdate], length: int, declared: list[int],
+                simulated: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """As the round's decryptor: check the cohort (signatures over the declared cohort,
+    distinct members, the minimum, with the contribution record the whole declared
+    cohort), add the ciphertexts here and decrypt the sum, once per round."""
+    last = int(_keys(context).get("last-decrypted", 0))
+    if server_round <= last:
+        _next_round(context, "last-decrypted", server_round)  # refuses
     cohort.check_cohort(updates, roster(context), run_name(context), server_round,
-                        client.partition_id, min_cohort(client, context))
+                        client.partition_id, min_cohort(client, context), declared,
+                        exact=contributions.settings(
+                            client.cfg.secagg.contribution_record,
+                            client.cfg.secagg.contribution_radius, context.node_config,
+                            simulated)[0])
     _next_round(context, "last-decrypted", server_round)
-    total = ckks.add(secret(context), [u.chunks for u in updates],
-                     [f"client {u.partition}" for u in updates])
+    summed = [u for u in updates if u.chunks]  # signed declines add nothing
+    total = ckks.add(secret(context), [u.chunks for u in summed],
+                     [f"client {u.partition}" for u in summed])
     values, counts = ckks.decrypt(secret(context), total, length)
-    ckks.check_count(counts, len(updates))
+    ckks.check_count(counts, len(summed))
     return values, counts

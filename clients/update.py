@@ -61,6 +61,10 @@ class Client:
         """This client's seed for everything fixed for the run (its release, its holdout)."""
         return derive_seed(self.cfg.training.seed, self.partition_id)
 
+    def round_seed(self, server_round: int) -> int:
+        """The public seed of this client's training in ``server_round`` (the run's)."""
+        return derive_seed(self.cfg.training.seed, server_round, self.partition_id)
+
     def model_keys(self) -> list[str]:
         """The global model's state-dict keys, in order (the legacy layout has no names)."""
         return list(model_for(self.cfg)[0].state_dict())
@@ -182,9 +186,13 @@ class OnlineSamples:
 
 
 def local_update(client: Client, context: Context, state: Mapping[str, torch.Tensor],
-                 round_config: Mapping[str, Any]
+                 round_config: Mapping[str, Any], secret_seed: int | None = None
                  ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
     """Train the global model received (``state``) on this client's data.
+
+    Its randomness (batch order, dropout, DP noise) comes from (seed, round, partition),
+    or from ``secret_seed`` when the client's contribution record gave one
+    (:mod:`clients.contributions`: a server cannot replay what it cannot predict).
 
     Returns the new state dict (None when the client declines: its DP budget is spent,
     or its ``client-screen`` refuses the weights)
@@ -196,7 +204,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     cfg, t = client.cfg, client.cfg.training
     server_round = int(round_config["server-round"])
     device = resolve_device(cfg.resources.device)
-    seed = derive_seed(t.seed, server_round, client.partition_id)
+    seed = client.round_seed(server_round) if secret_seed is None else secret_seed
     # the CPU generator (torch.manual_seed would also queue a seed for every lazily
     # initialized device, formatting a stack trace each time: 1 ms a message)
     torch.random.default_generator.manual_seed(seed)

@@ -141,7 +141,8 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
                                          int(task.test.x.shape[1]), task.data.num_classes, run)
         anonymization.add(info.cvae_phase["clients"])  # each scored the release it sampled
     runner = build_runner(cfg, grid, context, clients, task, disclosure_of(cfg), info)
-    privacy = PrivacyLog(cfg, runner.central, len(clients))
+    privacy = PrivacyLog(cfg, runner.central, len(clients),
+                         sum(int(v.numel()) for v in task.model.state_dict().values()))
     initial = ArrayRecord(task.model.state_dict())
     if checkpoint is not None:
         runner.restore(checkpoint.runner)

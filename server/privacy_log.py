@@ -8,6 +8,9 @@ which would hide the clients that spent the most.
 
 Central DP-FedAvg: the client-level epsilon of the released model, from the
 strategy's accountant.
+
+Distributed DP: each client's epsilon against the server, from the rounds it took part
+in and how many noise shares each of those sums held (:class:`DistributedLedger`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from privacy.anonymize import dp_sgd_unit
+from privacy.dp import distributed
 from privacy.dp.accounting import ACCOUNTANT_NAMES
+from privacy.dp.dpfedavg import default_central_delta
 from strategies.central_dp import CentralPrivacy
 from strategies.rounds import RoundLog
 from tasks.config import RunConfig
+from tasks.distributed_dp import plan_for
 
 
 class AnonymizationLog:
@@ -67,10 +73,47 @@ class AnonymizationLog:
         return {**summary, "clients": {str(p): self.scores[p] for p in seen}}
 
 
+class DistributedLedger:
+    """Distributed DP's accounting on the server: for each client, the number of noise
+    shares in every sum it was part of (who took part is public); its epsilon composes
+    those rounds without amplification (the server picks the cohorts)."""
+
+    def __init__(self, cfg: RunConfig, num_clients: int, num_parameters: int) -> None:
+        self.plan = plan_for(cfg, num_parameters)
+        self.num_clients = num_clients
+        self.delta = cfg.privacy.delta or default_central_delta(num_clients)
+        self.shares: dict[int, list[int]] = {}
+        self.epsilon: dict[int, float] = {}
+
+    def add(self, log: RoundLog) -> None:
+        members = [c["partition-id"] for c in [*log.clients, *log.skipped]]
+        for pid in members:
+            self.shares.setdefault(pid, []).append(len(members))
+            self.epsilon[pid] = self.plan.epsilon(self.shares[pid], self.delta)
+
+    def describe(self) -> dict[str, Any]:
+        spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
+        return {"mode": "distributed", "epsilon": max(spent), "epsilon-max": max(spent),
+                "epsilon-mean": sum(spent) / len(spent), "delta": self.delta,
+                "mechanism": "Skellam (Agarwal, Kairouz & Liu 2021) inside SecAgg+",
+                **self.plan.describe(), "neighbours": distributed.NEIGHBOURS,
+                "amplification": "none (the server picks the cohorts)",
+                "accountant": "dp-accounting RDP (zCDP events of the Skellam sum)",
+                "rounds-max": max((len(v) for v in self.shares.values()), default=0)}
+
+    def state(self) -> dict[str, Any]:
+        return {str(p): v for p, v in self.shares.items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.shares = {int(p): [int(n) for n in v] for p, v in state.items()}
+        self.epsilon = {p: self.plan.epsilon(v, self.delta) for p, v in self.shares.items()}
+
+
 class PrivacyLog:
     """Turns each round's client replies into the ``privacy`` record of the ledger."""
 
-    def __init__(self, cfg: RunConfig, central: CentralPrivacy | None, num_clients: int) -> None:
+    def __init__(self, cfg: RunConfig, central: CentralPrivacy | None, num_clients: int,
+                 num_parameters: int = 0) -> None:
         self.mode = cfg.privacy.dp
         self.unit = dp_sgd_unit(cfg.anonymization.anonymizer, cfg.privacy.dp_train_data)
         self.relation = cfg.privacy.dp_relation
@@ -83,6 +126,8 @@ class PrivacyLog:
         self.delta: dict[int, float] = {}
         self.exhausted: dict[int, int] = {}  # partition id -> round it first declined
         self.steps: dict[int, int] = {}  # partition id -> DP-SGD steps its ledger reported
+        self.distributed = DistributedLedger(cfg, num_clients, num_parameters) \
+            if self.mode == "distributed" else None
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +137,9 @@ class PrivacyLog:
         """Fold one round in; return its ledger entry (None without DP)."""
         if self.central is not None:
             return self.central.describe()
+        if self.distributed is not None:
+            self.distributed.add(log)
+            return self.distributed.describe()
         if self.mode != "local":
             return None
         for c in [*log.clients, *log.skipped]:
@@ -115,13 +163,17 @@ class PrivacyLog:
         return {"epsilon": {str(p): e for p, e in self.epsilon.items()},
                 "delta": {str(p): d for p, d in self.delta.items()},
                 "steps": {str(p): n for p, n in self.steps.items()},
-                "exhausted": {str(p): r for p, r in self.exhausted.items()}}
+                "exhausted": {str(p): r for p, r in self.exhausted.items()},
+                **({"distributed-shares": self.distributed.state()}
+                   if self.distributed is not None else {})}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.epsilon = {int(p): float(e) for p, e in state["epsilon"].items()}
         self.delta = {int(p): float(d) for p, d in state["delta"].items()}
         self.exhausted = {int(p): int(r) for p, r in state["exhausted"].items()}
         self.steps = {int(p): int(n) for p, n in state.get("steps", {}).items()}
+        if self.distributed is not None:
+            self.distributed.restore(state.get("distributed-shares", {}))
 
     def stop_reason(self, server_round: int) -> str | None:
         """Why the run cannot go on: every client has spent its budget."""
@@ -134,6 +186,8 @@ class PrivacyLog:
         """For run.json and summary.md."""
         if self.central is not None:
             return self.central.describe()
+        if self.distributed is not None:
+            return self.distributed.describe()
         if self.mode != "local":
             return {"mode": "none"}
         return {**self._spent(), "clients-out-of-budget": len(self.exhausted),

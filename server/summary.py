@@ -82,6 +82,15 @@ def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
             "server still sees raw updates"
             + (f" ({aggregation.get('protocol')} hides them)"
                if aggregation.get("individual-updates-visible") is False else "") + ".")
+    elif privacy.get("mode") == "distributed":
+        lines.append(
+            f"- privacy: distributed DP (client-level, against the server too; neighbours: "
+            f"{privacy.get('neighbours')}): epsilon max **{privacy['epsilon-max']:.3f}**, mean "
+            f"{privacy['epsilon-mean']:.3f} over all clients at delta {privacy['delta']:.2g}; "
+            f"{privacy['mechanism']}, noise multiplier {privacy['noise-multiplier']} on the "
+            f"sum of updates clipped to {privacy['clipping-norm']:.3g}, {privacy['bits']}-bit "
+            f"modular sum, {privacy['colluding']} colluding client(s) assumed; amplification "
+            f"{privacy['amplification']}; {privacy['accountant']}.")
     seen = aggregation.get("client-values-in-clear")
     if seen is not None:
         what = ("every metric a client computes" if seen == "all"
@@ -230,7 +239,7 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
     if res:
         lines += outcome_lines(info, res, records)
     lines += ["", "![accuracy](plots/accuracy.png)", "", LOSS_LINE, ""]
-    if (info.privacy or {}).get("mode") in ("local", "central"):
+    if (info.privacy or {}).get("mode") in ("local", "central", "distributed"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
     if (run.path / "plots" / RELEASE_SCATTER).exists():  # drawn by the CLI after the run
         lines += [SCATTER_LINE, ""]

@@ -68,6 +68,15 @@ class RoundLog:
             raise WorkerLost(f"round {self.round}: the Ray worker serving client "
                              f"{dead[0]['partition-id']} died ({short_reason(dead[0]['error'])})")
         answered = len(self.clients) + len(self.skipped)
+        refusals = sorted(f["partition-id"] for f in self.failures
+                          if "ContributionRefused" in f["error"])
+        if refusals and len(refusals) == len(self.failures) and answered < min_replies:
+            # the clients' contribution records refused this model for this cohort: the
+            # round is recorded as refused (the model stays), not a broken federation
+            self.refused = self.refused or (
+                f"client(s) {refusals} refused to answer this model for this cohort (they "
+                "answered it for another: their contribution records); nothing aggregated")
+            return
         if self.failures and (not self.clients or answered < min_replies):
             reasons = "; ".join(f"client {f['partition-id']}: {short_reason(f['error'])}"
                                 for f in self.failures[:3])

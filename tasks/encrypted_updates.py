@@ -2,7 +2,9 @@
 
 A ``ConfigRecord`` holds flat lists only, so the server relays the round's updates as the
 senders' partition ids, their signatures, and every ciphertext in sender order (each sender
-sent the same number). Both sides read and write it here, so the layout is defined once.
+sent the same number), and the signed declines (a client that declined to train signs a
+statement with no ciphertexts) apart. Both sides read and write it here, so the layout is
+defined once.
 """
 
 from __future__ import annotations
@@ -14,12 +16,24 @@ from flwr.app import ConfigRecord
 from privacy.encryption.cohort import CohortRefused, SignedUpdate
 
 
-def to_record(server_round: int, updates: Sequence[SignedUpdate], length: int) -> ConfigRecord:
-    """A decryption request: the round, the signed updates to sum, the model's length."""
+def to_record(server_round: int, updates: Sequence[SignedUpdate], length: int,
+              cohort: Sequence[int] = ()) -> ConfigRecord:
+    """A decryption request: the round, the signed updates to sum, the model's length, the
+    cohort the senders were told of."""
+    summed = [u for u in updates if u.chunks]
+    declines = [u for u in updates if not u.chunks]  # signed, with no ciphertexts
     return ConfigRecord({"server-round": server_round, "length": length,
-                         "partitions": [u.partition for u in updates],
-                         "signatures": [u.signature for u in updates],
-                         "ciphertexts": [c for u in updates for c in u.chunks]})
+                         "cohort": [int(c) for c in cohort],
+                         "partitions": [u.partition for u in summed],
+                         "signatures": [u.signature for u in summed],
+                         "ciphertexts": [c for u in summed for c in u.chunks],
+                         "declined-partitions": [u.partition for u in declines],
+                         "declined-signatures": [u.signature for u in declines]})
+
+
+def cohort_of(record: ConfigRecord) -> list[int]:
+    """The declared cohort a decryption request carries (empty: none)."""
+    return [int(c) for c in record.get("cohort", [])]
 
 
 def from_record(record: ConfigRecord) -> list[SignedUpdate]:
@@ -33,5 +47,12 @@ def from_record(record: ConfigRecord) -> list[SignedUpdate]:
                             "every sender needs one signature and the same number of "
                             "ciphertexts")
     k = len(chunks) // len(partitions)
-    return [SignedUpdate(p, tuple(chunks[i * k:(i + 1) * k]), s)
-            for i, (p, s) in enumerate(zip(partitions, signatures, strict=True))]
+    declined = [int(p) for p in record.get("declined-partitions", [])]
+    declined_signatures = [bytes(s) for s in record.get("declined-signatures", [])]
+    if len(declined) != len(declined_signatures):
+        raise CohortRefused("a decryption request whose declines do not each carry one "
+                            "signature")
+    return [*(SignedUpdate(p, tuple(chunks[i * k:(i + 1) * k]), s)
+              for i, (p, s) in enumerate(zip(partitions, signatures, strict=True))),
+            *(SignedUpdate(p, (), s)
+              for p, s in zip(declined, declined_signatures, strict=True))]

@@ -182,3 +182,98 @@ def test_refusals() -> None:
         dd.ddg_epsilon(10.0, 10.0, 0.3, 5, 4, 1, 1e-5)
     with pytest.raises(ValueError, match="beta"):
         dd.rounded_l2_bound(10.0, 4, 1.0)
+
+
+# ---------------------------------------------------------------- the run's plan
+
+
+def test_the_plan_epsilon_equals_independent_computations() -> None:
+    """A run's accounting (:meth:`DistributedPlan.epsilon`) against (a) the closed form
+    for equal rounds, checked above against exact Renyi divergences, and (b) the Gaussian
+    mechanism it tends to (dp-accounting's GaussianDpEvent at the same noise over the
+    integer sensitivity), to 1%; dropouts and colluders only raise it."""
+    from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    plan = dd.DistributedPlan.make(1.0, 2.0, 20, 26_010, 10, 0)
+    eps = plan.epsilon([10] * 20, 1e-5)
+    closed = dd.skellam_epsilon(plan.l2, plan.l1, plan.local_variance, 10, 20, 1e-5)[0]
+    assert abs(eps - closed) <= 1e-9 * closed
+    acc = RdpAccountant(orders=list(dd.ORDERS))
+    z = math.sqrt(10 * plan.local_variance) / plan.l2
+    acc.compose(SelfComposedDpEvent(GaussianDpEvent(z), 20))
+    gaussian = acc.get_epsilon(1e-5)
+    assert abs(eps - gaussian) <= 0.01 * gaussian, (eps, gaussian)
+    assert plan.epsilon([10] * 19 + [7], 1e-5) > eps  # three dropped in one round
+    colluded = dd.DistributedPlan.make(1.0, 2.0, 20, 26_010, 10, 3)
+    assert colluded.local_variance > plan.local_variance  # the noise is planned over 7
+    # the same honest noise (its scale differs slightly, so its rounding does too)
+    assert colluded.epsilon([10] * 20, 1e-5) == pytest.approx(eps, rel=2e-3)
+    assert colluded.epsilon([3], 1e-5) == math.inf  # only colluders' noise was left
+
+
+def test_the_aggregate_as_run_stays_under_its_claim_and_fails_without_noise() -> None:
+    """The mechanism fedpriv runs (each client's :func:`client_vector`, their modular sum,
+    the server's :func:`server_sum`) on neighbouring datasets: client 0's update present
+    or zeroed (zero-out), against the plan's epsilon after one round. The mutation (no
+    noise shares) is caught."""
+    plan = dd.DistributedPlan.make(1.0, 0.7, 16, 3, 3, 0)  # claims epsilon 7.2
+    eps = plan.epsilon([3], 1e-5)
+    updates = [np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.6, 0.0]),
+               np.array([0.0, 0.0, -0.8])]
+
+    def run(which: str, run_seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(run_seed)
+        first = updates[0] if which == "D" else np.zeros(3)
+        total = sum(dd.client_vector(u, plan, 7, rng) for u in [first, *updates[1:]])
+        return {"sum": dd.server_sum(total, plan, 7)}
+
+    claim = Claim(eps, 1e-5, "zero-out")
+    report = test_mechanism(run, runs=1500, claim=claim, seed=5)
+    assert report.passed, report.describe()
+    assert report.epsilon > 1.0  # it sees the signal (measured: 1.58)
+    # the mutation: a plan claiming a small epsilon (z = 3), its noise shares removed
+    strong = dd.DistributedPlan.make(1.0, 3.0, 16, 3, 3, 0)
+    silent = dd.DistributedPlan(**{**strong.__dict__, "local_variance": 1e-9})
+
+    def noiseless(which: str, run_seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(run_seed)
+        first = updates[0] if which == "D" else np.zeros(3)
+        total = sum(dd.client_vector(u, silent, 7, rng) for u in [first, *updates[1:]])
+        return {"sum": dd.server_sum(total, silent, 7)}
+
+    weak = Claim(strong.epsilon([3], 1e-5), 1e-5, "zero-out")
+    assert not test_mechanism(noiseless, runs=400, claim=weak, seed=5).passed
+
+
+def test_the_plan_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="rounding to integers"):
+        dd.DistributedPlan.make(1.0, 1e-3, 8, 1 << 16, 100, 0)
+    with pytest.raises(ValueError, match="subtract every noise share"):
+        dd.DistributedPlan.make(1.0, 1.0, 20, 100, 5, 5)
+
+
+def test_bad_distributed_settings_are_refused_before_start(tmp_path) -> None:
+    """No secure aggregation, HE, colluders at the cohort, bits the 32-bit sum cannot
+    hold: refused by the config; a plan whose modular sum would wrap or whose rounding
+    would swamp the update: refused by the pre-flight check, before any process starts."""
+    from experiments.preflight.checks import preflight
+    from tasks.config import validate
+    from tasks.errors import ConfigError
+
+    base = {"dp": "distributed", "secure-aggregation": "secagg+",
+            "results-dir": str(tmp_path)}
+    for values, why in (({"secure-aggregation": "off"}, "needs secure-aggregation"),
+                        ({"secure-aggregation": "he"}, "every client holds the decryption"),
+                        ({"distributed-colluding": 10}, "could subtract every noise share"),
+                        ({"num-clients": 2000, "distributed-bits": 24},
+                         "clients x 2\\^bits must stay below 2\\^32"),
+                        ({"client-sampling": "poisson"}, "no amplification is claimed")):
+        with pytest.raises(ConfigError, match=why):
+            validate({**base, **values})
+    with pytest.raises(ConfigError, match="rounding to integers"):
+        preflight(validate({**base, "distributed-bits": 8, "num-clients": 100,
+                            "noise-multiplier": 2.0}))
+    with pytest.raises(ConfigError, match="cannot learn"):  # z sqrt(d) / m = 16 > 10
+        preflight(validate({**base, "noise-multiplier": 1.0}))
+    preflight(validate({**base, "num-clients": 100, "noise-multiplier": 2.0}))

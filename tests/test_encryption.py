@@ -174,10 +174,15 @@ def _context(cfg):
 
 @pytest.mark.parametrize("how, why", [("truncate", "does not carry its signature"),
                                       ("drop", "6 ciphertexts for a model that needs 7")])
-def test_a_tampered_ciphertext_fails_that_client_and_the_round_goes_on(
-        tmp_path, _task_identity, how, why):  # noqa: F811
+@pytest.mark.parametrize("record_on", [True, False], ids=["contribution-record", "off"])
+def test_a_tampered_ciphertext_fails_that_client_and_the_run_goes_on(
+        tmp_path, _task_identity, how, why, record_on):  # noqa: F811
+    """The server's pre-check fails only the tampered client. With the contribution record
+    (the default) the others' sum is then not decrypted (only a whole declared cohort is),
+    and the round says so; without it, the other two are decrypted."""
     cfg = validate({"num-clients": 3, "num-server-rounds": 1, "secure-aggregation": "he",
-                    "batch-size": 64, "save-model": False, "run-dir": str(tmp_path / "run")})
+                    "batch-size": 64, "save-model": False, "run-dir": str(tmp_path / "run"),
+                    "contribution-record": record_on})
     grid = Tampering(cfg, simulated=True)
     grid.how = how
     run_one(grid, _context(cfg), cfg)
@@ -185,6 +190,10 @@ def test_a_tampered_ciphertext_fails_that_client_and_the_round_goes_on(
     assert [c["partition-id"] for c in record.clients] == [0, 2]
     (failure,) = record.failures
     assert failure["partition-id"] == 1 and why in failure["error"]
+    if record_on:
+        assert "client(s) [1] of the declared cohort sent no valid update" in record.refused
+    else:
+        assert record.refused is None
 
 
 @pytest.mark.parametrize("values", [

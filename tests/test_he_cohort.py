@@ -32,11 +32,12 @@ from .test_strategies import _task_identity  # noqa: F401  (fixture)
 class Attacker:
     """A server with an honest key setup and a free hand afterwards."""
 
-    def __init__(self, num_clients: int = 3, **values) -> None:
+    def __init__(self, num_clients: int = 3, node_config=None, **values) -> None:
         self.cfg = validate({"num-clients": num_clients, "fraction-train": 1.0,
                              "secure-aggregation": "he", "batch-size": 64,
                              "run-dir": "/tmp/fedpriv-he-attack", **values})
-        self.grid = InProcessGrid(self.cfg)  # real SuperNodes' semantics
+        # real SuperNodes' semantics; node_config(i): what host i adds to its node config
+        self.grid = InProcessGrid(self.cfg, node_config=node_config)
         fed = FederationGrid(self.grid, self.grid.partition_of)
         self.rounds = HEProtocol(self.cfg, fed, fed.partition_of)
         self.rounds.setup()
@@ -48,17 +49,22 @@ class Attacker:
             content, message_type=action, dst_node_id=NODE_ID_BASE + pid)])
         return reply
 
-    def train(self, pid: int, server_round: int, decryptor: int) -> Message:
+    def train(self, pid: int, server_round: int, decryptor: int, cohort=None,
+              arrays: ArrayRecord | None = None) -> Message:
+        """Ask ``pid`` to train for a cohort the server declares (default: everyone)."""
         config = ConfigRecord({"server-round": server_round,
                                "local-epochs": self.cfg.training.local_epochs,
-                               "he-decryptor": decryptor})
-        return self.send(pid, messages.HE_FIT, RecordDict({"arrays": self.arrays,
-                                                           "config": config}))
+                               "he-decryptor": decryptor,
+                               "he-cohort": list(cohort if cohort is not None
+                                                 else range(self.cfg.federation.num_clients))})
+        return self.send(pid, messages.HE_FIT, RecordDict({
+            "arrays": arrays if arrays is not None else self.arrays, "config": config}))
 
-    def decrypt(self, pid: int, server_round: int, updates) -> Message:
+    def decrypt(self, pid: int, server_round: int, updates, cohort=None) -> Message:
+        cohort = list(cohort if cohort is not None else range(self.cfg.federation.num_clients))
         return self.send(pid, messages.HE_DECRYPT, RecordDict({
             "config": ConfigRecord({}),
-            messages.HE_STATE: to_record(server_round, updates, self.length)}))
+            messages.HE_STATE: to_record(server_round, updates, self.length, cohort)}))
 
 
 def _signed_update(reply: Message, pid: int) -> cohort.SignedUpdate:
@@ -192,3 +198,30 @@ def test_a_run_that_would_sample_fewer_than_the_minimum_is_refused_before_it_sta
     assert "Raise fraction-train" in str(err.value)
     validate({"num-clients": 3, "fraction-train": 0.34, "min-train-clients": 2,
               "secure-aggregation": "he"})
+
+
+def test_a_client_that_declines_signs_it_and_the_rest_of_the_cohort_is_decrypted(
+        _task_identity):  # noqa: F811
+    """Under the contribution record only a whole declared cohort is decrypted; a client
+    that declines to train (its DP budget spent, its screen refusing) signs a statement
+    with no ciphertexts, so the others' sum is still decrypted, and counts only them."""
+    import clients.encrypted as client_encrypted
+
+    cfg = validate({"num-clients": 3, "fraction-train": 1.0, "secure-aggregation": "he",
+                    "batch-size": 64, "run-dir": "/tmp/fedpriv-he-decline"})
+    real = client_encrypted.local_update
+
+    def declining(client, context, state, config, seed=None):
+        if client.partition_id == 2:
+            return None, {"partition-id": 2, "screen-refused": 1}
+        return real(client, context, state, config, seed)
+
+    grid = InProcessGrid(cfg)
+    fed = FederationGrid(grid, grid.partition_of)
+    rounds = build_runner(cfg, fed, fed.partition_of)
+    arrays = ArrayRecord(model_for(cfg)[0].state_dict())
+    with mock.patch.object(client_encrypted, "local_update", declining):
+        result = rounds.run_round(1, arrays)
+    assert result.log.refused is None and result.arrays is not None
+    assert [c["partition-id"] for c in result.log.skipped] == [2]
+    assert [c["partition-id"] for c in result.log.clients] == [0, 1]

@@ -31,7 +31,7 @@ from privacy.anonymize.registry import ANONYMIZERS
 from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
 from privacy.dp.accounting import ACCOUNTANT_NAMES
-from privacy.dp.dpfedavg import DPFedAvgParams
+from privacy.dp.dpfedavg import DPFedAvgParams, default_central_delta
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
 from privacy.registry import Registry
 from strategies.central_dp import central_params
@@ -289,7 +289,43 @@ def _privacy_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
         return _local_dp_check(cfg, model, name, sizes)
     if cfg.privacy.dp == "central":
         return _central_dp_check(cfg, len(sizes), count_parameters(model))
+    if cfg.privacy.dp == "distributed":
+        return _distributed_dp_check(cfg, len(sizes),
+                                     sum(int(v.numel()) for v in model.state_dict().values()))
     return ""
+
+
+def _distributed_dp_check(cfg: RunConfig, n: int, dim: int) -> str:
+    """The bit width against the cohort, clip and noise (the modular sum must not wrap),
+    delta against the population, and the noise against what a round can learn."""
+    from tasks.distributed_dp import plan_for
+
+    p = cfg.privacy
+    try:
+        plan = plan_for(cfg, dim)
+    except ValueError as exc:
+        raise ConfigError(f"dp = 'distributed': {exc}") from None
+    delta = p.delta or default_central_delta(n)
+    if delta >= 1.0 / n:
+        raise ConfigError(f"dp = 'distributed': delta = {delta:g} is not below 1/N = "
+                          f"{1 / n:g} for N = {n} clients. Use delta = 0 (automatic).")
+    ratio = p.noise_multiplier * dim ** 0.5 / plan.cohort
+    if p.max_noise_to_signal and ratio > p.max_noise_to_signal:
+        raise ConfigError(
+            f"dp = 'distributed' with noise-multiplier = {p.noise_multiplier} on a model of "
+            f"{dim:,} weights and {plan.cohort} clients a round: the noise on the averaged "
+            f"update is expected to be {ratio:.1f}x longer than the longest averaged update "
+            f"(z * sqrt(weights) / clients), over max-noise-to-signal = "
+            f"{p.max_noise_to_signal:g}, so the model cannot learn. Train more clients a "
+            f"round ({ratio / p.max_noise_to_signal * plan.cohort:.0f} or more), lower "
+            f"noise-multiplier (to {p.max_noise_to_signal / ratio * p.noise_multiplier:.2g} "
+            "or less), or set max-noise-to-signal = 0 to run it anyway.")
+    return (f"distributed DP: Skellam shares inside SecAgg+, noise multiplier "
+            f"{p.noise_multiplier} on the sum of {plan.cohort} updates clipped to "
+            f"{p.clipping_norm}, {plan.bits}-bit modular sum at scale {plan.scale:.4g}, "
+            f"{plan.colluding} colluding client(s) assumed, delta {delta:.3g}, no "
+            "amplification (the server picks the cohorts); neighbours: one client's update "
+            "zeroed")
 
 
 def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:

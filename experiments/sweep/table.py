@@ -65,6 +65,8 @@ def _neighbours(privacy: dict[str, Any]) -> str:
         return f"{privacy.get('dp-relation', 'add-remove')} record"
     if privacy.get("mode") == "central":
         return "add-remove client"
+    if privacy.get("mode") == "distributed":
+        return "zero-out client"
     return ""
 
 

@@ -26,7 +26,9 @@ Plain arguments in, plain numbers (or numpy arrays) out.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -348,9 +350,121 @@ def ddg_epsilon(l2: float, l1: float, local_std: float, n_shares: int, dim: int,
     return _compose(ddg_branches(l2, l1, local_std, honest, dim), rounds, delta, orders)
 
 
+
+
+# ---------------------------------------------------------------- a run's plan
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    """Everything client and server must agree on, a function of the configuration and the
+    model's size only (both sides compute it): the clip C, the bit width, the scale s
+    (:func:`scale_for_bits`), each client's Skellam variance in integer units (the total
+    noise std z C, in integer units s z C, split over the cohort's honest shares), the
+    integer sensitivities and the colluding clients t assumed."""
+
+    clip: float
+    noise_multiplier: float
+    bits: int
+    dim: int  # the model's parameter count
+    padded: int  # the Hadamard dimension
+    cohort: int  # clients a round (the planned shares)
+    colluding: int
+    scale: float
+    local_variance: float
+    l2: float
+    l1: float
+
+    @classmethod
+    def make(cls, clip: float, noise_multiplier: float, bits: int, dim: int, cohort: int,
+             colluding: int, wrap_prob: float = DEFAULT_WRAP_PROB) -> DistributedPlan:
+        """The plan, or ValueError saying what does not fit (the bits, the collusion)."""
+        _positive(clip=clip, noise_multiplier=noise_multiplier)
+        honest = _shares(cohort, colluding)
+        padded = padded_dim(dim)
+        sigma = noise_multiplier * clip  # the total noise std on the sum, update units
+        # a hair under the heuristic's largest scale, which leaves out the rounding's
+        # variance (check_bits counts it)
+        scale = 0.999 * scale_for_bits(bits, cohort, clip, padded,
+                                       sigma / math.sqrt(honest), wrap_prob)
+        local_variance = (scale * sigma) ** 2 / honest
+        l2 = rounded_l2_bound(scale * clip, padded)
+        if l2 > 1.5 * scale * clip:
+            raise ValueError(
+                f"distributed-bits = {bits} leaves a scale of {scale:.3g} for {cohort} clients: "
+                f"the rounding to integers adds up to sqrt({padded}) = {math.sqrt(padded):.0f} "
+                f"to a clipped update of {scale * clip:.3g} integer units, more than half its "
+                "length, and the noise would have to cover it. Use more bits (up to 24), "
+                "fewer clients a round or a smaller noise-multiplier.")
+        check_bits(bits, cohort, scale * clip, padded, local_variance, wrap_prob)
+        return cls(clip, noise_multiplier, bits, dim, padded, cohort, colluding, scale,
+                   local_variance, l2, rounded_l1_bound(l2, padded))
+
+    def epsilon(self, shares: Sequence[int], delta: float,
+                orders: Sequence[float] = ORDERS) -> float:
+        """A client's epsilon after the rounds it took part in, ``shares[i]`` clients'
+        noise in round i's sum (fewer than planned when some dropped): each round a
+        Skellam mechanism of variance (shares - t) * local variance ([AKL]), composed in
+        dp-accounting's RDP accountant, without amplification. 0 before any round; inf
+        when the colluders' noise is all there was."""
+        from dp_accounting import ZCDpEvent
+        from dp_accounting.rdp import RdpAccountant
+
+        if not shares:
+            return 0.0
+        if min(shares) <= self.colluding:
+            return math.inf
+        best = math.inf
+        for branch in range(2):  # one curve per branch for every round: each is valid
+            acc = RdpAccountant(orders=list(orders))
+            for n in shares:
+                rho, xi = skellam_branches(self.l2, self.l1,
+                                           (n - self.colluding) * self.local_variance)[branch]
+                acc.compose(ZCDpEvent(rho=rho, xi=xi))
+            best = min(best, float(acc.get_epsilon(delta)))
+        return best
+
+    def describe(self) -> dict[str, float | int]:
+        return {"clipping-norm": self.clip, "noise-multiplier": self.noise_multiplier,
+                "bits": self.bits, "scale": self.scale, "cohort": self.cohort,
+                "colluding": self.colluding, "local-variance": self.local_variance,
+                "sensitivity-l2": self.l2, "sensitivity-l1": self.l1}
+
+
+def secret_generator() -> np.random.Generator:
+    """A generator seeded from the OS's CSPRNG: a client's noise and rounding, which no
+    configured seed may predict."""
+    return np.random.Generator(np.random.Philox(key=secrets.randbits(128)))
+
+
+def client_vector(update: np.ndarray, plan: DistributedPlan, sign_seed: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """What one client hands to secure aggregation: its update clipped, rotated, scaled,
+    rounded, plus its Skellam share, centred mod 2^bits (int64, ``plan.padded`` long)."""
+    v = encode(update, plan.clip, plan.scale, sign_seed, rng)
+    v = v + skellam_share(v.size, plan.local_variance, rng)
+    return centre(v, plan.bits)
+
+
+def server_sum(total: np.ndarray, plan: DistributedPlan, sign_seed: int) -> np.ndarray:
+    """The noisy sum of clipped updates (float, ``plan.dim`` long) from the modular sum."""
+    return decode(np.asarray(total, dtype=np.int64), plan.bits, plan.scale, sign_seed,
+                  plan.dim)
+
+
+def sign_seed(seed: int, server_round: int) -> int:
+    """The round's public rotation seed (the same for every client and the server)."""
+    return int(np.random.SeedSequence([int(seed), int(server_round), 0x5A]).generate_state(1)[0])
+
+
+NEIGHBOURS = ("zero-out: one client's update replaced by zero (the client still takes part "
+              "and adds its noise share); replace-one costs at most twice the sensitivity")
+
+
 __all__: Sequence[str] = [
-    "DEFAULT_WRAP_PROB", "ORDERS", "centre", "check_bits", "ddg_branches", "ddg_epsilon",
-    "ddg_tau", "decode", "encode", "padded_dim", "randomized_round", "rotate",
-    "rounded_l1_bound", "rounded_l2_bound", "scale_for_bits", "skellam_branches",
-    "skellam_epsilon", "skellam_rdp", "skellam_share", "sum_coordinate_std", "to_modular",
-    "unrotate", "wrap_stddevs"]
+    "DEFAULT_WRAP_PROB", "NEIGHBOURS", "ORDERS", "DistributedPlan", "centre", "check_bits",
+    "client_vector", "ddg_branches", "ddg_epsilon", "ddg_tau", "decode", "encode",
+    "padded_dim", "randomized_round", "rotate", "rounded_l1_bound",
+    "rounded_l2_bound", "scale_for_bits", "secret_generator", "server_sum", "sign_seed",
+    "skellam_branches", "skellam_epsilon", "skellam_rdp", "skellam_share",
+    "sum_coordinate_std", "to_modular", "unrotate", "wrap_stddevs"]

@@ -67,11 +67,16 @@ def roster_digest(roster: Mapping[int, bytes]) -> bytes:
 
 
 def statement(run: str, server_round: int, partition: int, decryptor: int,
-              chunks: Sequence[bytes]) -> bytes:
-    """What a client signs with its update: run, round, sender, decryptor, ciphertexts."""
+              chunks: Sequence[bytes], cohort: Sequence[int] = ()) -> bytes:
+    """What a client signs with its update: run, round, sender, decryptor, the cohort the
+    server declared for the round (empty: none declared), ciphertexts."""
     h = hashlib.sha256(b"fedpriv-he-update\0" + run.encode() + b"\0")
     for n in (server_round, partition, decryptor, len(chunks)):
         h.update(int(n).to_bytes(8, "big", signed=True))
+    members = sorted({int(c) for c in cohort})
+    h.update(len(members).to_bytes(8, "big"))
+    for c in members:
+        h.update(c.to_bytes(8, "big", signed=True))
     for c in chunks:
         h.update(hashlib.sha256(c).digest())
     return h.digest()
@@ -91,9 +96,9 @@ class SignedUpdate:
 
 
 def check_signature(update: SignedUpdate, roster: Mapping[int, bytes], run: str,
-                    server_round: int, decryptor: int) -> None:
+                    server_round: int, decryptor: int, cohort: Sequence[int] = ()) -> None:
     """Raise :class:`CohortRefused` unless ``update`` carries its sender's signature over
-    this run, round and decryptor."""
+    this run, round, decryptor and declared cohort."""
     key = roster.get(update.partition)
     if key is None:
         raise CohortRefused(f"an update claims to come from client {update.partition}, "
@@ -101,7 +106,7 @@ def check_signature(update: SignedUpdate, roster: Mapping[int, bytes], run: str,
     try:
         Ed25519PublicKey.from_public_bytes(key).verify(
             update.signature, statement(run, server_round, update.partition, decryptor,
-                                        update.chunks))
+                                        update.chunks, cohort))
     except (InvalidSignature, ValueError):
         raise CohortRefused(f"client {update.partition}'s update does not carry its "
                             f"signature for round {server_round} and decryptor {decryptor} "
@@ -110,10 +115,14 @@ def check_signature(update: SignedUpdate, roster: Mapping[int, bytes], run: str,
 
 
 def check_cohort(updates: Sequence[SignedUpdate], roster: Mapping[int, bytes], run: str,
-                 server_round: int, decryptor: int, minimum: int) -> None:
+                 server_round: int, decryptor: int, minimum: int,
+                 cohort: Sequence[int] = (), exact: bool = False) -> None:
     """Everything the decrypting client requires before it sums and decrypts: at least
     ``minimum`` (never below :data:`MIN_COHORT_FLOOR`) distinct roster members, each
-    signed for this round and this decryptor, all with the same number of ciphertexts."""
+    signed for this round, this decryptor and the declared ``cohort``, all with the same
+    number of ciphertexts; with ``exact``, the senders are the whole declared cohort (no
+    subset of a cohort is decrypted: a subset's sum differs from the whole's by the
+    missing members' updates)."""
     minimum = max(minimum, MIN_COHORT_FLOOR)
     senders = [u.partition for u in updates]
     if len(set(senders)) != len(senders):
@@ -122,12 +131,17 @@ def check_cohort(updates: Sequence[SignedUpdate], roster: Mapping[int, bytes], r
     if len(set(map(bytes, (roster.get(p, b"") for p in senders)))) != len(senders):
         raise CohortRefused("two clients of the sum share one signing key in the roster: "
                             "they may be one client")
-    if len(senders) < minimum:
-        raise CohortRefused(f"refusing to decrypt a sum of {len(senders)} client(s) "
-                            f"({sorted(senders)}) in round {server_round}: the minimum "
+    summed = [u.partition for u in updates if u.chunks]  # a signed decline adds nothing
+    if len(summed) < minimum:
+        raise CohortRefused(f"refusing to decrypt a sum of {len(summed)} client(s) "
+                            f"({sorted(summed)}) in round {server_round}: the minimum "
                             f"cohort is {minimum} distinct clients, so that no client's "
                             "update is ever decrypted alone")
-    if len({len(u.chunks) for u in updates}) != 1:
+    if len({len(u.chunks) for u in updates if u.chunks}) != 1:
         raise CohortRefused("the updates to sum have different numbers of ciphertexts")
     for u in updates:
-        check_signature(u, roster, run, server_round, decryptor)
+        check_signature(u, roster, run, server_round, decryptor, cohort)
+    if exact and sorted(set(senders)) != sorted({int(c) for c in cohort}):
+        raise CohortRefused(f"the updates to sum come from {sorted(set(senders))}, not the "
+                            f"whole cohort {sorted({int(c) for c in cohort})} their senders "
+                            "were told of: a part of a cohort is never decrypted")

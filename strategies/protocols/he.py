@@ -77,6 +77,8 @@ class HEProtocol:
         self.public: bytes | None = None
         self.roster: dict[int, bytes] = {}  # partition id -> the client's signing key
         self.num_parameters = 0  # the model's size, for the encoding slack run.json records
+        self._declared: list[int] = []  # the round's cohort, as told to its clients
+        self._declines: list[SignedUpdate] = []  # its signed declines (no ciphertexts)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, grid: FederationGrid, partition_of: Mapping[int, int],
@@ -156,20 +158,29 @@ class HEProtocol:
         nodes = cohort(aggregation, self.partition_of, self.cfg.training.seed, server_round,
                        self.per_round)
         log.sampled = sorted(self.partition_of[n] for n in nodes)
+        self._declared = list(log.sampled)
         if len(nodes) < self.min_cohort:
             log.refused = (f"only {len(nodes)} client(s) to sample, fewer than he-min-cohort "
                            f"= {self.min_cohort}: nothing trained or decrypted")
             return None
         decryptor = log.sampled[0]
-        config = ConfigRecord({**config, "he-decryptor": decryptor})
+        config = ConfigRecord({**config, "he-decryptor": decryptor, "he-cohort": log.sampled})
         out = [Message(RecordDict({"arrays": arrays, "config": config}),
                        message_type=messages.HE_FIT, dst_node_id=n) for n in nodes]
         chunks = ckks.num_chunks(sum(int(np.prod(a.shape)) for a in arrays.values()))
+        replies = list(self.grid.send_and_receive(out, timeout=self.timeout))
         ok, log.skipped, log.failures = split_replies(
-            self.grid, self.partition_of, self.grid.send_and_receive(out, timeout=self.timeout),
+            self.grid, self.partition_of, replies,
             check=lambda m: _has_ciphertexts(m, chunks) or self._unsigned(m, server_round,
                                                                          decryptor),
             asked=nodes, timeout=self.timeout)
+        # clients that declined to train (DP budget spent, screen) and signed it: in the
+        # cohort, adding nothing to the sum
+        skipped = {c["partition-id"] for c in log.skipped}
+        self._declines = [_signed(m, self._pid(m)) for m in replies
+                          if not m.has_error() and self._pid(m) in skipped
+                          and messages.HE_STATE in m.content.config_records
+                          and self._unsigned(m, server_round, decryptor) is None]
         self._drop_unparsable(ok, log)
         log.clients = [{"partition-id": self._pid(m), **metrics_of(m),
                         "upload-bytes": sum(len(c) for c in _chunks(m))} for m in ok]
@@ -186,7 +197,7 @@ class HEProtocol:
             return "no signature with the ciphertexts"
         try:
             check_signature(_signed(msg, self._pid(msg)), self.roster, self._run_name(),
-                            server_round, decryptor)
+                            server_round, decryptor, self._declared)
         except CohortRefused as exc:
             return f"CohortRefused: {exc}"
         return None
@@ -200,6 +211,12 @@ class HEProtocol:
         if len(ok) < self.min_cohort:
             return (f"{len(ok)} valid encrypted update(s), fewer than he-min-cohort = "
                     f"{self.min_cohort}: not decrypted (the model stays as it was)")
+        members = {self._pid(m) for m in ok} | {u.partition for u in self._declines}
+        if self.cfg.secagg.contribution_record and members != set(self._declared):
+            missing = sorted(set(self._declared) - members)
+            return (f"client(s) {missing} of the declared cohort sent no valid update, and "
+                    "the clients' contribution records let only a whole cohort's sum be "
+                    "decrypted: not decrypted (the model stays as it was)")
         if decryptor not in {self._pid(m) for m in ok}:
             return (f"client {decryptor}, named to decrypt this round, sent no valid update "
                     "(the others signed their updates for it alone): not decrypted")
@@ -232,7 +249,8 @@ class HEProtocol:
         glob = arrays.to_numpy_ndarrays()
         length = sum(a.size for a in glob)
         holder = next(m.metadata.src_node_id for m in ok if self._pid(m) == decryptor)
-        request = to_record(server_round, [_signed(m, self._pid(m)) for m in ok], length)
+        request = to_record(server_round, [*(_signed(m, self._pid(m)) for m in ok),
+                                           *self._declines], length, self._declared)
         try:
             reply = self._ask([holder], messages.HE_DECRYPT, {holder: request})[holder]
         except KeySetupFailed as exc:

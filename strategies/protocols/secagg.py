@@ -39,8 +39,10 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp.strategy import Strategy
 
+from privacy.dp import distributed
 from privacy.dp.disclosure import declined
 from tasks.config import RunConfig, SecAggConfig
+from tasks.distributed_dp import plan_for
 
 from ..aggregation import Aggregation, Collected
 from ..grid import FederationGrid
@@ -57,7 +59,7 @@ def max_weight(cfg: RunConfig, sizes: list[int], num_clients: int, train_size: i
     """SecAgg+'s bound on one client's weight: 1 under central DP (equal weights); else
     ``secagg-max-weight``, or the largest client when sizes are disclosed (local DP),
     or the training set's size, which bounds every client without asking any."""
-    if cfg.privacy.dp == "central":
+    if cfg.privacy.dp in ("central", "distributed"):
         return 1.0
     if cfg.secagg.max_weight:
         return float(cfg.secagg.max_weight)
@@ -75,17 +77,26 @@ class SecAggProtocol:
         self.grid = grid
         self.seed = cfg.training.seed
         self.partition_of = dict(partition_of)
-        self.equal_weights = cfg.privacy.dp == "central"  # the clients send weight 1
+        # the clients send weight 1
+        self.equal_weights = cfg.privacy.dp in ("central", "distributed")
+        self.cfg = cfg
         self.per_round = per_round(cfg, len(self.partition_of))
         self.max_weight = max_weight
+        clipping, levels = s.clipping_range, s.quantization_range
+        if cfg.privacy.dp == "distributed":
+            # the clients send integers in [-2^(b-1), 2^(b-1)): with these settings
+            # Flower's quantization maps them to v + 2^(b-1) exactly (no clipping, no
+            # rounding), so the unmasked sum is the clients' modular sum
+            bits = cfg.privacy.distributed_bits
+            clipping, levels, self.max_weight = float(2 ** (bits - 1)), 2 ** bits, 1.0
         self.settings = {"num-shares": s.num_shares,
                          "reconstruction-threshold": s.reconstruction_threshold,
-                         "clipping-range": s.clipping_range,
-                         "quantization-range": s.quantization_range}
+                         "clipping-range": clipping, "quantization-range": levels}
         self.workflow = SecAggPlusWorkflow(
             num_shares=s.num_shares, reconstruction_threshold=s.reconstruction_threshold,
-            max_weight=max_weight, clipping_range=s.clipping_range,
-            quantization_range=s.quantization_range, timeout=cfg.federation.round_timeout)
+            max_weight=self.max_weight, clipping_range=clipping, quantization_range=levels,
+            timeout=cfg.federation.round_timeout)
+        self._shapes: list[tuple[int, ...]] = []
         self.legacy = LegacyContext(context, config=ServerConfig(
             num_rounds=cfg.federation.num_server_rounds), strategy=SecureFedAvg(self))
         self._round: tuple[int, dict[str, Any], Aggregation, RoundLog] | None = None
@@ -112,11 +123,23 @@ class SecAggProtocol:
         """Train and securely aggregate one round: the server gets the unmasked average."""
         self._round = (server_round, config, aggregation, log)
         self._got = None
+        self._shapes = [tuple(a.shape) for a in arrays.to_numpy_ndarrays()]
         self.legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
             ndarrays_to_parameters(arrays.to_numpy_ndarrays()), keep_input=True)
         self.legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
             {Key.CURRENT_ROUND: server_round, Key.START_TIME: time.time()})
-        self.workflow(self.grid, self.legacy)
+        errors: list[dict[str, Any]] = []
+        self.workflow(_ErrorsNoted(self.grid, self.partition_of, errors), self.legacy)
+        known = {(f.get("partition-id"), f.get("error")) for f in log.failures}
+        log.failures += [e for e in errors if (e["partition-id"], e["error"]) not in known]
+        if self._got is None and log.refused is None:
+            refusals = sorted({e["partition-id"] for e in errors
+                               if "ContributionRefused" in e["error"]})
+            log.refused = (
+                "no sum was unmasked: " + (f"client(s) {refusals} refused to answer this "
+                                           "model for this cohort (their contribution "
+                                           "records), and " if refusals else "")
+                + "too few clients took part for SecAgg+'s threshold")
         log.check_not_all_failed()
         return self._got
 
@@ -145,11 +168,52 @@ class SecAggProtocol:
         log.failures = [{"partition-id": -1, "error": f} for f in failures]
         if not log.clients:
             return  # nobody trained (the workflow divided by a total weight of 0)
-        if self.equal_weights:  # the sum is k times the average
+        if self.cfg.privacy.dp == "distributed":
+            self._got = Collected(total=self._decoded(average[0], len(clients)),
+                                  weight=float(len(clients)), count=len(log.clients))
+        elif self.equal_weights:  # the sum is k times the average
             self._got = Collected(total=[a.astype(np.float64) * len(clients) for a in average],
                                   weight=float(len(clients)), count=len(log.clients))
         else:  # the weights stay secret: only the mean is known
             self._got = Collected(total=list(average), weight=1.0, count=len(log.clients))
+
+
+    def _decoded(self, average: np.ndarray, k: int) -> list[np.ndarray]:
+        """The noisy sum of the k clients' clipped updates, in the model's shapes: Flower
+        hands back ((sum of v_i + k 2^(b-1)) mod 2^32 - k 2^(b-1)) / k, so k times it is
+        the clients' sum mod 2^32, hence mod 2^b (:func:`privacy.dp.distributed.server_sum`)."""
+        dim = sum(int(np.prod(s)) for s in self._shapes)
+        plan = plan_for(self.cfg, dim)
+        total = np.rint(np.asarray(average, dtype=np.float64) * k).astype(np.int64)
+        flat = distributed.server_sum(total, plan, distributed.sign_seed(
+            self.seed, self._round[0] if self._round else 0))
+        out, i = [], 0
+        for shape in self._shapes:
+            n = int(np.prod(shape))
+            out.append(flat[i:i + n].reshape(shape))
+            i += n
+        return out
+
+
+class _ErrorsNoted:
+    """The grid as SecAgg+'s workflow sees it, noting every error reply (a client that
+    refused a stage, e.g. by its contribution record) for the round's log."""
+
+    def __init__(self, grid: FederationGrid, partition_of: Mapping[int, int],
+                 errors: list[dict[str, Any]]) -> None:
+        self._grid, self._partition_of, self._errors = grid, partition_of, errors
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        for r in replies:
+            if r.has_error():
+                self._errors.append({"partition-id": self._partition_of.get(
+                    r.metadata.src_node_id, -1), "node-id": r.metadata.src_node_id,
+                    "error": r.error.reason.strip().splitlines()[-1][:500]})
+        return replies
 
 
 class SecureFedAvg(LegacyStrategy):

@@ -88,7 +88,7 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
         if p.noise_multiplier == 0:
             errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
                           "infinite). Use a positive noise-multiplier, e.g. 1.0.")
-    if p.client_sampling == "poisson":
+    if p.client_sampling == "poisson" and p.dp != "distributed":
         if p.dp != "central":
             errors.append("client-sampling = 'poisson' is for dp = 'central', where it gives "
                           "amplification by sampling; other modes sample a fixed cohort. Use "
@@ -111,8 +111,46 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
     return errors
 
 
-def _secagg_checks(cfg: RunConfig) -> list[str]:
+def _distributed_checks(cfg: RunConfig) -> list[str]:
+    """dp = distributed: SecAgg+ (the noise is added inside its modular sum), fewer
+    colluders than clients a round, noise, and FedAvg."""
+    p, fed = cfg.privacy, cfg.federation
+    if p.dp != "distributed":
+        return []
     errors: list[str] = []
+    if cfg.secagg.protocol != "secagg+":
+        errors.append(
+            "dp = 'distributed' needs secure-aggregation = 'secagg+' (got "
+            f"{cfg.secagg.protocol!r}): each client adds only a share of the noise, so its "
+            "update is private only inside a secure sum. Under 'he' every client holds the "
+            "decryption key, so against the server with one client the other shares protect "
+            "no one; that combination is not built. Set secure-aggregation = 'secagg+', or "
+            "use dp = 'local' (noise each client adds alone).")
+    cohort = clients_per_round(fed.num_clients, fed.fraction_train, fed.min_train_clients)
+    if p.distributed_colluding >= cohort:
+        errors.append(f"distributed-colluding = {p.distributed_colluding} with {cohort} "
+                      "client(s) a round: the server and the colluders could subtract every "
+                      "noise share. Assume fewer colluders (at most "
+                      f"{cohort - 1}) or sample more clients a round.")
+    if p.noise_multiplier <= 0:
+        errors.append("dp = 'distributed' with noise-multiplier = 0 adds no noise. Use a "
+                      "positive noise-multiplier, e.g. 1.0.")
+    if cfg.federation.strategy != "fedavg":
+        errors.append("dp = 'distributed' needs strategy = 'fedavg': the noise is calibrated "
+                      "to a sum of clipped updates.")
+    if p.client_sampling == "poisson":
+        errors.append("client-sampling = 'poisson' with dp = 'distributed': no amplification "
+                      "is claimed against a server that picks the cohorts. Use "
+                      "client-sampling = 'fixed'.")
+    if 32 - p.distributed_bits < (cohort - 1).bit_length():
+        errors.append(f"distributed-bits = {p.distributed_bits} with {cohort} clients a round: "
+                      "SecAgg+ sums in 32 bits, so clients x 2^bits must stay below 2^32. Use "
+                      f"at most {32 - (cohort - 1).bit_length()} bits.")
+    return errors
+
+
+def _secagg_checks(cfg: RunConfig) -> list[str]:
+    errors: list[str] = _distributed_checks(cfg)
     s, dp = cfg.secagg, cfg.privacy.dp
     if not s.enabled:
         return errors

@@ -139,8 +139,10 @@ class AllOf(Rule):
         return ", or ".join(rule.fix(keys) for rule in self.rules)
 
 
-_LOCAL_ONLY = Unless("dp", ("none", "central"))
-_CENTRAL_ONLY = Unless("dp", ("none", "local"))
+_LOCAL_ONLY = Unless("dp", ("none", "central", "distributed"))
+_CENTRAL_ONLY = Unless("dp", ("none", "local", "distributed"))
+_CLIENT_LEVEL = Unless("dp", ("none", "local"))  # central and distributed DP
+_DISTRIBUTED_ONLY = Unless("dp", ("none", "local", "central"))
 _SECAGG_ONLY = Unless("secure-aggregation", ("off", "he"))
 # Flower's strategies fedpriv registers, by what they read (a plugin's are never ruled out)
 _PLAIN = ("fedavg", "fedmedian")
@@ -170,10 +172,14 @@ RULES: dict[str, Rule] = {
     "grad-sample-mode": _LOCAL_ONLY,
     "noise-multiplier": Unless("dp", ("none",)),
     "central-clipping": _CENTRAL_ONLY,
-    "clipping-norm": _CENTRAL_ONLY,
+    "clipping-norm": _CLIENT_LEVEL,
     "client-sampling": _CENTRAL_ONLY,
     "max-epsilon": _CENTRAL_ONLY,
-    "max-noise-to-signal": _CENTRAL_ONLY,
+    "max-noise-to-signal": _CLIENT_LEVEL,
+    "distributed-bits": _DISTRIBUTED_ONLY,
+    "distributed-colluding": _DISTRIBUTED_ONLY,
+    "contribution-record": Unless("secure-aggregation", ("off",)),
+    "contribution-radius": Unless("secure-aggregation", ("off",)),
     "secagg-num-shares": _SECAGG_ONLY,
     "secagg-reconstruction-threshold": _SECAGG_ONLY,
     "secagg-clipping-range": _SECAGG_ONLY,

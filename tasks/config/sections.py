@@ -18,7 +18,7 @@ from ..registry import DATASETS, MODELS, PARTITIONERS
 from .keys import Section, key
 from .study import AnonymizationConfig, EmbeddingsConfig, LeakageConfig
 
-DP_MODES = ("none", "local", "central")
+DP_MODES = ("none", "local", "central", "distributed")
 DP_TRAIN_DATA = ("released", "original")
 DEVICES = ("auto", "cpu", "cuda")
 RUNTIMES = ("auto", "inprocess", "ray")  # experiments.runtime.choice decides "auto"
@@ -106,7 +106,10 @@ class PrivacyConfig(Section):
     dp: str = key("none", "Differential privacy: local = DP-SGD on every client (Opacus, "
                   "record-level, protects each client's records from the server and everyone "
                   "else); central = DP-FedAvg on the server (client-level, protects clients "
-                  "from the users of the released model, not from the server).",
+                  "from the users of the released model, not from the server); distributed "
+                  "= each client adds its share of Skellam noise to its clipped, integer-"
+                  "encoded update inside SecAgg+ (client-level, protects clients from the "
+                  "server too, whatever cohorts it picks; Agarwal, Kairouz & Liu 2021).",
                   choices=DP_MODES)
     target_epsilon: float = key(0.0, "dp = local: the epsilon budget of each client for the "
                                 "whole run; the noise multiplier is derived from the planned "
@@ -119,7 +122,8 @@ class PrivacyConfig(Section):
                                   "target-epsilon = 0). dp = central: DP-FedAvg noise "
                                   "multiplier z (noise std = z * clipping-norm on the sum of "
                                   "clipped updates, which is divided by the expected number of "
-                                  "clients per round).", lo=0)
+                                  "clients per round). dp = distributed: the same z for the "
+                                  "sum of the honest clients' noise shares.", lo=0)
     max_grad_norm: float = key(1.0, "dp = local: per-sample gradient clipping norm C.", lo=0,
                                lo_open=True)
     delta: float = key(0.0, "Target delta. 0 = automatic: 1/(10 n) for a client with n "
@@ -170,8 +174,17 @@ class PrivacyConfig(Section):
                                 "client-side clipping is needed with secure aggregation) and "
                                 "whether the norm is fixed or adapts to the median update norm "
                                 "(Andrew et al. 2021).", choices=CENTRAL_CLIPPINGS)
-    clipping_norm: float = key(1.0, "dp = central: L2 norm S each client update is clipped to "
-                               "(the initial norm for adaptive clipping).", lo=0, lo_open=True)
+    clipping_norm: float = key(1.0, "dp = central or distributed: L2 norm S each client "
+                               "update is clipped to (the initial norm for adaptive "
+                               "clipping).", lo=0, lo_open=True)
+    distributed_bits: int = key(20, "dp = distributed: bits of the modular integer sum (each "
+                                "client's vector is reduced mod 2^bits; the scale is the "
+                                "largest at which the sum of a round's clients wraps around "
+                                "with probability 1e-4 per coordinate).", lo=8, hi=24)
+    distributed_colluding: int = key(0, "dp = distributed: clients assumed to collude with "
+                                     "the server (it can subtract their noise shares): "
+                                     "epsilon counts only the other clients' noise. Below "
+                                     "the clients per round.", lo=0)
     client_sampling: str = key("fixed", "dp = central: how each round's clients are chosen. "
                                "fixed: Flower's cohort of fraction-train x N clients (no "
                                "amplification claimed); poisson: each client independently "
@@ -220,6 +233,18 @@ class SecAggConfig(Section):
                              "there). The decrypting client enforces it (a host's node config "
                              "may raise it); a round with fewer signed updates is refused, "
                              "not decrypted.", lo=2, name="he-min-cohort")
+    contribution_record: bool = key(True, "Each client answers a model once, for one "
+                                    "cohort (a model is known by its digest and, within "
+                                    "contribution-radius, by a secret sketch), and trains "
+                                    "from secret randomness it keeps to answer the same "
+                                    "cohort again alike: an active server cannot difference "
+                                    "two sums that hold one update. Off: the same model may "
+                                    "be answered for any cohort (an attack study).",
+                                    name="contribution-record")
+    contribution_radius: float = key(1e-4, "How close (L2 distance over the model's norm) "
+                                     "a model may come to one a client answered and still "
+                                     "count as the same model.", lo=0, hi=1,
+                                     name="contribution-radius")
     max_weight: int = key(0, "SecAgg+: upper bound on a client's aggregation weight "
                           "(its number of examples; 1 under central DP). 0 = automatic: the "
                           "size of the training set, which bounds every client without "

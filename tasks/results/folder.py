@@ -88,6 +88,9 @@ def run_settings(cfg: RunConfig) -> list[tuple[str, str]]:
             if p.max_epsilon else ("", "")
         out.append((f"dp-central-z{p.noise_multiplier:g}{budget[0]}",
                     f"central DP z={p.noise_multiplier:g}{budget[1]}"))
+    elif p.dp == "distributed":
+        out.append((f"dp-distributed-z{p.noise_multiplier:g}",
+                    f"distributed DP z={p.noise_multiplier:g}"))
     if cfg.secagg.protocol != "off":
         name = "secagg" if cfg.secagg.protocol == "secagg+" else cfg.secagg.protocol
         out.append((name, "SecAgg+" if name == "secagg" else name.upper()))

@@ -93,7 +93,7 @@ def headline_epsilon(entry: Mapping[str, Any] | None) -> float | None:
     local DP-SGD -> the largest over clients; central DP -> the client-level epsilon."""
     if not entry:
         return None
-    if entry.get("mode") == "central":
+    if entry.get("mode") in ("central", "distributed"):
         return entry.get("epsilon")
     if entry.get("mode") == "local":
         return entry.get("epsilon-max")
