@@ -45,7 +45,7 @@ from tasks.encrypted_updates import cohort_of
 from tasks.encrypted_updates import from_record as signed_updates
 from tasks.training import evaluate, resolve_device
 
-from . import encrypted, secagg_guard
+from . import contributions, encrypted, secagg_guard
 from .anonymized import federated_cvae_release, federated_cvae_round
 from .host_config import flat_config, host_run_config
 from .local_dp import load_ledger
@@ -248,10 +248,13 @@ def secure_fit(msg: Message, context: Context) -> Message:
     old = parameters_to_ndarrays(fitins.parameters)
     server_round = int(fitins.config["server-round"])
     simulated = in_simulation()
-    secret_seed, rounding_seed = secagg_guard.claim(msg, context, client, old, server_round,
-                                                    simulated)
+    entry, rounding_seed = secagg_guard.claim(msg, context, client, old, fitins.config,
+                                              simulated)
+    secret_seed = None if entry is None else entry.seed
     state = {k: torch.from_numpy(np.array(a)) for k, a in zip(names, old, strict=True)}
     new_state, metrics = local_update(client, context, state, fitins.config, secret_seed)
+    if entry is not None:
+        contributions.ContributionRecord.check_replay(entry, new_state is None)
     update = as_update(new_state, old)
     if client.cfg.privacy.dp == "distributed":
         # the clipped, integer-encoded update plus this client's noise share, weight 1 (a

@@ -33,11 +33,13 @@ without a signed roster the server can fabricate neighbours.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Context
 
+from tasks.config import validate
 from tasks.messages import STATE_DIR
 
 RECORD = "fedpriv.contributions"  # Context.state record (simulation, or no state-dir)
@@ -67,6 +70,20 @@ class Entry:
     seed: int
     revealed: list[int] | None = None  # SecAgg+: the survivors named at the unmask stage
     rounds: list[int] = field(default_factory=list)
+    context: str = ""  # the digest of the training's other inputs (request_context)
+
+
+def request_context(round_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> str:
+    """The digest of everything but the model a client's update depends on: the round's
+    config (its round number, proximal term, clipping norm...) and the run's sections
+    that shape training (not where results go)."""
+    cfg = validate(dict(run_config))
+    shaping = {name: asdict(getattr(cfg, name)) for name in
+               ("data", "federation", "privacy", "secagg", "embeddings", "training",
+                "anonymization", "leakage")}
+    text = json.dumps({"round": {str(k): str(v) for k, v in round_config.items()},
+                       "run": shaping}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def model_digest(arrays: Iterable[np.ndarray]) -> str:
@@ -119,30 +136,53 @@ class ContributionRecord:
     # ---------------------------------------------------------------- the rule
 
     def claim(self, arrays: list[np.ndarray], cohort: Iterable[int], protocol: str,
-              server_round: int, new_seed: int | None = None) -> Entry:
+              server_round: int, context: str = "", new_seed: int | None = None) -> Entry:
         """The entry under which this client may answer ``arrays`` for ``cohort`` (its
-        seed is the training's): a new one, or the same cohort's again; refuse otherwise.
-        A new entry's seed is ``new_seed`` (simulation: the run's public seed for the
-        round, so a simulated run stays reproducible) or fresh secret randomness."""
+        seed is the training's): a new one, or exactly the same request again (the same
+        model, cohort, protocol and ``context``, the digest of every other input of the
+        training: the round's config and the run's); refuse otherwise, and always for a
+        model only within the radius of one answered (a near model is never replayed:
+        its update would differ). A new entry's seed is ``new_seed`` (simulation: the
+        run's public seed for the round, so a simulated run stays reproducible) or fresh
+        secret randomness."""
         cohort = sorted({int(c) for c in cohort})
         entry, digest, sk, norm = self.find(arrays)
         if entry is None:
             entry = Entry(digest, [float(v) for v in sk], norm, protocol, cohort,
-                          secrets.randbits(62) if new_seed is None else int(new_seed))
+                          secrets.randbits(62) if new_seed is None else int(new_seed),
+                          context=context)
             self.entries.append(entry)
         else:
             allowed = entry.revealed if entry.revealed is not None else entry.cohort
-            if entry.protocol != protocol or cohort != allowed:
-                same = "this model" if entry.digest == digest else \
-                    f"a model within {self.radius:g} (relative L2) of this one"
+            why = None
+            if entry.digest != digest:
+                why = (f"a model within {self.radius:g} (relative L2) of this one, for the "
+                       f"cohort {allowed}; a near model is never answered again")
+            elif entry.protocol != protocol or cohort != allowed:
+                why = f"this model for the cohort {allowed} under {entry.protocol}"
+            elif entry.context != context:
+                why = ("this model for this cohort, with other round or run settings (a "
+                       "replay answers only the identical request, so that it sends the "
+                       "identical update)")
+            if why is not None:
                 raise ContributionRefused(
-                    f"this client already answered {same} (round(s) {entry.rounds}) for "
-                    f"the cohort {allowed} under {entry.protocol}; it answers a model once, "
-                    f"for one cohort, so that no two sums differ by its update. Asked again "
-                    f"for {cohort} in round {server_round} under {protocol}: refused, "
-                    "nothing trained.")
+                    f"this client already answered {why} (round(s) {entry.rounds}); it "
+                    "answers a model once, for one cohort, so that no two sums differ by "
+                    f"its update. Asked again for {cohort} in round {server_round} under "
+                    f"{protocol}: refused, nothing trained.")
         entry.rounds.append(int(server_round))
         return entry
+
+    @staticmethod
+    def check_replay(entry: Entry, declined: bool) -> None:
+        """A replay must send what the first answer sent: a client that trained then and
+        would decline now (its DP budget spent since) refuses instead, or the two sums
+        would differ by its update."""
+        if declined and len(entry.rounds) > 1:
+            raise ContributionRefused(
+                "this client answered this request before with an update and would now "
+                "decline (its budget or screen): it refuses, so that the two sums do not "
+                "differ by its update")
 
     def reveal(self, entry_digest: str, survivors: Iterable[int]) -> None:
         """SecAgg+'s unmask stage: the server names the survivors whose masks it will
@@ -237,11 +277,43 @@ def save(context: Context, record: ContributionRecord, simulated: bool) -> None:
     if path is None:
         context.state[RECORD] = ConfigRecord({"json": text})
         return
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a secret
+    _private_folder(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # it holds a secret: a new file of this user's only, never through a planted link
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(text.encode())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _private_folder(folder: Path) -> None:
+    """The record's folder, made this user's only (0700)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.is_symlink():
+        raise ContributionRefused(f"the contribution record's folder {folder} is a symbolic "
+                                  "link; give the node a state-dir of its own")
+    os.chmod(folder, 0o700)
+
+
+@contextmanager
+def held(context: Context, radius: float, simulated: bool) -> Iterator[ContributionRecord]:
+    """The record, loaded under an exclusive lock (two runs on one SuperNode cannot both
+    claim a model) and saved when the block ends without an error."""
+    path = record_path(context.node_config, simulated)
+    if path is None:
+        record = load(context, radius, simulated)
+        yield record
+        save(context, record, simulated)
+        return
+    _private_folder(path.parent)
+    fd = os.open(path.with_name(path.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        record = load(context, radius, simulated)
+        yield record
+        save(context, record, simulated)
+    finally:
+        os.close(fd)  # releases the lock

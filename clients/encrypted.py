@@ -156,13 +156,16 @@ def encrypted_update(client: Client, context: Context, arrays: Mapping[str, Any]
     state = {k: v for k, v in arrays.items()}
     secret_seed = None
     if guard:
-        record = contributions.load(context, radius, simulated)
-        entry = record.claim([v.numpy() for v in state.values()], declared, "he",
-                             server_round, client.round_seed(server_round)
-                             if simulated and not client.cfg.privacy.secure_rng else None)
-        contributions.save(context, record, simulated)  # before anything leaves the client
+        with contributions.held(context, radius, simulated) as record:  # saved before training
+            entry = record.claim([v.numpy() for v in state.values()], declared, "he",
+                                 server_round,
+                                 contributions.request_context(config, context.run_config),
+                                 client.round_seed(server_round)
+                                 if simulated and not client.cfg.privacy.secure_rng else None)
         secret_seed = entry.seed
     new_state, metrics = local_update(client, context, state, config, secret_seed)
+    if guard:
+        contributions.ContributionRecord.check_replay(entry, new_state is None)
     if new_state is None:  # declined: a signed statement with no ciphertexts, so that the
         # round's decryptor can tell a decline (nothing in the sum) from a dropped update
         return [], cohort.sign(bytes(_keys(context)["signing-private"]), cohort.statement(
@@ -188,7 +191,9 @@ def decrypt_sum(client: Client, context: Context, server_round: int,
         _next_round(context, "last-decrypted", server_round)  # refuses
     cohort.check_cohort(updates, roster(context), run_name(context), server_round,
                         client.partition_id, min_cohort(client, context), declared,
-                        exact=contributions.settings(
+                        # exact whenever the senders signed a cohort (they may keep a
+                        # record even when this host does not), or this host keeps one
+                        exact=bool(declared) or contributions.settings(
                             client.cfg.secagg.contribution_record,
                             client.cfg.secagg.contribution_radius, context.node_config,
                             simulated)[0])

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from privacy.dp.dpfedavg import default_central_delta
 from privacy.dp.neighbours import D_PRIME, Claim, Mechanism, NeighbourReport, test_mechanism
 from privacy.registry import Registry
 from tasks.config import ConfigError, RunConfig
@@ -116,6 +117,14 @@ MECHANISMS.register("secagg", "experiments.neighbour_mechanisms:secagg_dpfedavg"
 MECHANISMS.register("central", "experiments.neighbour_mechanisms:central_dpfedavg",
                     help="DP-FedAvg on the server (dp = central): k - 1 vs k clients",
                     claims=_central_claim)
+def _distributed_claim(cfg: RunConfig) -> str | None:
+    return None if cfg.privacy.dp == "distributed" else \
+        f"dp = {cfg.privacy.dp!r}, not 'distributed'"
+
+
+MECHANISMS.register("distributed", "experiments.neighbour_mechanisms:distributed_skellam",
+                    help="distributed DP (dp = distributed): Skellam shares in the SecAgg+ "
+                         "sum, one client's update present vs zeroed", claims=_distributed_claim)
 MECHANISMS.register("cvae", "experiments.neighbour_mechanisms:cvae_dpsgd",
                     help="the CVAE anonymizer's DP-SGD (anonymizer = cvae, cvae-epsilon > 0): "
                          "n vs n + 1 records", claims=_cvae_claim)
@@ -435,6 +444,42 @@ def central_dpfedavg(cfg: RunConfig, records: int | None = None, *,
 def secagg_dpfedavg(cfg: RunConfig, records: int | None = None) -> NeighbourSetup:
     """Central DP-FedAvg as the server runs it under SecAgg+."""
     return _central(cfg, records, secagg=True)
+
+
+def distributed_skellam(cfg: RunConfig, records: int | None = None) -> NeighbourSetup:
+    """Distributed DP as the clients and the server run it (each client's
+    ``client_vector``, their modular sum, the server's ``server_sum``, FedAvg's division),
+    for a round of the configured clients; zero-out neighbours: one client's update (10 C
+    on one coordinate, clipped to C) present or zeroed, its noise share there either way."""
+    from privacy.dp.distributed import NEIGHBOURS, client_vector, server_sum
+    from tasks.distributed_dp import plan_for
+
+    shapes = _shapes(cfg)
+    dim = sum(int(np.prod(s)) for s in shapes)
+    try:
+        plan = plan_for(cfg, dim)
+    except ValueError as exc:
+        raise ConfigError(f"dp = 'distributed': {exc}") from None
+    if records is not None and records != plan.cohort:
+        raise ConfigError(f"--records {records}: distributed DP's records are the clients "
+                          f"of a round ({plan.cohort} here); leave --records out.")
+    others, extra = _client_updates(dim, plan.cohort - 1, plan.clip, cfg.training.seed)
+
+    def run(which: str, seed: int) -> dict[str, Any]:
+        rng = np.random.default_rng([seed, 0xD5])
+        first = extra if which == "D" else np.zeros(dim)
+        total = sum(client_vector(u, plan, seed, rng) for u in [first, *others])
+        return {"update": server_sum(total, plan, seed) / plan.cohort}
+
+    delta = cfg.privacy.delta or default_central_delta(cfg.federation.num_clients)
+    claim = Claim(plan.epsilon([plan.cohort], delta), delta, NEIGHBOURS,
+                  "DistributedPlan.epsilon, one round")
+    name = (f"distributed DP (Skellam in SecAgg+): noise multiplier {plan.noise_multiplier:g}, "
+            f"clipping {plan.clip:g}, {plan.bits} bits, {plan.cohort} clients, {dim} "
+            "parameters")
+    neighbours = (f"{plan.cohort - 1} clients' fixed updates plus one whose update is 10 C on "
+                  "one coordinate (clipped to C), or zero (zero-out)")
+    return NeighbourSetup(run, claim, name, neighbours)
 
 
 # ---------------------------------------------------------------------- the CVAE

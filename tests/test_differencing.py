@@ -148,15 +148,22 @@ def test_he_differencing_over_restarts(_task_identity, tmp_path, record):  # noq
 # ---------------------------------------------------------------- SecAgg+
 
 
-def _secagg_rounds(record: bool) -> tuple[dict, RoundLog, ArrayRecord, object]:
+def _secagg_server(record: bool, values: dict, max_weight: float
+                   ) -> tuple[SecAggProtocol, object]:
+    """A SecAgg+ server (Flower's workflow, fedpriv's protocol) over 3 in-process
+    SuperNodes whose hosts keep the record or not."""
     cfg = validate({"num-clients": 3, "fraction-train": 1.0, "secure-aggregation": "secagg+",
-                    "batch-size": 64, "run-dir": "/tmp/fedpriv-secagg-attack"})
+                    "batch-size": 64, "run-dir": "/tmp/fedpriv-secagg-attack", **values})
     grid = InProcessGrid(cfg, node_config=lambda p: _host(record))
     fed = FederationGrid(grid, grid.partition_of)
     server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                      run_config=cfg.flat())
-    protocol = SecAggProtocol.for_run(cfg, fed, fed.partition_of, context=server,
-                                      max_weight=4000.0)
+    return SecAggProtocol.for_run(cfg, fed, fed.partition_of, context=server,
+                                  max_weight=max_weight), cfg
+
+
+def _secagg_rounds(record: bool) -> tuple[dict, RoundLog, ArrayRecord, object]:
+    protocol, cfg = _secagg_server(record, {}, 4000.0)
     arrays = _initial(cfg)
     got, logs = {}, {}
     for r, members in enumerate(COHORTS, start=1):
@@ -198,17 +205,28 @@ def _model(seed: int = 0) -> list[np.ndarray]:
 def test_the_same_cohort_is_answered_again_alike_and_another_refused():
     record = ContributionRecord.new(radius=1e-4)
     model = _model()
-    first = record.claim(model, [2, 1], "he", 1)
-    again = record.claim(model, [1, 2], "he", 2)  # a redone round: same secret seed
-    assert again is first and first.seed == again.seed and first.rounds == [1, 2]
+    first = record.claim(model, [2, 1], "he", 1, "round-1 settings")
+    again = record.claim(model, [1, 2], "he", 1, "round-1 settings")  # a redone round
+    assert again is first and first.seed == again.seed and first.rounds == [1, 1]
+    # the same cohort with any other input (round number, proximal term, clip...): the
+    # retrained update would differ, so it is refused
+    with pytest.raises(ContributionRefused, match="other round or run settings"):
+        record.claim(model, [1, 2], "he", 2, "round-2 settings")
+    # a replay that would now decline (budget spent since) refuses instead
+    with pytest.raises(ContributionRefused, match="would now decline"):
+        ContributionRecord.check_replay(again, declined=True)
+    ContributionRecord.check_replay(ContributionRecord.new(1e-4).claim(model, [1], "he", 1),
+                                    declined=True)  # a first answer may decline
     with pytest.raises(ContributionRefused, match="for the cohort \\[1, 2\\]"):
         record.claim(model, [1, 3], "he", 3)
     with pytest.raises(ContributionRefused):  # the same model under the other protocol
         record.claim(model, [1, 2], "secagg+", 3)
-    # a model within the radius is the same model
+    # a model within the radius is the same model, and never answered again (not even
+    # for the same cohort: its update would differ from the first)
     near = [a * (1 + 3e-5) for a in model]
-    with pytest.raises(ContributionRefused, match="within 0.0001"):
-        record.claim(near, [1, 3], "he", 4)
+    for cohort in ([1, 3], [1, 2]):
+        with pytest.raises(ContributionRefused, match="within 0.0001"):
+            record.claim(near, cohort, "he", 4, "round-1 settings")
     # what remains (docs/PRIVACY.md): a model moved beyond the radius is a new model
     far = [a * (1 + 3e-3) for a in model]
     assert record.claim(far, [1, 3], "he", 5).seed != first.seed
@@ -226,7 +244,7 @@ def test_an_update_is_unmasked_in_one_sum_of_survivors_only():
         record.reveal(entry.digest, [1, 2, 3])
     with pytest.raises(ContributionRefused, match="for the cohort \\[1, 2\\]"):
         record.claim(_model(), [1, 2, 3], "secagg+", 2)  # the whole cohort again: no
-    assert record.claim(_model(), [1, 2], "secagg+", 2) is entry  # the survivors again
+    assert record.claim(_model(), [1, 2], "secagg+", 1) is entry  # the survivors again
     with pytest.raises(ContributionRefused, match="not all in the cohort"):
         record.reveal(entry.digest, [1, 4])
 
@@ -245,12 +263,19 @@ def test_the_secagg_client_refuses_split_thresholds_and_its_own_drop():
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(),
                       run_config=cfg.flat())
     with pytest.raises(ContributionRefused, match="2 \\* threshold > num-shares"):
-        secagg_guard.check(_secagg_message(Stage.SETUP, **{Key.SHARE_NUMBER: 4,
-                                                           Key.THRESHOLD: 2}),
-                           context, simulated=True)
+        secagg_guard.check(_secagg_message(Stage.SETUP, **{
+            Key.SHARE_NUMBER: 4, Key.THRESHOLD: 2,
+            **secagg_guard.expected_quantization(cfg)}), context, simulated=True)
+    quantization = secagg_guard.expected_quantization(cfg)
     secagg_guard.check(_secagg_message(Stage.SETUP, **{Key.SHARE_NUMBER: 3,
-                                                       Key.THRESHOLD: 2}),
+                                                       Key.THRESHOLD: 2, **quantization}),
                        context, simulated=True)
+    # one client given a finer grid than the others: its digits would stand apart
+    finer = {**quantization, Key.TARGET_RANGE: quantization[Key.TARGET_RANGE] * 1024}
+    with pytest.raises(ContributionRefused, match="every client must quantize alike"):
+        secagg_guard.check(_secagg_message(Stage.SETUP, **{Key.SHARE_NUMBER: 3,
+                                                           Key.THRESHOLD: 2, **finer}),
+                           context, simulated=True)
     context.state[RECORD_KEY_STATE] = ConfigRecord({"nid": 7})
     for active, dead, why in (([8, 9], [7], "names this client dropped"),
                               ([7, 8], [8], "both alive and dropped")):
@@ -261,8 +286,9 @@ def test_the_secagg_client_refuses_split_thresholds_and_its_own_drop():
     off = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(),
                   run_config=validate({"secure-aggregation": "secagg+",
                                        "contribution-record": False}).flat())
-    secagg_guard.check(_secagg_message(Stage.SETUP, **{Key.SHARE_NUMBER: 4,
-                                                       Key.THRESHOLD: 2}), off, simulated=True)
+    secagg_guard.check(_secagg_message(Stage.SETUP, **{
+        Key.SHARE_NUMBER: 4, Key.THRESHOLD: 2, **secagg_guard.expected_quantization(cfg)}),
+        off, simulated=True)
 
 
 def test_on_a_real_supernode_the_host_not_the_operator_decides():
@@ -284,14 +310,7 @@ def test_on_a_real_supernode_the_host_not_the_operator_decides():
 def _secagg_restart(members: tuple[int, ...], model: ArrayRecord, values: dict) -> list:
     """Round 1 of a fresh start of a SecAgg+ run on hosts whose record is off: the
     server gets the sum of ``members``' (noisy) contributions."""
-    cfg = validate({"num-clients": 3, "fraction-train": 1.0, "secure-aggregation": "secagg+",
-                    "batch-size": 64, "run-dir": "/tmp/fedpriv-secagg-ddp", **values})
-    grid = InProcessGrid(cfg, node_config=lambda p: _host(False))
-    fed = FederationGrid(grid, grid.partition_of)
-    server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                     run_config=cfg.flat())
-    protocol = SecAggProtocol.for_run(cfg, fed, fed.partition_of, context=server,
-                                      max_weight=1.0)
+    protocol, _ = _secagg_server(False, values, 1.0)
     config = {"server-round": 1, "local-epochs": 1}
     chosen = ([NODE_ID_BASE + p for p in members], config)
     with mock.patch.object(protocol, "configure", lambda sr: chosen):

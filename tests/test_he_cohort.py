@@ -44,6 +44,14 @@ class Attacker:
         self.arrays = ArrayRecord(model_for(self.cfg)[0].state_dict())
         self.length = sum(a.size for a in self.arrays.to_numpy_ndarrays())
 
+    def other_model(self, seed: int) -> ArrayRecord:
+        """Another model than ``self.arrays`` (a later round's): the contribution record
+        answers a model only once."""
+        import torch
+
+        torch.manual_seed(seed)
+        return ArrayRecord(model_for(self.cfg)[0].state_dict())
+
     def send(self, pid: int, action: str, content: RecordDict) -> Message:
         (reply,) = self.grid.send_and_receive([Message(
             content, message_type=action, dst_node_id=NODE_ID_BASE + pid)])
@@ -102,7 +110,8 @@ def test_a_lone_update_is_decrypted_without_the_check_and_refused_with_it(attack
     weight = leaked.content.array_records["arrays"]["sum"].numpy()[-1]
     assert abs(weight - round(weight)) < 1e-6 and 1000 < weight < 1500  # one client's count
     assert np.abs(_update_of(leaked)).max() > 0  # client 1's update, in the clear
-    lone2 = [_signed_update(attacker.train(1, 2, decryptor=0), 1)]
+    lone2 = [_signed_update(attacker.train(1, 2, decryptor=0, arrays=attacker.other_model(2)),
+                            1)]
     _refused(lambda: attacker.decrypt(0, 2, lone2), "minimum cohort is 2")
 
 
@@ -150,7 +159,8 @@ def test_one_decryption_and_one_update_per_round(attacker):
     # a second decryptor for the same round: the updates name client 0 only
     _refused(lambda: attacker.decrypt(2, 1, ups[:2]), "another decryptor")
     # round 1's updates replayed as round 2's, beside a fresh one
-    fresh = _signed_update(attacker.train(2, 2, decryptor=0), 2)
+    fresh = _signed_update(attacker.train(2, 2, decryptor=0, arrays=attacker.other_model(2)),
+                           2)
     _refused(lambda: attacker.decrypt(0, 2, [*ups[:2], fresh]), "replayed from another round")
 
 
@@ -225,3 +235,15 @@ def test_a_client_that_declines_signs_it_and_the_rest_of_the_cohort_is_decrypted
     assert result.log.refused is None and result.arrays is not None
     assert [c["partition-id"] for c in result.log.skipped] == [2]
     assert [c["partition-id"] for c in result.log.clients] == [0, 1]
+
+
+def test_a_decryptor_whose_host_keeps_no_record_still_decrypts_only_whole_cohorts(
+        _task_identity):  # noqa: F811
+    """The senders signed the whole cohort (their hosts keep a record): a decryptor whose
+    own host turned its record off still refuses a part of it, or a server could decrypt
+    {0, 1, 2} now and {0, 1} after a replay, and subtract."""
+    attacker = Attacker(node_config=lambda p: {"contribution-record": "false"} if p == 0
+                        else {})
+    ups = [_signed_update(attacker.train(p, 1, decryptor=0), p) for p in range(3)]
+    _refused(lambda: attacker.decrypt(0, 1, ups[:2]), "not the whole cohort")
+    assert not attacker.decrypt(0, 1, ups).has_error()

@@ -381,6 +381,10 @@ class DistributedPlan:
         """The plan, or ValueError saying what does not fit (the bits, the collusion)."""
         _positive(clip=clip, noise_multiplier=noise_multiplier)
         honest = _shares(cohort, colluding)
+        if int(cohort).bit_length() > 32 - int(bits):
+            raise ValueError(f"{cohort} clients x 2^{bits} does not stay below 2^32, the "
+                             "modulus SecAgg+ sums in: use at most "
+                             f"{32 - int(cohort).bit_length()} bits.")
         padded = padded_dim(dim)
         sigma = noise_multiplier * clip  # the total noise std on the sum, update units
         # a hair under the heuristic's largest scale, which leaves out the rounding's

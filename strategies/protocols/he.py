@@ -158,13 +158,16 @@ class HEProtocol:
         nodes = cohort(aggregation, self.partition_of, self.cfg.training.seed, server_round,
                        self.per_round)
         log.sampled = sorted(self.partition_of[n] for n in nodes)
-        self._declared = list(log.sampled)
+        # the cohort the clients sign and the decryptor decrypts only whole (with the
+        # contribution record; without it, none is declared and a part may be decrypted)
+        self._declared = list(log.sampled) if self.cfg.secagg.contribution_record else []
         if len(nodes) < self.min_cohort:
             log.refused = (f"only {len(nodes)} client(s) to sample, fewer than he-min-cohort "
                            f"= {self.min_cohort}: nothing trained or decrypted")
             return None
         decryptor = log.sampled[0]
-        config = ConfigRecord({**config, "he-decryptor": decryptor, "he-cohort": log.sampled})
+        config = ConfigRecord({**config, "he-decryptor": decryptor,
+                               "he-cohort": self._declared})
         out = [Message(RecordDict({"arrays": arrays, "config": config}),
                        message_type=messages.HE_FIT, dst_node_id=n) for n in nodes]
         chunks = ckks.num_chunks(sum(int(np.prod(a.shape)) for a in arrays.values()))

@@ -142,10 +142,10 @@ def _distributed_checks(cfg: RunConfig) -> list[str]:
         errors.append("client-sampling = 'poisson' with dp = 'distributed': no amplification "
                       "is claimed against a server that picks the cohorts. Use "
                       "client-sampling = 'fixed'.")
-    if 32 - p.distributed_bits < (cohort - 1).bit_length():
+    if cohort.bit_length() > 32 - p.distributed_bits:  # cohort * 2^bits < 2^32
         errors.append(f"distributed-bits = {p.distributed_bits} with {cohort} clients a round: "
                       "SecAgg+ sums in 32 bits, so clients x 2^bits must stay below 2^32. Use "
-                      f"at most {32 - (cohort - 1).bit_length()} bits.")
+                      f"at most {32 - cohort.bit_length()} bits.")
     return errors
 
 
