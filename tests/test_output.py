@@ -98,7 +98,9 @@ def test_a_childs_relayed_bar_is_drawn_by_the_cli_and_not_printed(tmp_path):
         print("exit", code)
     """)
     out = _on_a_pty(parent, env={"PYTHONPATH": str(REPO)})
-    assert "training the thing" in out and re.search(r"eta 0:00:0\d", out), out
+    # the bar as rich draws it (under load the last relayed state may still be 0/4, whose
+    # ETA is unknown: -:--:--)
+    assert "training the thing" in out and re.search(r"\d/4 .*eta (0:00:0\d|-:--:--)", out), out
     assert "after the bar" in out and "exit 0" in out
     assert "[fedpriv-progress]" not in out  # drawn, not printed
     log = (tmp_path / "flwr.log").read_text()
