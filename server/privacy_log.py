@@ -84,12 +84,21 @@ class DistributedLedger:
         self.delta = cfg.privacy.delta or default_central_delta(num_clients)
         self.shares: dict[int, list[int]] = {}
         self.epsilon: dict[int, float] = {}
+        self._known: dict[tuple[int, ...], float] = {}  # epsilon by a history's multiset
+
+    def _epsilon(self, shares: list[int]) -> float:
+        """A history's epsilon, computed once per distinct history (the clients of a
+        round mostly share theirs; the composition does not depend on the order)."""
+        key = tuple(sorted(shares))
+        if key not in self._known:
+            self._known[key] = self.plan.epsilon(list(key), self.delta)
+        return self._known[key]
 
     def add(self, log: RoundLog) -> None:
         members = [c["partition-id"] for c in [*log.clients, *log.skipped]]
         for pid in members:
             self.shares.setdefault(pid, []).append(len(members))
-            self.epsilon[pid] = self.plan.epsilon(self.shares[pid], self.delta)
+            self.epsilon[pid] = self._epsilon(self.shares[pid])
 
     def describe(self) -> dict[str, Any]:
         spent = [self.epsilon.get(p, 0.0) for p in range(self.num_clients)]
@@ -106,7 +115,7 @@ class DistributedLedger:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.shares = {int(p): [int(n) for n in v] for p, v in state.items()}
-        self.epsilon = {p: self.plan.epsilon(v, self.delta) for p, v in self.shares.items()}
+        self.epsilon = {p: self._epsilon(v) for p, v in self.shares.items()}
 
 
 class PrivacyLog:

@@ -336,3 +336,27 @@ def test_under_distributed_dp_the_difference_is_noise_as_predicted(_task_identit
     error = np.linalg.norm(estimate - truth)
     assert abs(error / predicted - 1) < 0.05, (error, predicted)
     assert abs(_cosine(estimate, truth)) < 0.05
+
+
+def test_a_distributed_dp_run_records_the_epsilon_of_its_sums(tmp_path, _task_identity):  # noqa: F811
+    """A whole run (the ServerApp, SecAgg+ over in-process nodes, 2 rounds, 3 clients):
+    the ledger's epsilon is the Skellam closed form composed over the rounds each client
+    took part in, computed here from the plan's published numbers, not by the ledger."""
+    from privacy.dp import distributed as dd
+    from server.app import run_one
+    from tasks.results.ledger import read_ledger
+
+    cfg = validate({"num-clients": 3, "num-server-rounds": 2, "secure-aggregation": "secagg+",
+                    "dp": "distributed", "noise-multiplier": 2.0, "model": "linear",
+                    "save-model": False, "run-dir": str(tmp_path / "run")})
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=cfg.flat())
+    run_one(InProcessGrid(cfg, simulated=True), context, cfg)
+    ledger = read_ledger(tmp_path / "run")
+    assert [r.round for r in ledger] == [1, 2]
+    privacy = ledger[-1].privacy
+    assert privacy["mode"] == "distributed" and privacy["rounds-max"] == 2
+    want = dd.skellam_epsilon(privacy["sensitivity-l2"], privacy["sensitivity-l1"],
+                              privacy["local-variance"], 3, 2, privacy["delta"])[0]
+    assert privacy["epsilon-max"] == pytest.approx(want, rel=1e-9)
+    assert ledger[0].privacy["epsilon-max"] < privacy["epsilon-max"]
