@@ -380,11 +380,13 @@ def he_decrypt(msg: Message, context: Context) -> Message:
 
 @handles(messages.EVALUATE)
 def evaluate_local(msg: Message, context: Context) -> Message:
-    """Evaluate the global model on this client's own data (a personalization view)."""
+    """Evaluate the global model on this client's own data (a personalization view): its
+    own test split where the dataset has one (natural clients), else its training rows."""
     client = Client.of(context)
     model = client.model(msg.content["arrays"].to_torch_state_dict())
     cfg = client.cfg
-    loss, acc = evaluate(model, client.features(client.data.x), client.data.y,
+    data = client.evaluation_data()
+    loss, acc = evaluate(model, client.features(data.x), data.y,
                          cfg.training.eval_batch_size, resolve_device(cfg.resources.device))
-    return _reply(msg, {"num-examples": len(client.data), "partition-id": client.partition_id,
+    return _reply(msg, {"num-examples": len(data), "partition-id": client.partition_id,
                         "eval-loss": loss, "eval-accuracy": acc})

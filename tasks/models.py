@@ -134,6 +134,45 @@ def resnet18_gn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return model
 
 
+class CharRNN(nn.Module):
+    """A next-character model: an embedding, a stack of LSTM or GRU layers, and a linear
+    layer on the last step's output. LEAF's Shakespeare baseline (Caldas et al. 2018) is
+    an 8-dimensional embedding and two LSTM layers of 256. Opacus trains it with DP-SGD
+    through its DPLSTM/DPGRU (:func:`privacy.dp.dpsgd.make_private` swaps them in)."""
+
+    def __init__(self, vocab: int, embed: int, hidden: int, layers: int, cell: str) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](embed, hidden, layers,
+                                                          batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embedding(x))
+        return self.head(out[:, -1])
+
+
+def _text_shape(name: str, input_shape: tuple[int, ...]) -> int:
+    if len(input_shape) != 1:
+        raise ConfigError(f"model {name!r} reads sequences of token ids, but the dataset gives "
+                          f"inputs of shape {input_shape}. Use it with dataset = 'shakespeare'.")
+    return input_shape[0]
+
+
+def char_lstm(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+              ) -> nn.Module:
+    """LEAF's Shakespeare model: embedding 8, two LSTM layers of 256 (about 820k weights)."""
+    _text_shape("char-lstm", input_shape)
+    return CharRNN(num_classes, 8, 256, 2, "lstm")
+
+
+def char_gru(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = ()
+             ) -> nn.Module:
+    """A small next-character model for 2 cores: embedding 8, one GRU layer of 128."""
+    _text_shape("char-gru", input_shape)
+    return CharRNN(num_classes, 8, 128, 1, "gru")
+
+
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
         raise ConfigError(
@@ -189,15 +228,16 @@ def resnet18_trunk(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return net
 
 
-def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
-    """Turn 'auto' into a concrete model for the input shape."""
-    return auto_model(input_shape) if name == "auto" else name
+def resolve_model_name(name: str, input_shape: tuple[int, ...], kind: str = "image") -> str:
+    """Turn 'auto' into a concrete model for the input shape and kind of data."""
+    return auto_model(input_shape, kind) if name == "auto" else name
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
-                hidden: tuple[int, ...] = (200, 200)) -> nn.Module:
+                hidden: tuple[int, ...] = (200, 200), kind: str = "image") -> nn.Module:
     """Build a registered model (or 'auto') for inputs of ``input_shape`` (no batch dim)."""
-    return MODELS.load(resolve_model_name(name, input_shape))(input_shape, num_classes, hidden)
+    return MODELS.load(resolve_model_name(name, input_shape, kind))(input_shape, num_classes,
+                                                                     hidden)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -29,11 +29,16 @@ def _flwr_partitioners() -> Any:
     return partitioner
 
 
-def _labels_dataset(labels: np.ndarray, seed: int | None):
+def _labels_dataset(labels: np.ndarray, seed: int | None, clients: np.ndarray | None = None):
     import datasets  # see _flwr_partitioners
 
     datasets.disable_progress_bars()
-    ds = datasets.Dataset.from_dict({"label": labels, "index": np.arange(len(labels))})
+    columns = {"label": labels, "index": np.arange(len(labels))}
+    if clients is not None:
+        keep = clients >= 0
+        columns = {"label": labels[keep], "index": np.flatnonzero(keep),
+                   "client": clients[keep]}
+    ds = datasets.Dataset.from_dict(columns)
     if seed is not None:
         # IidPartitioner splits contiguously; shuffle first so class-sorted data mixes.
         ds = ds.shuffle(seed=seed).flatten_indices()
@@ -82,6 +87,37 @@ def pathological(num_partitions: int, a: PartitionArgs) -> Any:
         class_assignment_mode="first-deterministic", shuffle=True, seed=a.seed)
 
 
+def natural(num_partitions: int, a: PartitionArgs) -> Any:
+    """flwr-datasets' ``NaturalIdPartitioner`` on the column naming each row's client,
+    with its grouping of rows vectorized (flwr-datasets walks every row in Python)."""
+    base = _flwr_partitioners().NaturalIdPartitioner
+
+    class Natural(base):  # type: ignore[misc, valid-type]
+        def _create_partition_id_to_indices(self) -> None:
+            ids = np.asarray(self.dataset[self._partition_by])
+            order = np.argsort(ids, kind="stable")
+            values, starts = np.unique(ids[order], return_index=True)
+            bounds = [*starts[1:], len(ids)]
+            self._partition_id_to_indices = {
+                self._natural_id_to_partition_id[v]: order[a:b]
+                for v, a, b in zip(values.tolist(), starts, bounds, strict=True)}
+
+    return Natural(partition_by="client")
+
+
+def natural_clients(num_ids: int, num_partitions: int, seed: int) -> np.ndarray:
+    """Which of a dataset's own clients take part, in partition order: all of them when
+    ``num_partitions`` equals their number, else a seeded sample (LEAF's user sampling)."""
+    if num_partitions > num_ids:
+        raise ConfigError(
+            f"num-clients = {num_partitions}, but the dataset has only {num_ids:,} clients of "
+            f"its own (partitioner = 'natural'). Use num-clients = {num_ids} for all of them, "
+            "or fewer for a seeded sample.")
+    if num_partitions == num_ids:
+        return np.arange(num_ids)
+    return np.sort(np.random.default_rng(seed).permutation(num_ids)[:num_partitions])
+
+
 def _check_feasible(scheme: str, n: int, num_partitions: int, num_classes: int,
                     shards_per_client: int, classes_per_client: int) -> None:
     if num_partitions > n:
@@ -102,13 +138,24 @@ def _check_feasible(scheme: str, n: int, num_partitions: int, num_classes: int,
 
 
 def partition_indices(labels: np.ndarray, num_partitions: int, args: PartitionArgs, *,
-                      num_classes: int) -> list[np.ndarray]:
-    """Return, for each client, the indices of its training examples."""
+                      num_classes: int, clients: np.ndarray | None = None,
+                      num_ids: int = 0) -> list[np.ndarray]:
+    """Return, for each client, the indices of its training examples. ``clients`` names
+    each row's own client (of ``num_ids``) for the natural partitioner."""
     labels = np.asarray(labels)
     _check_feasible(args.scheme, len(labels), num_partitions, num_classes,
                     args.shards_per_client, args.classes_per_client)
     part = PARTITIONERS.load(args.scheme)(num_partitions, args)
-    part.dataset = _labels_dataset(labels, args.seed if args.scheme == "iid" else None)
+    ranks = None
+    if args.scheme == "natural":
+        if clients is None:
+            raise ConfigError("partitioner = 'natural' needs a dataset whose rows name their "
+                              "client (shakespeare); use iid, dirichlet, shard or pathological.")
+        chosen = natural_clients(num_ids, num_partitions, args.seed)
+        rank = np.full(num_ids, -1, dtype=np.int64)
+        rank[chosen] = np.arange(len(chosen))
+        ranks = rank[clients]
+    part.dataset = _labels_dataset(labels, args.seed if args.scheme == "iid" else None, ranks)
     try:
         with warnings.catch_warnings():
             # Failed Dirichlet attempts are retried (and a final failure is reported below);
@@ -134,21 +181,25 @@ def partition_indices(labels: np.ndarray, num_partitions: int, args: PartitionAr
 
 @functools.lru_cache(maxsize=4)
 def cached_partitions(labels: LabelsKey, num_classes: int, num_partitions: int,
-                      args: PartitionArgs) -> tuple[np.ndarray, ...]:
+                      args: PartitionArgs, clients: LabelsKey | None = None,
+                      num_ids: int = 0) -> tuple[np.ndarray, ...]:
     """Every client's indices, computed once and kept in memory and in fedpriv's cache.
 
     The disk copy (keyed by the labels, the partitioner's arguments, the flwr-datasets
     version and this module's code) lets simulated clients skip importing Hugging Face
     ``datasets`` after the CLI's pre-flight check has partitioned.
     """
+    natural = [] if clients is None else [clients.digest, num_ids]
     path = cache_path("partitions", ".npz",
                       [labels.digest, num_partitions, args, version("flwr-datasets"),
-                       version("datasets")], ["tasks.partition"])
+                       version("datasets"), *natural], ["tasks.partition"])
     if path.is_file():
         with np.load(path) as f:
             return tuple(f[f"p{i}"] for i in range(num_partitions))
     parts = tuple(partition_indices(labels.array, num_partitions, args,
-                                    num_classes=num_classes))
+                                    num_classes=num_classes,
+                                    clients=None if clients is None else clients.array,
+                                    num_ids=num_ids))
     save_atomic(path, lambda tmp: np.savez(tmp, **{f"p{i}": p for i, p in enumerate(parts)}))
     return parts
 

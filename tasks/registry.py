@@ -25,6 +25,8 @@ class DatasetInfo:
     torch): its input shape without the batch dimension (None: known only once loaded)."""
 
     input_shape: tuple[int, ...] | None = None
+    kind: str = "image"  # "image", "tabular" or "text": which models can read it
+    natural: bool = False  # its rows name their client (a role, a writer): partitioner natural
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,15 @@ class ModelInfo:
     and may, so True unless it says otherwise."""
 
     reads_hidden: bool = True
+    reads: tuple[str, ...] = ("image", "tabular", "text")  # the dataset kinds it takes
 
 
-def auto_model(input_shape: tuple[int, ...]) -> str:
+def auto_model(input_shape: tuple[int, ...], kind: str = "image") -> str:
     """The model ``model = 'auto'`` means for inputs of ``input_shape``: mlp for vectors
-    (tabular rows, embeddings), resnet18 for 32x32 images or larger, else small-cnn."""
+    (tabular rows, embeddings), resnet18 for 32x32 images or larger, else small-cnn; for
+    text, char-gru."""
+    if kind == "text":
+        return "char-gru"
     if len(input_shape) == 1:
         return "mlp"
     return "resnet18" if input_shape[-1] >= 32 else "small-cnn"
@@ -54,7 +60,10 @@ DATASETS.register("mnist", "tasks.datasets:MNIST", input_shape=(1, 28, 28))
 DATASETS.register("fashion-mnist", "tasks.datasets:FASHION_MNIST", input_shape=(1, 28, 28))
 DATASETS.register("cifar10", "tasks.datasets:CIFAR10", input_shape=(3, 32, 32))
 DATASETS.register("cifar100", "tasks.datasets:CIFAR100", input_shape=(3, 32, 32))
-DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER", input_shape=(30,))
+DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER", input_shape=(30,),
+                  kind="tabular")
+DATASETS.register("shakespeare", "tasks.shakespeare:SHAKESPEARE", input_shape=(80,),
+                  kind="text", natural=True)
 
 PARTITIONERS: Registry = Registry(
     "partitioner", where="tasks.registry.PARTITIONERS", error=ConfigError,
@@ -65,6 +74,7 @@ PARTITIONERS.register("iid", "tasks.partition:iid")
 PARTITIONERS.register("dirichlet", "tasks.partition:dirichlet")
 PARTITIONERS.register("shard", "tasks.partition:shard")
 PARTITIONERS.register("pathological", "tasks.partition:pathological")
+PARTITIONERS.register("natural", "tasks.partition:natural")
 
 MODELS: Registry = Registry(
     "model", where="tasks.registry.MODELS", error=ConfigError, info=ModelInfo,
@@ -72,11 +82,14 @@ MODELS: Registry = Registry(
               "-> torch.nn.Module (no BatchNorm, so that DP-SGD can train it)")
 """Models by name: ``(input shape without batch dim, classes, mlp-hidden widths) ->
 nn.Module``; DP-SGD (Opacus) needs layers it can compute per-sample gradients for."""
-MODELS.register("cnn", "tasks.models:mcmahan_cnn", reads_hidden=False)
-MODELS.register("small-cnn", "tasks.models:small_cnn", reads_hidden=False)
-MODELS.register("resnet18", "tasks.models:resnet18", reads_hidden=False)
-MODELS.register("mlp", "tasks.models:mlp")
-MODELS.register("linear", "tasks.models:linear", reads_hidden=False)
+_IMAGES, _VECTORS = ("image",), ("image", "tabular")
+MODELS.register("cnn", "tasks.models:mcmahan_cnn", reads_hidden=False, reads=_IMAGES)
+MODELS.register("small-cnn", "tasks.models:small_cnn", reads_hidden=False, reads=_IMAGES)
+MODELS.register("resnet18", "tasks.models:resnet18", reads_hidden=False, reads=_IMAGES)
+MODELS.register("mlp", "tasks.models:mlp", reads=_VECTORS)
+MODELS.register("linear", "tasks.models:linear", reads_hidden=False, reads=_VECTORS)
+MODELS.register("char-lstm", "tasks.models:char_lstm", reads_hidden=False, reads=("text",))
+MODELS.register("char-gru", "tasks.models:char_gru", reads_hidden=False, reads=("text",))
 
 BACKBONES: Registry = Registry(
     "backbone", where="tasks.registry.BACKBONES", error=ConfigError,

@@ -23,7 +23,7 @@ from .embeddings import BackboneSpec, backbone_spec, cached_embeddings
 from .errors import ConfigError
 from .local_data import read_local_data
 from .models import build_model, resolve_model_name
-from .partition import PartitionArgs, cached_partitions, label_histogram
+from .partition import PartitionArgs, cached_partitions, label_histogram, natural_clients
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def feature_shape(cfg: RunConfig) -> tuple[int, ...]:
 
 def model_name(cfg: RunConfig) -> str:
     """The concrete model a run trains ('auto' resolved for what the clients read)."""
-    return resolve_model_name(cfg.training.model, feature_shape(cfg))
+    kind = "tabular" if cfg.embeddings.enabled else dataset_meta(cfg.data.dataset).kind
+    return resolve_model_name(cfg.training.model, feature_shape(cfg), kind)
 
 
 def model_inputs(cfg: RunConfig, x: torch.Tensor) -> torch.Tensor:
@@ -110,14 +111,22 @@ def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:
 def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
     """Every client's training indices for this config (computed once per process)."""
     data = dataset_for(cfg)
+    natural = data.clients if cfg.data.partitioner == "natural" else None
     return cached_partitions(data.labels_key, data.num_classes, num_partitions,
-                             PartitionArgs.of(cfg.data, cfg.training.seed))
+                             PartitionArgs.of(cfg.data, cfg.training.seed),
+                             None if natural is None else data.clients_key,
+                             0 if natural is None else len(natural.names))
 
 
 def expected_partition_size(cfg: RunConfig, num_partitions: int) -> int:
     """The clients' training rows divided by the partitions, rounded down: a function of
-    the configuration (dataset, public and reference fractions), not of any partition."""
-    return max(1, len(dataset_for(cfg).y_train) // max(1, num_partitions))
+    the configuration (dataset, public and reference fractions, and with natural
+    partitions the clients the seed picks), not of any one partition."""
+    if cfg.data.partitioner == "natural":
+        rows = sum(len(p) for p in partitions_for(cfg, num_partitions))
+    else:
+        rows = len(dataset_for(cfg).y_train)
+    return max(1, rows // max(1, num_partitions))
 
 
 def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Split:
@@ -129,6 +138,19 @@ def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Spli
     else:
         x = data.to_tensor(data.x_train[idx])
     return Split(x, torch.from_numpy(data.y_train[idx]), data.num_classes)
+
+
+def own_test_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Split | None:
+    """A natural client's own held-out rows (LEAF's per-user test split), which federated
+    evaluation scores the global model on; None for datasets without clients of their own
+    or partitioners other than natural."""
+    data = dataset_for(cfg)
+    if data.clients is None or cfg.data.partitioner != "natural":
+        return None
+    chosen = natural_clients(len(data.clients.names), num_partitions, cfg.training.seed)
+    rows = np.flatnonzero(data.clients.test == chosen[partition_id])
+    return Split(data.to_tensor(data.clients.x_test[rows]),
+                 torch.from_numpy(data.clients.y_test[rows]), data.num_classes)
 
 
 def own_split(cfg: RunConfig, data_path: str) -> Split:

@@ -33,8 +33,8 @@ def test_run_help_documents_every_key_with_default_and_allowed_values():
     assert res.returncode == 0
     for key in SCHEMA:
         assert f"  {key.name} = " in res.stdout, key.name
-    assert 'dataset = "mnist"    [mnist | fashion-mnist | cifar10 | cifar100 | breast-cancer]' \
-        in res.stdout
+    assert 'dataset = "mnist"    [mnist | fashion-mnist | cifar10 | cifar100 | breast-cancer |' \
+        ' shakespeare]' in res.stdout
     assert "fraction-train = 1.0    [(0, 1]]" in res.stdout
 
 
@@ -66,7 +66,7 @@ BAD_INPUT = [
     (["--set", "num-clients=5000"], "num-clients = 5000 is more than the 4,000 training"),
     (["--set", "data-dir=/nonexistent/fedpriv-data"], "does not exist"),
     (["--set", "dataset=cifar10"], "cifar-10-batches-py"),
-    (["--set", "dataset=breast-cancer", "--set", "model=cnn"], "needs image input"),
+    (["--set", "dataset=breast-cancer", "--set", "model=cnn"], "cannot read breast-cancer"),
     (["--config", "no-such-preset"], "preset 'no-such-preset' not found"),
     (["--set", "lr"], "is not of the form key=value"),
     (["--set", "anonymizer=ksame"], "set features = 'embeddings'"),

@@ -35,6 +35,10 @@ def test_every_registered_name_is_allowed_by_the_schema_and_builds():
     assert KEYS["model"].choices == ("auto", *MODELS)
     assert KEYS["backbone"].choices == ("auto", *BACKBONES)
     for name in MODELS:
+        if "text" in MODELS.info(name).reads:  # token ids
+            x = torch.randint(0, 3, (2, 80))
+            assert build_model(name, (80,), 3)(x).shape == (2, 3)
+            continue
         shape = (64,) if name in ("mlp", "linear") else (1, 28, 28)
         assert build_model(name, shape, 3)(torch.randn(2, *shape)).shape == (2, 3)
     for name in BACKBONES:
@@ -47,6 +51,7 @@ def test_auto_model_choice():
     assert resolve_model_name("auto", (3, 32, 32)) == "resnet18"
     assert resolve_model_name("auto", (30,)) == "mlp"
     assert resolve_model_name("auto", (64,)) == "mlp"  # embeddings
+    assert resolve_model_name("auto", (80,), "text") == "char-gru"
 
 
 def test_image_model_on_tabular_data_is_explained():

@@ -57,6 +57,50 @@ def import_opacus() -> None:
             root.removeHandler(handler)
 
 
+def _recurrent_pairs() -> dict[type, type]:
+    from opacus.layers import DPGRU, DPLSTM, DPRNN
+
+    return {nn.LSTM: DPLSTM, nn.GRU: DPGRU, nn.RNN: DPRNN}
+
+
+def _swap_layers(model: nn.Module, pairs: dict[type, type]) -> bool:
+    """Replace each layer of a type in ``pairs`` by the paired type with the same sizes and
+    weights (the pairs name their weights alike); True if any was replaced."""
+    swapped = False
+    for name, child in list(model.named_children()):
+        target = pairs.get(type(child))
+        if target is None:
+            swapped |= _swap_layers(child, pairs)
+            continue
+        new = target(child.input_size, child.hidden_size, num_layers=child.num_layers,
+                     bias=child.bias, batch_first=child.batch_first, dropout=child.dropout,
+                     bidirectional=child.bidirectional)
+        if isinstance(child, nn.RNN):
+            new = target(child.input_size, child.hidden_size, num_layers=child.num_layers,
+                         nonlinearity=child.nonlinearity, bias=child.bias,
+                         batch_first=child.batch_first, dropout=child.dropout,
+                         bidirectional=child.bidirectional)
+        new.load_state_dict(child.state_dict())
+        setattr(model, name, new.to(next(child.parameters()).device))
+        swapped = True
+    return swapped
+
+
+def private_layers(model: nn.Module) -> bool:
+    """Swap torch's LSTM, GRU and RNN for Opacus' DPLSTM, DPGRU and DPRNN in place (same
+    weights): torch's fused recurrent kernels have no per-sample gradients. True if any
+    was swapped (:func:`plain_layers` swaps them back)."""
+    import_opacus()
+    return _swap_layers(model, _recurrent_pairs())
+
+
+def plain_layers(model: nn.Module) -> nn.Module:
+    """Undo :func:`private_layers`: the model with torch's own recurrent layers (and its
+    weights' state-dict order), as the server built it."""
+    _swap_layers(model, {v: k for k, v in _recurrent_pairs().items()})
+    return model
+
+
 def check_model(model: nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` naming every layer Opacus cannot train privately."""
     import_opacus()
@@ -77,7 +121,8 @@ FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeepin
                "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.3x, bookkeeping 1.5x
                "mlp": "bookkeeping",  # hooks 11x, ghost 3.9x, bookkeeping 2.5x
                "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
-               "resnet18": "hooks"}  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)
+               "resnet18": "hooks",  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)
+               "char-lstm": "hooks", "char-gru": "hooks"}  # Opacus' DPLSTM/DPGRU
 
 
 def check_mode(mode: str, model: nn.Module) -> None:
@@ -121,9 +166,12 @@ class PrivateTraining:
         """The (noise multiplier, sample rate, steps) entries this training has taken."""
         return [tuple(e) for e in self.engine.accountant.history]
 
+    swapped: bool = False  # recurrent layers swapped for Opacus' (private_layers)
+
     def module(self) -> nn.Module:
-        """The plain model underneath (its state dict has the original keys)."""
-        return unwrap(self.model)
+        """The plain model underneath (its state dict has the original keys, in order)."""
+        model = unwrap(self.model)
+        return plain_layers(model) if self.swapped else model
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -222,10 +270,18 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     Haney et al. 2022; Holohan & Braghin 2021): about 4x the noise-sampling cost.
     """
     model.train()  # Opacus validates (and trains) a model in training mode
+    swapped = private_layers(model)
+    if swapped:  # the optimizer must hold the new layers' parameters
+        optimizer = type(optimizer)(model.parameters(), **optimizer.defaults)
     check_model(model)
     from opacus import PrivacyEngine
 
     mode = resolve_mode(grad_sample_mode, "")
+    if swapped and mode != "hooks":
+        raise UnsupportedModelError(
+            f"grad-sample-mode = {mode!r} cannot train recurrent layers (Opacus' DPLSTM/DPGRU "
+            "reuse a layer at every step, which ghost norms and book-keeping assume never "
+            "happens). Use grad-sample-mode = 'hooks' or 'auto'.")
     noise = None if secure or noise_seed is None else torch.Generator().manual_seed(noise_seed)
     if mode == "bookkeeping":
         check_mode(mode, model)
@@ -251,4 +307,4 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         (dp_model, dp_opt, dp_loader), criterion = out, nn.CrossEntropyLoss()
     if schedule is not None:
         _apply_schedule(dp_loader, dp_opt, engine.accountant, schedule)
-    return PrivateTraining(dp_model, dp_opt, dp_loader, criterion, engine, mode)
+    return PrivateTraining(dp_model, dp_opt, dp_loader, criterion, engine, mode, swapped)

@@ -13,6 +13,7 @@ from privacy.attacks.registry import (
 )
 from privacy.dp.accounting import clients_per_round
 
+from ..registry import DATASETS, MODELS
 from .sections import AnonymizationConfig, RunConfig, parse_hidden, parse_sigmas
 from .study import LeakageConfig
 
@@ -27,6 +28,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
             f"min-train-clients = {fed.min_train_clients} is larger than num-clients = "
             f"{fed.num_clients}: the server would wait forever for clients that do not "
             "exist. Lower min-train-clients or raise num-clients.")
+    errors += _data_checks(cfg)
     errors += _privacy_checks(cfg)
     errors += _secagg_checks(cfg)
     errors += _embedding_checks(cfg)
@@ -50,6 +52,51 @@ def cross_checks(cfg: RunConfig) -> list[str]:
         parse_sigmas(cfg.training.test_noise)
     except ValueError as exc:
         errors.append(f"test-noise = {cfg.training.test_noise!r}: {exc}")
+    return errors
+
+
+LABEL_PARTITIONERS = ("dirichlet", "shard", "pathological")
+
+
+def _data_checks(cfg: RunConfig) -> list[str]:
+    """The dataset, its partitioner and the model fit together (the registries' infos:
+    nothing is read)."""
+    d, errors = cfg.data, []
+    if d.dataset not in DATASETS:
+        return errors
+    info = DATASETS.info(d.dataset)
+    natural = [n for n in DATASETS.names if DATASETS.info(n).natural]
+    if d.partitioner == "natural" and not info.natural:
+        errors.append(f"partitioner = 'natural' splits a dataset by the client each row names "
+                      f"(a speaking role, a writer), and {d.dataset} names none. Use it with "
+                      f"{', '.join(natural)}, or split {d.dataset} with iid, dirichlet, shard "
+                      "or pathological.")
+    if info.natural and d.partitioner in LABEL_PARTITIONERS:
+        errors.append(f"partitioner = {d.partitioner!r} splits by label, but {d.dataset}'s "
+                      "clients are its own (its rows name them) and its labels are next "
+                      "characters: use partitioner = 'natural' (or 'iid' for an i.i.d. "
+                      "baseline over the same rows).")
+    model = cfg.training.model
+    if model != "auto" and model in MODELS and not cfg.embeddings.enabled and \
+            info.kind not in MODELS.info(model).reads:
+        fits = [m for m in MODELS.names if info.kind in MODELS.info(m).reads]
+        errors.append(f"model = {model!r} cannot read {d.dataset} ({info.kind} data): use "
+                      f"{', '.join(fits)} or 'auto'.")
+    if info.kind == "text":
+        if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode in ("ghost",
+                                                                         "bookkeeping"):
+            errors.append(f"grad-sample-mode = {cfg.privacy.grad_sample_mode!r} cannot train "
+                          "recurrent layers (Opacus' DPLSTM/DPGRU reuse a layer at every "
+                          "step). Use grad-sample-mode = 'hooks' or 'auto'.")
+        if cfg.embeddings.enabled:
+            errors.append(f"features = 'embeddings' builds image or tabular embeddings; "
+                          f"{d.dataset} is text. Use features = 'raw'.")
+        if cfg.anonymization.enabled:
+            errors.append(f"anonymizer = {cfg.anonymization.anonymizer!r} anonymizes images "
+                          f"or embeddings; {d.dataset} is text. Use anonymizer = 'none'.")
+        if cfg.leakage.enabled:
+            errors.append(f"the leakage study's attacks (leakage-rounds) reconstruct images "
+                          f"and labels; {d.dataset} is text. Leave leakage-rounds empty.")
     return errors
 
 

