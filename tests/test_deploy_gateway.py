@@ -220,15 +220,17 @@ class Gateway:
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             stdin=subprocess.DEVNULL)
         threading.Thread(target=self._read, daemon=True).start()
-        assert self.wait_for(READY, 30), self.lines
+        assert self.wait_for(READY), self.lines
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
 
-    def wait_for(self, pattern: str, timeout: float = 10) -> bool:
-        """Whether a line matching ``pattern`` (a regex) appears within ``timeout`` s."""
+    def wait_for(self, pattern: str, timeout: float = 180) -> bool:
+        """Whether a line matching ``pattern`` (a regex) appears within ``timeout`` s (it
+        returns as soon as one does: the bound only ends a wait for a line that never
+        comes, generously, for a loaded machine)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(re.search(pattern, line) for line in self.lines):
@@ -470,8 +472,10 @@ def test_a_flood_of_idle_connections_does_not_lock_out_a_certificate_holder(tmp_
     certs = write_certificates(tmp_path / "certs", ["server.lab"])
     node_cert, node_key_file, node_key = _client_certificate(certs, tmp_path / "node", "node-0")
     flood_cert, flood_key_file, _ = _client_certificate(certs, tmp_path / "node", "node-1")
+    # the held connections would time out after --header-timeout: the node must get
+    # through long before that (the bound at the end), not once the flood has timed out
     with _running(**_tls(certs, "--client-ca", str(certs.ca), "--require-signature",
-                         "--header-timeout", "60")) as (gateway, upstream):
+                         "--header-timeout", "300")) as (gateway, upstream):
         limits = Path(f"/proc/{gateway.proc.pid}/limits")
         if limits.exists():  # the soft limit on open files is raised to the hard one
             row = next(r for r in limits.read_text().splitlines() if "open files" in r)
@@ -488,14 +492,14 @@ def test_a_flood_of_idle_connections_does_not_lock_out_a_certificate_holder(tmp_
                 refused_tls += 1
                 continue
             flood.append(sock)
-            answer = _exchange(sock, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", timeout=5)
+            answer = _exchange(sock, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", timeout=60)
             refused_tls += _status(answer) == 0
         assert refused_tls == 20
         # a certificate holder from the same address gets --max-per-peer connections, no more
         holder = _client_context(certs, flood_cert, flood_key_file)
         held = _flood(gateway.port, 40, holder)
         flood += held
-        served = sum(_status(_exchange(s, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", 5))
+        served = sum(_status(_exchange(s, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", 60))
                      == 200 for s in held)
         assert served == gw.MAX_PER_PEER
         # the honest node still gets through, health and a signed Fleet call
@@ -508,7 +512,8 @@ def test_a_flood_of_idle_connections_does_not_lock_out_a_certificate_holder(tmp_
         assert [r[:2] for r in upstream.requests][-2:] == [("GET", "/health"),
                                                            ("POST", "/v1/fleet/pull-messages")]
         assert gateway.wait_for(rf"{CLOSED} {OUTSIDER}:\d+: over --max-per-peer 32 ")
-        assert time.monotonic() - t0 < 30
+        # generous for a loaded machine, and far below the 300 s header timeout
+        assert time.monotonic() - t0 < 120, time.monotonic() - t0
         for sock in flood:
             sock.close()
     assert not [line for line in gateway.lines if "Traceback" in line]
@@ -554,9 +559,10 @@ def test_unsigned_badly_signed_or_replayed_bodies_never_reach_the_superlink(tmp_
             sock = _connect(gateway.port, source=NODE)
             t0 = time.monotonic()
             answer = _exchange(sock, _post("/v1/fleet/push-object", b"z" * 262144, headers,
-                                           length=big))
+                                           length=big), timeout=60)
             assert _status(answer) == 401, (why, answer[:300])
             sent = 262144  # the gateway answered and closed: the rest cannot be pushed
+            sock.settimeout(120)  # where it stopped reading but kept the connection open
             try:
                 for _ in range(big // 262144):
                     sock.sendall(b"z" * 262144)
@@ -565,7 +571,9 @@ def test_unsigned_badly_signed_or_replayed_bodies_never_reach_the_superlink(tmp_
                 pass
             sock.close()
             assert sent < 32 * 1024 * 1024, (why, sent)
-            assert time.monotonic() - t0 < 10
+            # closed at once, not held open until the pushes time out (120 s); generous
+            # for a loaded machine
+            assert time.monotonic() - t0 < 60, (why, time.monotonic() - t0)
             assert gateway.wait_for(rf"{REFUSED} 401 127\.0\.0\.1:\d+ POST /v1/fleet/push-object"
                                     rf" \({why}\)$")
         # the same with httpx streaming the whole 64 MiB: refused, or cut off, never forwarded
@@ -636,21 +644,26 @@ def test_every_refusal_is_logged_with_the_real_peer_and_forwarding_claims_stay_o
         slow = _connect(port, source=NODE)
         slow.sendall(b"POST /v1/fleet/pull-messages HTTP/1.1\r\nhost: x\r\n")
         idle = _connect(port, source=NODE)
-        assert _closed(slow, 5) and _closed(idle, 5)
+        assert _closed(slow, 60) and _closed(idle, 60)
         for sock in (slow, idle):
             expected.append((rf"{CLOSED} 127\.0\.0\.1:{sock.getsockname()[1]}: no complete "
                              r"request head in 1 s$", ""))
             sock.close()
-        # the fourth connection from one address is closed at once
+        # the fourth connection from one address is closed at once; the three before it
+        # only later, by --header-timeout (the reason logged for each)
         held = [_connect(port, source=NODE) for _ in range(3)]
         extra = _connect(port, source=NODE)
-        assert _closed(extra, 5) and not _closed(held[0], 0.3)
+        assert _closed(extra, 60)
         expected.append((rf"{CLOSED} 127\.0\.0\.1:{extra.getsockname()[1]}: over "
                          r"--max-per-peer 3 connections from 127\.0\.0\.1$", ""))
+        for sock in held:
+            assert _closed(sock, 60)
+            expected.append((rf"{CLOSED} 127\.0\.0\.1:{sock.getsockname()[1]}: no complete "
+                             r"request head in 1 s$", ""))
         for sock in [*held, extra]:
             sock.close()
         for pattern, _ in expected:
-            assert gateway.wait_for(pattern, 5), (pattern, gateway.lines)
+            assert gateway.wait_for(pattern), (pattern, gateway.lines)
         # what reached upstream: the real peer, none of the client's claims
         forwarded = upstream.requests[0][2]  # the call that claimed 6.6.6.6
         assert forwarded["x-forwarded-for"] == ["127.0.0.1"]
@@ -756,7 +769,7 @@ def test_a_body_that_stops_coming_is_cut_and_one_node_cannot_hold_the_superlink(
             return httpx.Response(200, content=_streamed(b"ok"))
 
     app = create_app("http://superlink", False, log=app_log.append, transport=Stalled(),
-                     require_signature=True, body_idle=0.3, body_deadline=5)
+                     require_signature=True, body_idle=0.3, body_deadline=60)
 
     async def stalled_body() -> dict:
         sent: list[dict] = []
@@ -765,7 +778,7 @@ def test_a_body_that_stops_coming_is_cut_and_one_node_cannot_hold_the_superlink(
             if not sent:
                 sent.append({})
                 return {"type": "http.request", "body": b"x" * 10, "more_body": True}
-            await asyncio.sleep(30)  # the rest never comes
+            await asyncio.sleep(300)  # the rest never comes
             return {"type": "http.disconnect"}
 
         answer: dict = {}
@@ -781,20 +794,29 @@ def test_a_body_that_stops_coming_is_cut_and_one_node_cannot_hold_the_superlink(
                  "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 9092),
                  "scheme": "http", "http_version": "1.1", "root_path": ""}
         async with app.router.lifespan_context(app):
-            await asyncio.wait_for(app(scope, receive, send), 5)
+            await asyncio.wait_for(app(scope, receive, send), 120)
         return answer
 
     t0 = time.monotonic()
     assert asyncio.run(stalled_body()) == {"status": 408}
-    assert time.monotonic() - t0 < 3
+    # cut after the 0.3 s idle bound, not at the 60 s deadline (generous for a loaded machine)
+    assert time.monotonic() - t0 < 30
     assert any("(body too slow)" in line for line in app_log), app_log
 
     # one node with IN_FLIGHT_PER_KEY requests open upstream: its next one is refused (429)
     async def crowded() -> list[int]:
         release = asyncio.Event()
+        upstream: list[httpx.Request] = []  # the requests held open upstream
+
+        async def until_held(n: int) -> None:
+            deadline = time.monotonic() + 120
+            while len(upstream) < n:
+                assert time.monotonic() < deadline, len(upstream)
+                await asyncio.sleep(0.01)
 
         class Held(httpx.AsyncBaseTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                upstream.append(request)
                 await release.wait()
                 return httpx.Response(200, content=_streamed(b"ok"))
 
@@ -805,11 +827,11 @@ def test_a_body_that_stops_coming_is_cut_and_one_node_cannot_hold_the_superlink(
             first = [asyncio.create_task(c.post("/v1/fleet/pull-messages",
                                                 headers=_signed(key)))
                      for _ in range(gw.IN_FLIGHT_PER_KEY)]
-            await asyncio.sleep(0.5)
+            await until_held(gw.IN_FLIGHT_PER_KEY)
             over = await c.post("/v1/fleet/pull-messages", headers=_signed(key))
             bystander = asyncio.create_task(c.post("/v1/fleet/pull-messages",
                                                    headers=_signed(other)))
-            await asyncio.sleep(0.2)
+            await until_held(gw.IN_FLIGHT_PER_KEY + 1)  # another key's passes meanwhile
             release.set()
             done = await asyncio.gather(*first, bystander)
             public = x25519.X25519PrivateKey.generate().public_key()
@@ -829,7 +851,8 @@ def test_a_tls_handshake_that_never_starts_is_dropped_within_seconds(tmp_path):
     with _running(**_tls(certs, "--client-ca", str(certs.ca))) as (gateway, _):
         silent = [_connect(gateway.port) for _ in range(20)]
         t0 = time.monotonic()
-        assert all(_closed(s, gw.HANDSHAKE_TIMEOUT + 5) for s in silent)
-        assert time.monotonic() - t0 < gw.HANDSHAKE_TIMEOUT + 5
+        assert all(_closed(s, 60) for s in silent)
+        # after the 5 s handshake timeout, not asyncio's 60 s (generous for a loaded machine)
+        assert time.monotonic() - t0 < 30, time.monotonic() - t0
         for s in silent:
             s.close()

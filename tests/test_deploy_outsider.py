@@ -198,15 +198,17 @@ def test_superlink_refuses_a_port_in_use_in_one_paragraph(tmp_path):
 def test_the_superlinks_processes_end_together_when_one_exits():
     """`deploy superlink`'s three processes: one exits, the others are stopped by PID."""
     lines: list[str] = []
-    t0 = time.monotonic()
     with Foreground(lines.append) as children:
         stays = children.start([sys.executable, "-c", "import time; print('up', flush=True); "
-                                                      "time.sleep(60)"])
-        assert children.pump(lambda: "up" in lines, timeout=30)
+                                                      "time.sleep(600)"])
+        assert children.pump(lambda: "up" in lines, timeout=240)
         quits = children.start([sys.executable, "-c", "print('bye'); raise SystemExit(3)"])
         assert not children.pump()  # returns when a child has exited
         assert children.exited() is quits and quits.returncode == 3
-    assert stays.poll() is not None and time.monotonic() - t0 < 20
+        t0 = time.monotonic()
+    # stopped by its PID (SIGTERM, then SIGKILL after a 5 s grace), not left to end its
+    # 600 s sleep: the bound is generous for a loaded machine and far below that
+    assert stays.poll() is not None and time.monotonic() - t0 < 60
     assert lines == ["up", "bye"]
 
 
@@ -349,7 +351,7 @@ def test_an_outsider_with_only_the_ca_can_do_nothing_through_the_public_port(tmp
         def nodes() -> str:
             return outsider("supernode", "ls", "lo").stdout
 
-        assert _wait_until(lambda: "online" in nodes(), 90), nodes()
+        assert _wait_until(lambda: "online" in nodes(), 240), nodes()
         registered = _ids(nodes())
         assert len(registered) == 1
 
@@ -389,16 +391,16 @@ def test_an_outsider_with_only_the_ca_can_do_nothing_through_the_public_port(tmp
         # the same probes on the loopback port work: they are real
         again = outsider("run", str(probe), "lo", "--run-config", f"marker-dir='{marks}'")
         assert again.returncode == 0, again.stdout + again.stderr
-        assert _wait_until((marks / "server-ran").exists, 120), (list(marks.iterdir()),
+        assert _wait_until((marks / "server-ran").exists, 240), (list(marks.iterdir()),
                                                                   log.read_text()[-3000:])
         # run by the SuperLink's own SuperExec; its ClientApp reached the SuperNode, which
         # runs only client code its host pinned: refused there, none of it executed
         node_log = tmp_path / "supernode.log"
-        assert _wait_until(lambda: "refused app outsider/probe" in node_log.read_text(), 120), \
+        assert _wait_until(lambda: "refused app outsider/probe" in node_log.read_text(), 240), \
             node_log.read_text()[-3000:]
         assert not (marks / f"client-ran-{registered[0]}").exists()
         # (it polls on until stopped; under load its first refusal can come after the run)
-        assert _wait_until(lambda: "SuperExec authentication failed" in log.read_text(), 60), \
+        assert _wait_until(lambda: "SuperExec authentication failed" in log.read_text(), 240), \
             log.read_text()[-3000:]
         runs = _ids(outsider("ls", "lo").stdout)
         assert len(runs) == 1
