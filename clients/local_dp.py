@@ -32,7 +32,7 @@ from privacy.dp.public import PublicSchedule, schedule_for
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed
 from tasks.splits import model_name
-from tasks.training import CanaryHook, TrainResult, make_loader, sgd, train_epochs
+from tasks.training import CanaryHook, TrainResult, make_loader, round_steps, sgd, train_epochs
 
 STATE_KEY = "dp-sgd"
 
@@ -62,7 +62,8 @@ def new_ledger(cfg: RunConfig, plan: PublicSchedule, num_clients: int) -> Client
     if p.target_epsilon > 0:
         rounds = planned_rounds(fed.num_server_rounds, fed.fraction_train,
                                 fed.min_train_clients, num_clients)
-        steps = rounds * cfg.training.local_epochs * plan.steps_per_epoch
+        t = cfg.training
+        steps = rounds * round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps)
         try:
             sigma = calibrate_noise(p.target_epsilon, delta, q, steps, p.accountant,
                                     plan.relation)
@@ -143,7 +144,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     plan = schedule(cfg, public_records, len(y))
     ledger = load_ledger(context) or new_ledger(cfg, plan, num_clients)
     per_epoch = plan.steps_per_epoch
-    planned = t.local_epochs * per_epoch
+    planned = round_steps(t.local_epochs, per_epoch, t.local_steps)
     replay = server_round is not None and ledger.is_replay(server_round, digest)
     if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
@@ -162,7 +163,8 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "
                            f"{private.sample_rate}, expected {per_epoch} at {ledger.sample_rate}")
     result = train_epochs(private.model, private.loader, private.optimizer, t.local_epochs,
-                          device, criterion=private.criterion, canaries=canaries)
+                          device, criterion=private.criterion, canaries=canaries,
+                          max_steps=t.local_steps)
     taken = private.history()
     if [(s, q) for s, q, _ in taken] != [(ledger.noise_multiplier, ledger.sample_rate)] or \
             sum(n for _, _, n in taken) != planned:

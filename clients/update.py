@@ -259,7 +259,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
         result = train_epochs(model, loader, optimizer, t.local_epochs, device,
                               proximal_mu=float(round_config.get("proximal-mu", 0.0)),
-                              canaries=hook)
+                              canaries=hook, max_steps=t.local_steps)
     metrics.update({"train-loss": result.loss, "train-accuracy": result.accuracy,
                     "train-steps": result.steps,
                     "train-time-s": time.perf_counter() - start})

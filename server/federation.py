@@ -29,7 +29,7 @@ from tasks.results.folder import RunFolder, now, read_run_info
 from tasks.results.info import RunInfo
 from tasks.results.ledger import outcome, read_ledger
 from tasks.results.plots import PlotHook
-from tasks.splits import feature_shape
+from tasks.splits import feature_shape, model_for
 
 from .checkpoint import CLIENTS as CLIENT_STATES
 from .checkpoint import FOLDER as CHECKPOINT
@@ -159,6 +159,10 @@ def assemble(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder, info:
                                               on_diverged)]
     if cfg.leakage.enabled:
         hooks.append(task.observer(cfg, run, len(clients)))
+    if cfg.memorization.enabled:
+        from .memorization import ExposureMeter
+
+        hooks.append(ExposureMeter(cfg, run.path, model_for(cfg)[0], task.title(cfg)))
     if selection is not None:
         hooks.append(selection)
     if cfg.results.checkpoint:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,23 @@ def canary_audit_lines(run_dir: Path) -> list[str]:
     if not path.is_file():
         return []
     return [f"- {canary_audit_text(json.loads(path.read_text()))} (`{CANARY_AUDIT}`)"]
+
+
+def exposure_lines(run_dir: Path) -> list[str]:
+    """summary.md's line for the canaries' exposure (exposure.jsonl), when the run planted
+    canaries."""
+    from .memorization import headline, read_exposure
+
+    rows = read_exposure(run_dir)
+    if not rows:
+        return []
+    last = max(r["round"] for r in rows)
+    space = rows[0]["space"]
+    means = ", ".join(f"{reps}x: {value:.2f} bits" for reps, value in headline(rows).items())
+    return [f"- memorization (Secret Sharer, Carlini et al. 2019): mean exposure of the "
+            f"canaries by repetitions, round {last}: {means} (at most log2 |R| = "
+            f"{math.log2(space):.1f}; about 1 at chance; `exposure.jsonl`, "
+            "`plots/exposure.png`)"]
 
 
 def privacy_lines(privacy: Mapping[str, Any], aggregation: Mapping[str, Any],
@@ -218,11 +236,13 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         f"- data: {info.dataset}",
         f"- federation: {info.num_clients} clients, partitioner "
         f"`{cfg.data.partitioner}`, fraction-train {fed.fraction_train}, {t.local_epochs} local "
-        f"epoch(s), batch {t.batch_size}, lr {t.lr}, seed {t.seed}",
+        f"epoch(s)" + (f" of at most {t.local_steps} steps" if t.local_steps else "")
+        + f", batch {t.batch_size}, lr {t.lr}, seed {t.seed}",
         f"- model: `{info.model}` ({info.parameters or 0:,} parameters)",
     ]
     lines += privacy_lines(info.privacy or {}, info.aggregation or {}, cfg)
     lines += canary_audit_lines(run.path)
+    lines += exposure_lines(run.path)
     if info.anonymization:
         lines.append(anonymization_line(info.anonymization))
     if info.backbone:
@@ -241,6 +261,8 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
     lines += ["", "![accuracy](plots/accuracy.png)", "", LOSS_LINE, ""]
     if (info.privacy or {}).get("mode") in ("local", "central", "distributed"):
         lines += ["![epsilon](plots/epsilon.png)", ""]
+    if (run.path / "plots" / "exposure.png").exists():
+        lines += ["![exposure](plots/exposure.png)", ""]
     if (run.path / "plots" / RELEASE_SCATTER).exists():  # drawn by the CLI after the run
         lines += [SCATTER_LINE, ""]
     if (run.path / "plots" / "label_distribution.png").exists():

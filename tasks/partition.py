@@ -150,7 +150,8 @@ def partition_indices(labels: np.ndarray, num_partitions: int, args: PartitionAr
     if args.scheme == "natural":
         if clients is None:
             raise ConfigError("partitioner = 'natural' needs a dataset whose rows name their "
-                              "client (shakespeare); use iid, dirichlet, shard or pathological.")
+                              "client (shakespeare, femnist); use iid, dirichlet, shard or "
+                              "pathological.")
         chosen = natural_clients(num_ids, num_partitions, args.seed)
         rank = np.full(num_ids, -1, dtype=np.int64)
         rank[chosen] = np.arange(len(chosen))

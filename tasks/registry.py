@@ -64,6 +64,8 @@ DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER", input_shape=(
                   kind="tabular")
 DATASETS.register("shakespeare", "tasks.shakespeare:SHAKESPEARE", input_shape=(80,),
                   kind="text", natural=True)
+DATASETS.register("femnist", "tasks.leaf_files:FEMNIST", input_shape=(1, 28, 28),
+                  natural=True)
 
 PARTITIONERS: Registry = Registry(
     "partitioner", where="tasks.registry.PARTITIONERS", error=ConfigError,

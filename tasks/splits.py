@@ -137,7 +137,13 @@ def client_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Spli
         x = torch.from_numpy(cached_embeddings(_backbone(cfg), data, data.x_train[idx]))
     else:
         x = data.to_tensor(data.x_train[idx])
-    return Split(x, torch.from_numpy(data.y_train[idx]), data.num_classes)
+    y = torch.from_numpy(data.y_train[idx])
+    if cfg.memorization.enabled:  # the canary lines this client holds (Secret Sharer)
+        from .text_canaries import canary_rows, planted
+
+        cx, cy = canary_rows(planted(cfg), partition_id)
+        x, y = torch.cat([x, data.to_tensor(cx)]), torch.cat([y, torch.from_numpy(cy)])
+    return Split(x, y, data.num_classes)
 
 
 def own_test_split(cfg: RunConfig, partition_id: int, num_partitions: int) -> Split | None:

@@ -49,11 +49,19 @@ class TrainResult:
     steps: int
 
 
+def round_steps(epochs: int, per_epoch: int, max_steps: int) -> int:
+    """The optimizer steps of one round: ``epochs`` of ``per_epoch`` batches, at most
+    ``max_steps`` when that is > 0."""
+    steps = epochs * per_epoch
+    return min(steps, max_steps) if max_steps > 0 else steps
+
+
 def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                  epochs: int, device: torch.device, proximal_mu: float = 0.0,
                  criterion: nn.Module | None = None,
-                 canaries: CanaryHook | None = None) -> TrainResult:
-    """Run ``epochs`` of mini-batch training; with ``proximal_mu`` > 0 add FedProx's term.
+                 canaries: CanaryHook | None = None, max_steps: int = 0) -> TrainResult:
+    """Run ``epochs`` of mini-batch training, stopping after ``max_steps`` optimizer steps
+    if that is > 0 (``local-steps``); with ``proximal_mu`` > 0 add FedProx's term.
 
     FedProx (Li et al. 2020) minimises ``loss + mu/2 * ||w - w_global||^2`` locally,
     where ``w_global`` is the model as received at the start of the round. Empty batches
@@ -69,6 +77,8 @@ def train_epochs(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
     total_loss, correct, seen, steps = 0.0, 0, 0, 0
     for _ in range(epochs):
         for batch in loader:
+            if max_steps and steps >= max_steps:
+                break
             xb, yb = (t.to(device, non_blocking=True) for t in batch[:2])
             optimizer.zero_grad(set_to_none=True)
             logits = model(xb)

@@ -34,7 +34,7 @@ def test_run_help_documents_every_key_with_default_and_allowed_values():
     for key in SCHEMA:
         assert f"  {key.name} = " in res.stdout, key.name
     assert 'dataset = "mnist"    [mnist | fashion-mnist | cifar10 | cifar100 | breast-cancer |' \
-        ' shakespeare]' in res.stdout
+        ' shakespeare | femnist]' in res.stdout
     assert "fraction-train = 1.0    [(0, 1]]" in res.stdout
 
 

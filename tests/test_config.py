@@ -52,7 +52,8 @@ def test_every_key_belongs_to_exactly_one_section():
     assert len(names) == len(set(names)) == len(defaults())
     groups = {k.group for k in SCHEMA}
     assert {"plugins", "data", "federation", "privacy", "secure aggregation", "embeddings",
-            "anonymization", "leakage", "training", "resources", "results"} == groups
+            "anonymization", "leakage", "memorization", "training", "resources",
+            "results"} == groups
 
 
 def test_anonymizer_parameters_are_read_off_their_dataclass():

@@ -75,17 +75,19 @@ def test_every_example_is_leafs_window_and_next_character():
         assert [shk.VOCABULARY[t] for t in corpus.windows.targets()[rows]] == ys
 
 
-def test_leafs_user_filter_and_per_user_split():
-    corpus = shk.build_corpus({"lear_gut": PLAY})
+def test_leafs_user_filter_and_per_user_split_in_text_order_without_overlap():
+    lines = ["a" * 600, "b" * 10]
+    corpus = shk.build_corpus({"x_gut": "ACT I.\n\n" + "".join(
+        f"{r}.\n{t}\n\n" for r, t in (("Kent", lines[0]), ("Lear", lines[1])))})
     counts = corpus.counts()
-    k = int(np.sort(counts)[0])  # LEAF keeps users with strictly more than k examples
-    split = shk.leaf_split(corpus, k)
-    assert list(split.kept) == [u for u in range(len(counts)) if counts[u] > k]
-    for u in split.kept:
-        train = split.train[corpus.user[split.train] == u]
-        test = split.test[corpus.user[split.test] == u]
-        assert len(train) == max(1, int(0.8 * counts[u])) and len(test) == counts[u] - len(train)
-        assert not set(train) & set(test)
+    assert list(counts) == [601, 11]
+    split = shk.leaf_split(corpus, 5)
+    assert list(split.kept) == [0]  # Lear's 11 leave no test rows after the 79-row gap
+    train, test = split.train, split.test
+    assert list(train) == list(range(480)) and list(test) == list(range(480 + 79, 601))
+    # no test window reads a character a training window (or its target) covered
+    assert corpus.windows.starts[train].max() + 80 <= corpus.windows.starts[test].min()
+    assert list(shk.leaf_split(corpus, 601).kept) == []  # strictly more than k are kept
 
 
 def test_the_packaged_plays_give_leafs_shape_of_data():
@@ -128,7 +130,7 @@ def test_natural_partitions_are_each_one_roles_rows():
 
 @pytest.mark.parametrize("sets, says", [
     ({"dataset": "mnist", "partitioner": "natural"}, "names none"),
-    ({"dataset": "shakespeare", "partitioner": "dirichlet"}, "splits by label"),
+    ({"dataset": "shakespeare", "partitioner": "dirichlet"}, "invents label-skewed"),
     ({"dataset": "shakespeare", "partitioner": "natural", "model": "cnn"},
      "cannot read shakespeare"),
     ({"dataset": "mnist", "model": "char-lstm"}, "cannot read mnist"),

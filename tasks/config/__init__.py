@@ -30,6 +30,7 @@ from .sections import (
     EmbeddingsConfig,
     FederationConfig,
     LeakageConfig,
+    MemorizationConfig,
     PluginsConfig,
     PrivacyConfig,
     ResourcesConfig,
@@ -45,7 +46,8 @@ SCHEMA: tuple[Key, ...] = tuple(k for _, section in SECTIONS for k in section.ke
 KEYS: dict[str, Key] = {k.name: k for k in SCHEMA}
 
 __all__ = ["KEYS", "SCHEMA", "AnonymizationConfig", "ConfigError", "DataConfig",
-           "EmbeddingsConfig", "FederationConfig", "Key", "LeakageConfig", "PluginsConfig",
+           "EmbeddingsConfig", "FederationConfig", "Key", "LeakageConfig",
+           "MemorizationConfig", "PluginsConfig",
            "PrivacyConfig", "ResourcesConfig", "ResultsConfig", "RunConfig", "Scalar",
            "SecAggConfig", "TrainingConfig", "defaults", "parse_assignment", "parse_hidden",
            "plugin_roots", "to_toml", "validate", "validate_partial"]

@@ -29,6 +29,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
             f"{fed.num_clients}: the server would wait forever for clients that do not "
             "exist. Lower min-train-clients or raise num-clients.")
     errors += _data_checks(cfg)
+    errors += _local_steps_checks(cfg)
     errors += _privacy_checks(cfg)
     errors += _secagg_checks(cfg)
     errors += _embedding_checks(cfg)
@@ -58,6 +59,14 @@ def cross_checks(cfg: RunConfig) -> list[str]:
 LABEL_PARTITIONERS = ("dirichlet", "shard", "pathological")
 
 
+def _local_steps_checks(cfg: RunConfig) -> list[str]:
+    if cfg.training.local_steps > 0 and cfg.leakage.enabled:
+        return [f"local-steps = {cfg.training.local_steps} with the leakage study "
+                "(leakage-rounds): its attacks replay whole local epochs. Set local-steps = 0 "
+                "or leave leakage-rounds empty."]
+    return []
+
+
 def _data_checks(cfg: RunConfig) -> list[str]:
     """The dataset, its partitioner and the model fit together (the registries' infos:
     nothing is read)."""
@@ -72,16 +81,31 @@ def _data_checks(cfg: RunConfig) -> list[str]:
                       f"{', '.join(natural)}, or split {d.dataset} with iid, dirichlet, shard "
                       "or pathological.")
     if info.natural and d.partitioner in LABEL_PARTITIONERS:
-        errors.append(f"partitioner = {d.partitioner!r} splits by label, but {d.dataset}'s "
-                      "clients are its own (its rows name them) and its labels are next "
-                      "characters: use partitioner = 'natural' (or 'iid' for an i.i.d. "
-                      "baseline over the same rows).")
+        errors.append(f"partitioner = {d.partitioner!r} invents label-skewed clients, but "
+                      f"{d.dataset}'s clients are its own (its rows name them): use "
+                      "partitioner = 'natural' (or 'iid' for an i.i.d. baseline over the same "
+                      "rows).")
     model = cfg.training.model
     if model != "auto" and model in MODELS and not cfg.embeddings.enabled and \
             info.kind not in MODELS.info(model).reads:
         fits = [m for m in MODELS.names if info.kind in MODELS.info(m).reads]
         errors.append(f"model = {model!r} cannot read {d.dataset} ({info.kind} data): use "
                       f"{', '.join(fits)} or 'auto'.")
+    mem = cfg.memorization
+    if mem.enabled and info.kind != "text":
+        texts = [n for n in DATASETS.names if DATASETS.info(n).kind == "text"]
+        errors.append(f"secret-canaries plants canary lines in clients' text, and {d.dataset} "
+                      f"is {info.kind} data: use it with {', '.join(texts)}, or set "
+                      "secret-canaries = 0 (for images, the audit's canaries are "
+                      "`canaries`).")
+    if mem.enabled:
+        try:
+            mem.repetitions()
+        except ValueError as exc:
+            errors.append(f"secret-repetitions = {mem.secret_repetitions!r}: {exc}.")
+        if mem.secret_clients > cfg.federation.num_clients:
+            errors.append(f"secret-clients = {mem.secret_clients} is more than num-clients = "
+                          f"{cfg.federation.num_clients}: lower it.")
     if info.kind == "text":
         if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode in ("ghost",
                                                                          "bookkeeping"):
@@ -418,6 +442,7 @@ def _together_checks(cfg: RunConfig) -> list[str]:
         "audit canaries (their crafted gradients)": cfg.leakage.canaries > 0,
         "anonymizer = 'cvae-online' (samples drawn as it trains)":
             cfg.anonymization.anonymizer == "cvae-online",
+        "local-steps (its batches are every epoch's)": cfg.training.local_steps > 0,
     }
     bad = [what for what, on in unsupported.items() if on]
     if not bad:

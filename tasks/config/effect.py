@@ -23,7 +23,7 @@ from privacy.anonymize.registry import ANONYMIZERS
 from ..registry import DATASETS, MODELS, auto_model
 from .keys import Key, Scalar
 from .sections import SECTIONS, RunConfig
-from .study import LeakageConfig
+from .study import LeakageConfig, MemorizationConfig
 
 
 class Rule(abc.ABC):
@@ -159,6 +159,8 @@ _ALWAYS = ("leakage-rounds", "server", "canaries", "canary-clients", "reference-
 
 RULES: dict[str, Rule] = {
     **{k.name: _OBSERVED for k in LeakageConfig.keys() if k.name not in _ALWAYS},
+    **{k.name: Zero("secret-canaries", 6) for k in MemorizationConfig.keys()
+       if k.name != "secret-canaries"},
     "server-trap": Unless("server", ("honest",)),
     "canary-clients": _CENTRAL_ONLY,
     "audit-confidence": AllOf((_OBSERVED, Zero("canary-clients", 1000))),

@@ -16,7 +16,7 @@ from privacy.screening import SCREENS
 
 from ..registry import DATASETS, MODELS, PARTITIONERS
 from .keys import Section, key
-from .study import AnonymizationConfig, EmbeddingsConfig, LeakageConfig
+from .study import AnonymizationConfig, EmbeddingsConfig, LeakageConfig, MemorizationConfig
 
 DP_MODES = ("none", "local", "central", "distributed")
 DP_TRAIN_DATA = ("released", "original")
@@ -268,13 +268,19 @@ class SecAggConfig(Section):
 class TrainingConfig(Section):
     GROUP = "training"
     model: str = key("auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
-                     "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp, linear. auto: "
-                     "small-cnn for 28x28 images, resnet18 for CIFAR, mlp for tabular data "
-                     "and embeddings.", choices=("auto",), registry=MODELS)
+                     "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp, linear; for text "
+                     "char-lstm (LEAF's 2x256 LSTM) and char-gru. auto: small-cnn for 28x28 "
+                     "images, resnet18 for CIFAR, mlp for tabular data and embeddings, "
+                     "char-gru for text.", choices=("auto",), registry=MODELS)
     mlp_hidden: str = key("200,200", "Hidden layer widths of the mlp (McMahan's 2NN is "
                           "200,200); the other built-in models have none, and refuse it.",
                           allowed="comma-separated positive integers")
     local_epochs: int = key(1, "Local epochs per round.", lo=1)
+    local_steps: int = key(0, "At most this many optimizer steps per round, the epochs' "
+                           "batches cut there (0: all of local-epochs): FedAvg with a fixed "
+                           "number of local updates (McMahan et al.'s u, pfl's local steps), "
+                           "so that a client's work per round does not grow with its data.",
+                           lo=0)
     batch_size: int = key(32, "Local mini-batch size.", lo=1)
     lr: float = key(0.05, "Client SGD learning rate.", lo=0, lo_open=True)
     momentum: float = key(0.5, "Client SGD momentum.", lo=0, hi=1, hi_open=True)
@@ -407,6 +413,7 @@ class RunConfig:
     embeddings: EmbeddingsConfig
     anonymization: AnonymizationConfig
     leakage: LeakageConfig
+    memorization: MemorizationConfig
     training: TrainingConfig
     resources: ResourcesConfig
     results: ResultsConfig

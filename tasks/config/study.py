@@ -242,3 +242,37 @@ class LeakageConfig(Section):
     @property
     def enabled(self) -> bool:
         return bool(self.leakage_rounds.strip())
+
+
+@dataclass(frozen=True)
+class MemorizationConfig(Section):
+    """The Secret Sharer (Carlini et al. 2019) on federated training (Thakkar et al. 2020):
+    canary lines planted in chosen clients' text, their exposure in the global model."""
+
+    GROUP = "memorization"
+    secret_canaries: int = key(0, "Canaries (the line 'my secret number is ' and random "
+                               "digits) planted in clients' text; the server measures each "
+                               "one's exposure in the global model after every round (text "
+                               "datasets; 0 = none).", lo=0, hi=100)
+    secret_repetitions: str = key("1,10,100", "How often a holder repeats a canary line: "
+                                  "canaries are dealt to these counts in turn.",
+                                  allowed="positive integers, comma-separated")
+    secret_clients: int = key(1, "Clients holding each canary (each plants all its "
+                              "repetitions), drawn with the seed from all clients.", lo=1)
+    secret_length: int = key(6, "Digits of each secret: the candidate space is 10^length "
+                             "(exposure at most log2 of it); ranked exactly up to 10^4, "
+                             "extrapolated from sampled candidates above (Carlini et al. "
+                             "section 4.3).", lo=1, hi=12)
+    secret_samples: int = key(1000, "Random candidates each extrapolated exposure is "
+                              "fitted to.", lo=50)
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret_canaries > 0
+
+    def repetitions(self) -> list[int]:
+        """The repetition counts, in order (raises ValueError on a bad list)."""
+        counts = [int(r) for r in self.secret_repetitions.split(",") if r.strip()]
+        if not counts or min(counts) < 1:
+            raise ValueError("give positive integers, e.g. '1,10,100'")
+        return counts
