@@ -12,6 +12,7 @@ from privacy.dp.disclosure import declined
 from strategies.rounds import short_reason
 from tasks.config import RunConfig
 from tasks.markdown import markdown_table
+from tasks.results.exposure import headline, read_exposure
 from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
 from tasks.results.ledger import RoundRecord, outcome
@@ -50,8 +51,6 @@ def canary_audit_lines(run_dir: Path) -> list[str]:
 def exposure_lines(run_dir: Path) -> list[str]:
     """summary.md's line for the canaries' exposure (exposure.jsonl), when the run planted
     canaries."""
-    from .memorization import headline, read_exposure
-
     rows = read_exposure(run_dir)
     if not rows:
         return []

@@ -12,8 +12,8 @@ import pytest
 from scipy.stats import skewnorm
 
 import fedpriv
-from server.memorization import headline, read_exposure
 from tasks.config import ConfigError, validate
+from tasks.results.exposure import headline, read_exposure
 
 
 def test_canaries_need_text_and_sound_settings():
@@ -67,3 +67,36 @@ def test_a_run_measures_each_canary_every_round_and_the_files_recompute_it(tmp_p
     assert "memorization (Secret Sharer" in summary and "plots/exposure.png" in summary
     lines = [json.loads(line) for line in (run / "exposure.jsonl").read_text().splitlines()]
     assert len(lines) == 6 and all("sample-log-perplexity" not in line for line in lines)
+
+
+def _cell(tmp_path, index, params, eps, exposures, seed=None, status="finished"):
+    from experiments.sweep.spec import Cell
+
+    run = tmp_path / f"c{index}"
+    run.mkdir()
+    lines = [json.dumps({"round": 3, "canary": i, "repetitions": reps, "space": 10**6,
+                         "exposure": value})
+             for i, (reps, value) in enumerate(exposures)]
+    (run / "exposure.jsonl").write_text("\n".join(lines) + "\n")
+    privacy = {"mode": "none"} if eps is None else {"mode": "central", "epsilon": eps}
+    return Cell(index, params, None, status, run_dir=run, seed=seed,
+                result={"privacy": privacy, "final": {"accuracy": 0.3}})
+
+
+def test_a_sweep_tabulates_and_draws_exposure_against_epsilon(tmp_path):
+    from experiments.sweep.memorization import exposure_plots, exposure_text
+
+    cells = [_cell(tmp_path, 1, {"dp": "none"}, None, [(1, 2.0), (100, 15.0)], seed=1),
+             _cell(tmp_path, 2, {"dp": "none"}, None, [(1, 3.0), (100, 17.0)], seed=2),
+             _cell(tmp_path, 3, {"dp": "central"}, 1.0, [(1, 1.0), (100, 1.5)]),
+             _cell(tmp_path, 4, {"dp": "central", "x": 1}, 8.0, [(1, 1.2), (100, 9.0)],
+                   status="failed")]
+    assert exposure_text(cells[0]) == "1x=2.0 100x=15.0"
+    fig = exposure_plots("t", cells)["exposure_privacy.png"]
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    hundred = lines["100 repetitions"]
+    assert list(hundred.get_ydata()) == [1.5, 16.0]  # epsilon 1, then no DP (mean of seeds)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "no DP"]
+    assert any("failed" in label and "not drawn" in label for label in lines)
+    assert exposure_plots("t", [_cell(tmp_path, 9, {}, None, [])]) == {}

@@ -24,6 +24,7 @@ from tasks.results.plots import (
 )
 
 from ..leakage.sweep import leakage_plots, sweep_rows
+from .memorization import exposure_plots
 from .outcome import named, trouble
 from .pareto import pareto_front
 from .stats import mean_ci
@@ -46,6 +47,7 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]
         figs = _accuracy_plots(title, cells, ledgers)
     figs |= _anonymization_plots(title, cells)
     figs |= _privacy_plots(title, cells, ledgers)
+    figs |= exposure_plots(title, cells)
     for file, fig in figs.items():  # a full disk: WriteFailed, no half-written PNG
         write_atomic(out / file, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110,
                                                                 bbox_inches="tight"))

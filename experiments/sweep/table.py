@@ -14,6 +14,7 @@ from tasks.files import damaged, read_text, write_atomic
 from tasks.markdown import drop_empty_columns, markdown_table
 from tasks.results.ledger import headline_epsilon
 
+from .memorization import exposure_text
 from .settings import effective
 from .spec import Cell, SweepSpec
 from .stats import fmt_ci
@@ -76,7 +77,7 @@ def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
             "target-round", "epsilon", "delta", "neighbours", "accountant", "server-sees",
-            "reid-top1", "mia-auc",
+            "reid-top1", "mia-auc", "exposure",
             "selected-round",
             "auroc", "noise-auroc", "steady-round-s", "wall-s", "run-dir", "error"]
     rows = []
@@ -94,7 +95,7 @@ def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
                      _neighbours(privacy), privacy.get("accountant", ""),
                      _server_sees(r),
                      _fmt(_anon(r, "reid-top1"), 3), _fmt(_anon(r, "mia-auc"), 3),
-                     *_reported(r),
+                     exposure_text(c), *_reported(r),
                      _fmt(r.get("steady-round-s"), 3),
                      _fmt(r.get("wall-s"), 1),
                      str(c.run_dir.relative_to(out)) if c.run_dir else "", c.error or ""])
