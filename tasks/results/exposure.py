@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .plots import _save, place_legend, wrap_title
 
@@ -49,6 +50,7 @@ def plot_exposure(path: Path, rows: Sequence[Mapping[str, Any]], title: str,
                             color=line.get_color(), alpha=0.2)
     ax.axhline(np.log2(space), color="grey", ls="--", lw=1, label="maximum: log2 |R|")
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("exposure (bits)")
     ax.set_ylim(bottom=0)
     ax.set_title(wrap_title(title), fontsize=10)
