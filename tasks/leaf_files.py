@@ -24,7 +24,7 @@ Two formats are read, never downloaded unless ``download = true``:
   that no test window overlaps a training one, as LEAF's current code does for it).
 
 Either way a fixed 10% of the users (seed 0, of the users sorted by name) are held out
-entirely: their rows are the server's test set (for Shakespeare a fixed 10,000-row sample,
+entirely: their rows are the server's test set (for Shakespeare a fixed 4,000-row sample,
 as :func:`tasks.shakespeare.load_shakespeare`); the others are the clients. FEMNIST images
 are stored uint8 with ink bright like MNIST: a white background (LEAF's, measured on the
 images' border) is inverted, ``255 - gray``. What was parsed is kept in fedpriv's cache,

@@ -97,7 +97,8 @@ def read_plays(archive: Path) -> dict[str, str]:
 def roles_of(play: str) -> Iterator[tuple[str, str]]:
     """(role, line) for every spoken line of a play, in order: a speaker tag alone on a
     line after a blank one (``Kent.``, ``LADY MACBETH.``, ``LYSANDER``), then the speech up
-    to the next blank line; stage directions in brackets are dropped, as LEAF drops them."""
+    to the next blank line; stage directions within a line's brackets are dropped (a
+    direction that spans lines is not recognized: its lines count as speech)."""
     lines = play.replace("\r", "").split("\n")
     started = False
     role = None

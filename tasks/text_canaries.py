@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from privacy.attacks.exposure import Canary, make_canaries
 
 from .config import RunConfig

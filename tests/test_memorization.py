@@ -97,6 +97,11 @@ def test_a_sweep_tabulates_and_draws_exposure_against_epsilon(tmp_path):
     lines = {line.get_label(): line for line in ax.get_lines()}
     hundred = lines["100 repetitions"]
     assert list(hundred.get_ydata()) == [1.5, 16.0]  # epsilon 1, then no DP (mean of seeds)
+    secagg = _cell(tmp_path, 5, {"dp": "none", "secure-aggregation": "secagg+"}, None,
+                   [(1, 1.0), (100, 4.0)])
+    fig = exposure_plots("t", [*cells, secagg])["exposure_privacy.png"]
+    ys = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert sorted(ys["100 repetitions"]) == [1.5, 4.0, 16.0]  # a cell each, never merged
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "no DP"]
     assert any("failed" in label and "not drawn" in label for label in lines)
     assert exposure_plots("t", [_cell(tmp_path, 9, {}, None, [])]) == {}

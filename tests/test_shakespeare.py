@@ -136,6 +136,12 @@ def test_natural_partitions_are_each_one_roles_rows():
     ({"dataset": "mnist", "model": "char-lstm"}, "cannot read mnist"),
     ({"dataset": "shakespeare", "partitioner": "natural", "dp": "local",
       "grad-sample-mode": "ghost"}, "cannot train recurrent layers"),
+    ({"dataset": "shakespeare", "partitioner": "natural", "train-together": True},
+     "no batching rule for recurrent layers"),
+    ({"dataset": "femnist", "partitioner": "natural", "features": "embeddings"},
+     "held back from the clients"),
+    ({"dataset": "shakespeare", "partitioner": "natural", "secret-canaries": 11,
+      "secret-length": 1}, "do not exist"),
 ])
 def test_what_does_not_fit_is_refused_before_start(sets, says):
     with pytest.raises(ConfigError, match=says):
@@ -209,3 +215,17 @@ def test_a_natural_clients_own_test_rows_are_its_role_and_not_its_training_rows(
         assert len(client_split(cfg, pid, 5)) == len(rows)
         train_starts = set(data.x_train.starts[rows].tolist())
         assert not train_starts & set(data.clients.x_test.starts[mine].tolist())
+
+
+@pytest.mark.slow
+def test_local_dp_sgd_trains_a_character_model_in_a_real_run(tmp_path):
+    """DP-SGD on text end to end: the pre-flight check validates the model as make_private
+    trains it (Opacus' recurrent layers), and Poisson batches, empty ones included (a
+    public N far above a role's rows), train and are accounted."""
+    import fedpriv
+
+    res = fedpriv.run(dataset="shakespeare", partitioner="natural", num_clients=4,
+                      num_server_rounds=1, local_steps=2, batch_size=10, dp="local",
+                      noise_multiplier=1.0, results_dir=str(tmp_path), echo=None)
+    assert res.ok, res.error
+    assert res.epsilon is not None and res.epsilon > 0

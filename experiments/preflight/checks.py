@@ -8,6 +8,7 @@ answer as JSON on the last line of stdout), so the CLI process never imports tor
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import math
@@ -32,7 +33,13 @@ from privacy.attacks.imprint import cnn_trunk, trap_layers
 from privacy.attacks.registry import attacks_scored_as
 from privacy.dp.accounting import ACCOUNTANT_NAMES
 from privacy.dp.dpfedavg import DPFedAvgParams, default_central_delta
-from privacy.dp.dpsgd import UnsupportedModelError, check_mode, check_model, resolve_mode
+from privacy.dp.dpsgd import (
+    UnsupportedModelError,
+    check_mode,
+    check_model,
+    private_layers,
+    resolve_mode,
+)
 from privacy.registry import Registry
 from strategies.central_dp import central_params
 from tasks.config import ConfigError, RunConfig, validate
@@ -330,6 +337,8 @@ def _distributed_dp_check(cfg: RunConfig, n: int, dim: int) -> str:
 
 def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
     try:
+        model = copy.deepcopy(model)
+        private_layers(model)  # as make_private trains it: Opacus' recurrent layers
         check_model(model)
         check_mode(resolve_mode(cfg.privacy.grad_sample_mode, name), model)
     except UnsupportedModelError as exc:

@@ -29,8 +29,9 @@ def exposure_text(cell: Any) -> str:
 
 def exposure_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     """exposure_privacy.png: final exposure against epsilon spent (log axis; cells without
-    DP at the right edge), one line per repetition count; cells that failed or diverged
-    named in the legend, not drawn. Empty when no cell planted canaries."""
+    DP at the right edge), one point per cell (the mean over its seeds, its 95% interval
+    shaded), one line per repetition count; cells that failed or diverged named in the
+    legend, not drawn. Empty when no cell planted canaries."""
     runs = [(c, read_exposure(c.run_dir)) for c in cells if c.run_dir]
     runs = [(c, rows) for c, rows in runs if rows]
     if not runs:
@@ -42,21 +43,23 @@ def exposure_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     right = max(finite) * 4 if finite else 1.0  # where the no-DP cells are drawn
     fig = Figure(figsize=(6.8, 4.2))
     ax = fig.subplots()
+    groups: dict[str, list[Any]] = {}  # a cell over its seeds: one point
+    for c, rows in sound:
+        groups.setdefault(c.group, []).append((c, rows))
     for reps in sorted({r["repetitions"] for _, rows in runs for r in rows}):
-        by_x: dict[float, list[float]] = {}
-        for c, rows in sound:
-            value = headline(rows).get(reps)
-            if value is not None:
-                x = eps[c.label] if eps[c.label] is not None else right
-                by_x.setdefault(x, []).append(value)
-        xs = sorted(by_x)
-        stats = [mean_ci(by_x[x]) for x in xs]
-        means = [m for m, _ in stats]
-        half = [h if math.isfinite(h) else 0.0 for _, h in stats]
-        line, = ax.plot(xs, means, "o-", ms=4, label=f"{reps} repetition{'s' * (reps > 1)}")
-        ax.fill_between(xs, [m - h for m, h in zip(means, half, strict=True)],
-                        [m + h for m, h in zip(means, half, strict=True)],
-                        color=line.get_color(), alpha=0.2)
+        points = []
+        for members in groups.values():
+            values = [v for _, rows in members if (v := headline(rows).get(reps)) is not None]
+            xs = [eps[c.label] for c, _ in members if eps[c.label] is not None]
+            if values:
+                points.append((sum(xs) / len(xs) if xs else right, *mean_ci(values)))
+        points.sort()
+        half = [h if math.isfinite(h) else 0.0 for _, _, h in points]
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=4,
+                        label=f"{reps} repetition{'s' * (reps > 1)}")
+        pairs = list(zip(points, half, strict=True))
+        ax.fill_between([p[0] for p in points], [p[1] - h for p, h in pairs],
+                        [p[1] + h for p, h in pairs], color=line.get_color(), alpha=0.2)
     for c, _ in runs:
         if (why := trouble(c)) is not None:
             ax.plot([], [], ls="none", marker="x", color="tab:red",

@@ -103,9 +103,23 @@ def _data_checks(cfg: RunConfig) -> list[str]:
             mem.repetitions()
         except ValueError as exc:
             errors.append(f"secret-repetitions = {mem.secret_repetitions!r}: {exc}.")
+        if mem.secret_canaries > 10 ** mem.secret_length:
+            errors.append(f"secret-canaries = {mem.secret_canaries} distinct secrets of "
+                          f"secret-length = {mem.secret_length} digits do not exist (10^"
+                          f"{mem.secret_length} of them): lengthen the secret or plant fewer.")
         if mem.secret_clients > cfg.federation.num_clients:
             errors.append(f"secret-clients = {mem.secret_clients} is more than num-clients = "
                           f"{cfg.federation.num_clients}: lower it.")
+    if d.partitioner == "natural" and (cfg.embeddings.enabled or
+                                       cfg.leakage.reference_fraction > 0):
+        errors.append("partitioner = 'natural' with rows held back from the clients (a "
+                      "backbone's public split, reference-fraction): the held-back rows would "
+                      "be taken from every client's own. Use features = 'raw' and "
+                      "reference-fraction = 0 with natural clients.")
+    if info.kind == "text" and cfg.resources.train_together:
+        errors.append("train-together = true with text: the batched cohort maps torch.func "
+                      "over the model, which has no batching rule for recurrent layers. Set "
+                      "train-together = false.")
     if info.kind == "text":
         if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode in ("ghost",
                                                                          "bookkeeping"):

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..files import damaged, read_text
 from .plots import _save, place_legend, wrap_title
 
 LEDGER = "exposure.jsonl"
@@ -24,10 +25,14 @@ def read_exposure(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows: dict[tuple[int, int], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            rows[(row["round"], row["canary"])] = row
+            rows[(int(row["round"]), int(row["canary"]))] = row
+        except (ValueError, KeyError, TypeError) as exc:
+            raise damaged(path, f"line {n} is not an exposure record ({exc})") from None
     return [rows[k] for k in sorted(rows)]
 
 
