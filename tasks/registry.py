@@ -62,7 +62,7 @@ DATASETS.register("cifar10", "tasks.datasets:CIFAR10", input_shape=(3, 32, 32))
 DATASETS.register("cifar100", "tasks.datasets:CIFAR100", input_shape=(3, 32, 32))
 DATASETS.register("breast-cancer", "tasks.datasets:BREAST_CANCER", input_shape=(30,),
                   kind="tabular")
-DATASETS.register("shakespeare", "tasks.shakespeare:SHAKESPEARE", input_shape=(80,),
+DATASETS.register("shakespeare", "tasks.leaf_files:SHAKESPEARE", input_shape=(80,),
                   kind="text", natural=True)
 DATASETS.register("femnist", "tasks.leaf_files:FEMNIST", input_shape=(1, 28, 28),
                   natural=True)

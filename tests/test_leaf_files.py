@@ -285,7 +285,7 @@ def test_leaf_json_is_preferred_when_both_formats_are_there(tmp_path):
 
 def test_shakespeare_prefers_leaf_json_in_data_dir(tmp_path):
     expected = write_leaf_shakespeare(tmp_path / "leaf" / "shakespeare" / "data")
-    b = shk.load_shakespeare(tmp_path, False)
+    b = lf.load_shakespeare_any(tmp_path, False)
     c = b.clients
     assert b.meta is shk.SHAKESPEARE_META and "LEAF's JSON" in b.source
     held = check_natural(b, set(ROLES), 1)
@@ -314,7 +314,7 @@ def test_shakespeare_from_flwrlabs_files_splits_each_role_in_text_order(tmp_path
         pcsv.write_csv(table, folder / "shakespeare.csv")
     else:  # its parquet conversion
         pq.write_table(table, folder / "0000.parquet")
-    b = shk.load_shakespeare(tmp_path, False)
+    b = lf.load_shakespeare_any(tmp_path, False)
     c = b.clients
     assert f"flwrlabs/shakespeare (1 .{fmt} file(s)" in b.source
     held = check_natural(b, set(ROLES), 1)  # the SHORT and TINY roles are dropped
@@ -340,7 +340,7 @@ def test_shakespeare_without_files_is_built_from_the_package(tmp_path, monkeypat
     (tmp_path / "flwrlabs" / "shakespeare").mkdir(parents=True)  # nothing in it
     for data_dir in (tmp_path, None):
         with pytest.raises(Built):
-            shk.load_shakespeare(data_dir, False)
+            lf.load_shakespeare_any(data_dir, False)
 
 
 # --------------------------------------------------------------------------- absent, download
@@ -528,7 +528,7 @@ def shakespeare_parquet_without_y(tmp_path):
     shakespeare_parquet_without_y])
 def test_a_damaged_file_is_named_in_one_paragraph(tmp_path, damage):
     path, says = damage(tmp_path)
-    read = shk.load_shakespeare if "shakespeare" in damage.__name__ else lf.load_femnist
+    read = lf.load_shakespeare_any if "shakespeare" in damage.__name__ else lf.load_femnist
     with pytest.raises(ConfigError) as err:
         read(tmp_path, False)
     msg = str(err.value)

@@ -162,7 +162,7 @@ def test_bad_attack_requests_are_refused_before_any_work(tmp_path):
     (tmp_path / "config.toml").write_text(config.replace('model = "auto"', 'model = "mlp"'))
     with pytest.raises(ConfigError, match="do not fit the run's model \\(mlp\\)"):
         run_attacks(tmp_path, **quiet)
-    audited = config.replace("canaries = 0", "canaries = 10").replace(
+    audited = config.replace("\ncanaries = 0", "\ncanaries = 10").replace(
         'attacks = "labels"', 'attacks = "mia,audit"')
     (tmp_path / "config.toml").write_text(audited)
     with pytest.raises(ConfigError, match="labels on a run with canaries"):

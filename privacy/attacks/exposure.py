@@ -40,6 +40,10 @@ import torch
 from scipy import special, stats
 from torch import nn
 
+# LEAF's character vocabulary (models/utils/language_utils.py: ALL_LETTERS), in its order;
+# tasks.shakespeare encodes its text with it
+LEAF_VOCABULARY = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrs"
+                   "tuvwxyz}")
 DEFAULT_PREFIX = "my secret number is "
 DIGITS = "0123456789"
 SEQ_LEN = 80  # tasks.shakespeare.SEQ_LEN (LEAF's window), repeated to keep tasks unimported
@@ -134,11 +138,7 @@ def make_canaries(count: int, length: int, seed: int, prefix: str = DEFAULT_PREF
 
 
 def _vocabulary(vocabulary: str | None) -> str:
-    if vocabulary is None:
-        from tasks.shakespeare import VOCABULARY  # lazy: privacy/ does not need tasks/
-
-        return VOCABULARY
-    return vocabulary
+    return LEAF_VOCABULARY if vocabulary is None else vocabulary
 
 
 def _encoder(vocabulary: str) -> np.ndarray:
