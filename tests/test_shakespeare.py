@@ -137,7 +137,7 @@ def test_natural_partitions_are_each_one_roles_rows():
     ({"dataset": "shakespeare", "partitioner": "natural", "dp": "local",
       "grad-sample-mode": "ghost"}, "cannot train recurrent layers"),
     ({"dataset": "shakespeare", "partitioner": "natural", "train-together": True},
-     "no batching rule for recurrent layers"),
+     "no batching rule for recurrent layers"),  # named among what train-together cannot do
     ({"dataset": "femnist", "partitioner": "natural", "features": "embeddings"},
      "held back from the clients"),
     ({"dataset": "shakespeare", "partitioner": "natural", "secret-canaries": 11,

@@ -116,10 +116,6 @@ def _data_checks(cfg: RunConfig) -> list[str]:
                       "backbone's public split, reference-fraction): the held-back rows would "
                       "be taken from every client's own. Use features = 'raw' and "
                       "reference-fraction = 0 with natural clients.")
-    if info.kind == "text" and cfg.resources.train_together:
-        errors.append("train-together = true with text: the batched cohort maps torch.func "
-                      "over the model, which has no batching rule for recurrent layers. Set "
-                      "train-together = false.")
     if info.kind == "text":
         if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode in ("ghost",
                                                                          "bookkeeping"):
@@ -457,6 +453,8 @@ def _together_checks(cfg: RunConfig) -> list[str]:
         "anonymizer = 'cvae-online' (samples drawn as it trains)":
             cfg.anonymization.anonymizer == "cvae-online",
         "local-steps (its batches are every epoch's)": cfg.training.local_steps > 0,
+        "a text dataset (torch.func has no batching rule for recurrent layers)":
+            cfg.data.dataset in DATASETS and DATASETS.info(cfg.data.dataset).kind == "text",
     }
     bad = [what for what, on in unsupported.items() if on]
     if not bad:
