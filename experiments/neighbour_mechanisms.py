@@ -357,28 +357,47 @@ def _central(cfg: RunConfig, clients: int | None, secagg: bool,
 
     client_side = p.central_clipping.startswith("client") or secagg
 
+    # under cyclic sampling the mechanism is the whole run (its noise is correlated across
+    # rounds): every round is released, each client's update the same in each of its rounds
+    rounds = cfg.federation.num_server_rounds if params(D_PRIME).cyclic else 1
+    matrix = params(D_PRIME).matrix
+    # the Cholesky factor of the rounds' noise covariance (M M^T): solving with it turns
+    # the correlated noise back into iid noise, a post-processing the tester may use
+    whiten = (np.linalg.cholesky(matrix.noise_matrix() @ matrix.noise_matrix().T)
+              if matrix is not None and matrix.kind != "gaussian" else None)
+
     def run(which: str, seed: int) -> dict[str, Any]:
         privacy = CentralPrivacy(params(which), p.central_clipping, seed)
         aggregation = CentralDPAggregation(privacy, client_side)
         ids = list(range(len(members[which])))
-        chosen = aggregation.sample(ids, random.Random(seed), 0)
-        updates = [_split(members[which][i], shapes) for i in chosen]
-        if secagg:
-            total, bits = _secagg_sum(updates, privacy.clipping_norm, cfg, seed)
-        else:
-            total, bits = _server_sum(updates, privacy.clipping_norm, shapes)
         current = [np.zeros(s, dtype=np.float32) for s in shapes]
-        new = privacy.release(1, current, total, bits)
-        out: dict[str, Any] = {"update": np.concatenate([a.reshape(-1) for a in new])}
+        released = []
+        for server_round in range(1, rounds + 1):
+            aggregation.begin_round(server_round)
+            chosen = aggregation.sample(ids, random.Random(seed + 7919 * (server_round - 1)), 0)
+            updates = [_split(members[which][i], shapes) for i in chosen]
+            if secagg:
+                total, bits = _secagg_sum(updates, privacy.clipping_norm, cfg, seed)
+            else:
+                total, bits = _server_sum(updates, privacy.clipping_norm, shapes)
+            new = privacy.release(server_round, current, total, bits)
+            released.append(np.concatenate([(a - c).reshape(-1)
+                                            for a, c in zip(new, current, strict=True)]))
+        out: dict[str, Any] = {"update": np.concatenate(released)}
+        if whiten is not None:  # the adversary's best view of correlated noise: iid again
+            sums = np.stack(released) * np.array(
+                [privacy.params.denominator_for(t) for t in range(1, rounds + 1)])[:, None]
+            out["whitened"] = np.linalg.solve(whiten, sums).reshape(-1)
         if privacy.params.adaptive:
             out["next-clipping-norm"] = privacy.clipping_norm
         return out
 
     accountant_params = params(D_PRIME)
-    eps = max(CentralAccountant(params(w)).epsilon_after(1) for w in ("D", D_PRIME))
+    eps = max(CentralAccountant(params(w)).epsilon_after(rounds) for w in ("D", D_PRIME))
     claim = Claim(eps, accountant_params.target_delta, NEIGHBOURS,
-                  "CentralAccountant, one round" + (", quantization slack accounted"
-                                                     if secagg else ""))
+                  ("CentralAccountant, one round" if rounds == 1 else
+                   f"CentralAccountant, {rounds} rounds of {p.central_mechanism} noise, "
+                   f"cyclic groups") + (", quantization slack accounted" if secagg else ""))
     where = "under SecAgg+ (client-side clipping, quantized sum)" if secagg else "on the server"
     name = (f"DP-FedAvg {where}: noise multiplier {p.noise_multiplier:g}, clipping "
             f"{p.clipping_norm:g}, {p.client_sampling} sampling, {dim} parameters")

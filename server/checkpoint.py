@@ -171,6 +171,16 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             f"--resume {str(path)!r}: its clients' state (DP-SGD ledgers or CVAE) was not "
             "kept (the run used real SuperNodes without a state-dir), so resuming would "
             "reset their epsilon. Start it again as a new run.")
+    p = cfg.privacy
+    correlated = p.central_mechanism == "tree" or (
+        p.central_mechanism == "banded-mf" and (p.mf_bands or p.cyclic_groups) > 1)
+    if p.dp == "central" and correlated and p.secure_rng:
+        raise ConfigError(
+            f"--resume {str(path)!r}: its {p.central_mechanism} noise is correlated across "
+            "rounds and was drawn from OS entropy (secure-rng), so the noise still owed to "
+            "the rounds already released cannot be rebuilt: a resume would break the "
+            "factorization's schedule and its epsilon. Start it again as a new run (or run "
+            "without secure-rng to be able to resume).")
     checkpoint = Checkpoint.load(path)
     _agree(path, cfg, info, checkpoint)
     check_model(path, cfg, checkpoint)

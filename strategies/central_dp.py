@@ -35,6 +35,7 @@ from privacy.dp.dpfedavg import (
     CentralAccountant,
     DPFedAvg,
     DPFedAvgParams,
+    calibrate,
     clipped_sum,
 )
 from tasks.config import RunConfig
@@ -51,14 +52,19 @@ def central_params(cfg: RunConfig, num_clients: int,
     (SecAgg+'s rounding, CKKS's encoding), accounted as extra sensitivity."""
     p, fed = cfg.privacy, cfg.federation
     poisson = p.client_sampling == "poisson"
-    return DPFedAvgParams(
+    params = DPFedAvgParams(
         noise_multiplier=p.noise_multiplier, clipping_norm=p.clipping_norm,
         population=num_clients, sampling=p.client_sampling, fraction=fed.fraction_train,
         cohort=0 if poisson else clients_per_round(num_clients, fed.fraction_train,
                                                      fed.min_train_clients),
         adaptive=p.central_clipping.endswith("adaptive"), delta=p.delta,
         max_epsilon=p.max_epsilon, secure_rng=p.secure_rng,
-        quantization_slack=quantization_slack, accountant=p.accountant)
+        quantization_slack=quantization_slack, accountant=p.accountant,
+        mechanism=p.central_mechanism, groups=p.cyclic_groups, bands=p.mf_bands,
+        rounds=fed.num_server_rounds)
+    if p.target_epsilon:  # the noise for that epsilon over the planned rounds
+        return calibrate(params, p.target_epsilon, fed.num_server_rounds)
+    return params
 
 
 def central_privacy(cfg: RunConfig, num_clients: int, slack: float = 0.0) -> CentralPrivacy:
@@ -97,7 +103,7 @@ class CentralPrivacy:
                 unclipped: list[bool] = ()) -> list[np.ndarray]:
         """The new global model: current + (noisy clipped sum) / d; the round is accounted."""
         out = self.mechanism.release(server_round, clipped_total, unclipped)
-        self.accountant.record_release()
+        self.accountant.record_release(server_round)
         self.last_round_released = True
         return [(c + u).astype(c.dtype) for c, u in zip(current, out.update, strict=True)]
 
@@ -109,6 +115,7 @@ class CentralPrivacy:
     def restore(self, state: dict[str, Any]) -> None:
         self.accountant.releases = int(state["releases"])
         self.mechanism.clipping_norm = float(state["clipping-norm"])
+        self.mechanism.resume(self.accountant.releases)
 
     def describe(self) -> dict[str, Any]:
         """The privacy part of a ledger record."""
@@ -122,10 +129,13 @@ class CentralPrivacy:
                "released-this-round": self.last_round_released,
                "neighbours": NEIGHBOURS, "accounting": p.describe_accounting(),
                "accountant": f"dp-accounting {p.accountant.upper()}"}
-        if p.sampling == "poisson":
+        if p.sampling in ("poisson", "cyclic-poisson"):
             out["sampling-rate"] = p.fraction
-        else:
+        elif p.sampling == "fixed":
             out["cohort"] = p.cohort or p.population
+        if p.matrix is not None:
+            out.update({"mechanism": p.mechanism, "cyclic-groups": p.groups,
+                        "bands": p.matrix.bands if p.mechanism == "banded-mf" else None})
         return out
 
 
@@ -145,15 +155,23 @@ class CentralDPAggregation:
         self.privacy = privacy
         self.client_side = client_side
         self.canaries = canaries
+        self.round = 1  # the round being sampled (begin_round)
 
     def begin_round(self, server_round: int) -> None:
         self.privacy.last_round_released = False
+        self.round = server_round
 
     def client_config(self) -> dict[str, Any]:
         return {CLIP_KEY: self.privacy.clipping_norm} if self.client_side else {}
 
     def sample(self, ordered: Sequence[int], rng: Any, size: int) -> list[int]:
+        """The mechanism's cohort; under cyclic sampling the round's group (partition ids
+        congruent to round - 1 mod groups), Poisson-thinned for cyclic-poisson."""
         p = self.privacy.params
+        if p.cyclic:
+            group = list(ordered)[(self.round - 1) % p.groups::p.groups]
+            rate = p.fraction if p.sampling == "cyclic-poisson" else None
+            return sample_cohort(group, rng, 0, rate) if rate is not None else group
         return sample_cohort(ordered, rng, 0 if p.everyone else p.cohort,
                              p.fraction if p.sampling == "poisson" else None)
 

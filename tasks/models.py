@@ -152,6 +152,52 @@ class CharRNN(nn.Module):
         return self.head(out[:, -1])
 
 
+class _EncoderBlock(nn.Module):
+    """A pre-norm transformer block (Vaswani et al. 2017) built from Linear and LayerNorm
+    only, the layers Opacus has per-sample gradients for (torch's MultiheadAttention has
+    none): self-attention over the whole window, then a two-layer MLP."""
+
+    def __init__(self, width: int, heads: int, ff: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.ff = nn.Sequential(nn.Linear(width, ff), nn.GELU(), nn.Linear(ff, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.norm1(x)).chunk(3, dim=-1))
+        att = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.out(att.transpose(1, 2).reshape(b, t, w))
+        return x + self.ff(self.norm2(x))
+
+
+class CharTransformer(nn.Module):
+    """A next-character transformer: token embedding plus fixed sinusoidal positions, a
+    stack of :class:`_EncoderBlock`, and a linear layer on the last position. The window is
+    all input (the label is the character after it), so attention needs no causal mask."""
+
+    def __init__(self, vocab: int, length: int, width: int, layers: int, heads: int,
+                 ff: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, width)
+        pos = torch.arange(length, dtype=torch.float32)[:, None]
+        freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32)
+                         * (-np.log(10000.0) / width))
+        table = torch.zeros(length, width)
+        table[:, 0::2], table[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
+        self.register_buffer("positions", table, persistent=False)
+        self.blocks = nn.Sequential(*(_EncoderBlock(width, heads, ff) for _ in range(layers)))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.embedding(x) + self.positions[: x.shape[1]])
+        return self.head(self.norm(h[:, -1]))
+
+
 def _text_shape(name: str, input_shape: tuple[int, ...]) -> int:
     if len(input_shape) != 1:
         raise ConfigError(f"model {name!r} reads sequences of token ids, but the dataset gives "
@@ -171,6 +217,14 @@ def char_gru(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, 
     """A small next-character model for 2 cores: embedding 8, one GRU layer of 128."""
     _text_shape("char-gru", input_shape)
     return CharRNN(num_classes, 8, 128, 1, "gru")
+
+
+def char_transformer(input_shape: tuple[int, ...], num_classes: int,
+                     hidden: tuple[int, ...] = ()) -> nn.Module:
+    """A small transformer for 2 cores: width 64, two blocks of 4 heads, MLP 128 (about 77k
+    weights); DP-SGD trains it with Opacus' own Linear/LayerNorm/Embedding samplers."""
+    return CharTransformer(num_classes, _text_shape("char-transformer", input_shape), 64, 2,
+                           4, 128)
 
 
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -92,6 +92,8 @@ MODELS.register("mlp", "tasks.models:mlp", reads=_VECTORS)
 MODELS.register("linear", "tasks.models:linear", reads_hidden=False, reads=_VECTORS)
 MODELS.register("char-lstm", "tasks.models:char_lstm", reads_hidden=False, reads=("text",))
 MODELS.register("char-gru", "tasks.models:char_gru", reads_hidden=False, reads=("text",))
+MODELS.register("char-transformer", "tasks.models:char_transformer", reads_hidden=False,
+                reads=("text",))
 
 BACKBONES: Registry = Registry(
     "backbone", where="tasks.registry.BACKBONES", error=ConfigError,

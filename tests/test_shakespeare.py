@@ -153,7 +153,7 @@ def test_the_character_models_train_with_dp_sgd_and_come_back_as_sent():
     from tasks.models import build_model
     from tasks.training import make_loader, sgd
 
-    for name in ("char-gru", "char-lstm"):
+    for name in ("char-gru", "char-lstm", "char-transformer"):
         torch.manual_seed(0)
         model = build_model(name, (80,), 80)
         before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -172,19 +172,21 @@ def test_the_character_models_train_with_dp_sgd_and_come_back_as_sent():
         assert sum(n for *_, n in private.history()) == 3
 
 
-def test_per_sample_gradients_of_the_swapped_gru_are_each_examples_own():
-    """Opacus' DPGRU (swapped in for torch's GRU) gives each example the gradient that
-    example alone gives torch's own GRU: the clipping acts on the right quantity."""
+@pytest.mark.parametrize("name", ["char-gru", "char-transformer"])
+def test_per_sample_gradients_of_the_character_models_are_each_examples_own(name):
+    """Opacus' DPGRU (swapped in for torch's GRU) and its Linear/LayerNorm/Embedding
+    samplers (the transformer) give each example the gradient that example alone gives the
+    plain model: the clipping acts on the right quantity."""
     from opacus import GradSampleModule
 
     from privacy.dp.dpsgd import private_layers
     from tasks.models import build_model
 
     torch.manual_seed(0)
-    plain = build_model("char-gru", (80,), 80)
-    dp = build_model("char-gru", (80,), 80)
+    plain = build_model(name, (80,), 80)
+    dp = build_model(name, (80,), 80)
     dp.load_state_dict(plain.state_dict())
-    assert private_layers(dp)
+    assert private_layers(dp) == (name == "char-gru")
     x, y = torch.randint(0, 80, (3, 80)), torch.randint(0, 80, (3,))
     gsm = GradSampleModule(dp, loss_reduction="sum")
     torch.nn.functional.cross_entropy(gsm(x), y, reduction="sum").backward()

@@ -14,7 +14,12 @@ Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
     python -m experiments.benchmarks.dp_overhead                   # small-cnn
     python -m experiments.benchmarks.dp_overhead --set model=cnn   # McMahan CNN
     python -m experiments.benchmarks.dp_overhead --federated-modes bookkeeping \
-        --federated-repeats 3                                       # issue 26's figures
+        --federated-repeats 3
+    python -m experiments.benchmarks.dp_overhead --config shakespeare \
+        --federated-modes hooks --set num-server-rounds=4           # the GRU, 50 steps
+
+Modes that cannot train the model (bookkeeping on recurrent or LayerNorm layers) are left
+out and named.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 
 from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv, print_table
 from experiments.configs import resolve
-from privacy.dp.dpsgd import make_private
+from privacy.dp.dpsgd import UnsupportedModelError, check_mode, make_private
 from tasks.config import RunConfig
 from tasks.splits import client_split, model_for
 from tasks.training import make_loader, sgd, train_epochs
@@ -39,13 +44,16 @@ MODES = ("hooks", "ghost", "bookkeeping")
 
 
 def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
-    """Median seconds for one local epoch of client 0, plain and per DP mode (and hooks
-    with ``secure-rng``: OS-seeded generator, Opacus' four-draw noise). The variants
-    take turns within each repeat, so that a shared machine's load falls on all alike."""
+    """Median seconds for one local epoch of client 0 (at most ``local-steps`` steps),
+    plain and per DP mode that can train the model (and with ``secure-rng``: OS-seeded
+    generator, Opacus' four-draw noise). The variants take turns within each repeat, so
+    that a shared machine's load falls on all alike."""
     torch.set_num_threads(1)
     split = client_split(cfg, 0, cfg.federation.num_clients)
     t = cfg.training
-    variants = ("none", *MODES, "hooks+secure-rng", "bookkeeping+secure-rng")
+    modes = usable_modes(cfg)
+    variants = ("none", *modes, *(f"{m}+secure-rng" for m in ("hooks", "bookkeeping")
+                                  if m in modes))
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(repeats + 1):  # the first run warms up
         for variant in variants:
@@ -60,14 +68,29 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
                                  grad_sample_mode=mode, seed=r, secure=variant != mode)
                 model, opt, loader, criterion = p.model, p.optimizer, p.loader, p.criterion
             t0 = time.perf_counter()
-            train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion)
+            train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion,
+                         max_steps=t.local_steps)
             if r:
                 times[variant].append(time.perf_counter() - t0)
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
-def client_round_times(sets: list[str], modes: list[str], repeats: int = 7
-                       ) -> dict[str, float]:
+def usable_modes(cfg: RunConfig) -> list[str]:
+    """The grad-sample modes that can train ``cfg``'s model; the others are named."""
+    model, _ = model_for(cfg)
+    usable = []
+    for mode in MODES:
+        try:
+            check_mode(mode, model)
+            usable.append(mode)
+        except UnsupportedModelError:
+            print(f"grad-sample-mode {mode} cannot train model {cfg.training.model!r}: "
+                  "left out", flush=True)
+    return usable
+
+
+def client_round_times(sets: list[str], modes: list[str], repeats: int = 7,
+                       config: str | None = None) -> dict[str, float]:
     """Median seconds of client 0's whole round in one process, as its ClientApp runs it
     (``clients.update.local_update``: for DP-SGD make_private, the epoch, the ledger and
     epsilon, the release's digest), without DP and with each mode, taking turns."""
@@ -81,7 +104,7 @@ def client_round_times(sets: list[str], modes: list[str], repeats: int = 7
                      for m in modes})
     setups = {}
     for name, extra in variants.items():
-        cfg = resolve(None, sets + extra)
+        cfg = resolve(config, sets + extra)
         client = Client(cfg, 0, cfg.federation.num_clients,
                         client_split(cfg, 0, cfg.federation.num_clients))
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
@@ -98,6 +121,8 @@ def client_round_times(sets: list[str], modes: list[str], repeats: int = 7
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
+    parser.add_argument("--config", help="a preset (without it, the MNIST default: "
+                        f"{' '.join(DEFAULT_SET)})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--skip-federated", action="store_true")
     parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant")
@@ -108,17 +133,19 @@ def main() -> None:
                         help="also time client 0's whole round (local_update) in this process")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sets = DEFAULT_SET + args.set
-    cfg = resolve(None, sets)
-    report: dict = {"args": sets, "epoch-s": epoch_times(cfg, args.repeats)}
+    sets = args.set if args.config else DEFAULT_SET + args.set  # a preset brings its own
+    cfg = resolve(args.config, sets)
+    report: dict = {"args": sets, "config": args.config,
+                    "epoch-s": epoch_times(cfg, args.repeats)}
+    federated_modes = [m for m in args.federated_modes if m in report["epoch-s"]]
     rows = [("", "seconds", "ratio to SGD")]
     base = report["epoch-s"]["none"]
     for mode, t in report["epoch-s"].items():
         rows.append((f"one client epoch, {mode if mode != 'none' else 'plain SGD'}",
                      f"{t:.3f}", f"{t / base:.2f}x"))
     if args.client_rounds:
-        report["client-round-s"] = client_round_times(sets, args.federated_modes,
-                                                      args.repeats)
+        report["client-round-s"] = client_round_times(sets, federated_modes, args.repeats,
+                                                      args.config)
         base = report["client-round-s"]["none"]
         for name, t in report["client-round-s"].items():
             rows.append((f"client 0's round (local_update), {name if name != 'none' else 'no DP'}",
@@ -126,10 +153,11 @@ def main() -> None:
     if not args.skip_federated:
         report["round-s"] = {}
         variants = {"none": ["--set", "dp=none"]}
-        for mode in args.federated_modes:
+        for mode in federated_modes:
             variants[mode] = ["--set", "dp=local", "--set", "noise-multiplier=1.0",
                               "--set", f"grad-sample-mode={mode}"]
-        common = [a for s in sets for a in ("--set", s)]
+        common = (["--config", args.config] if args.config else []) + \
+            [a for s in sets for a in ("--set", s)]
         rounds: dict[str, list[float]] = {name: [] for name in variants}
         for r in range(args.federated_repeats):  # the variants take turns
             for name, extra in variants.items():

@@ -55,7 +55,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
             model.load_state_dict(global_state)
             opt = sgd(model, t.lr, t.momentum, t.weight_decay)
             train_epochs(model, make_loader(split.x, split.y, t.batch_size, client_seed), opt,
-                         t.local_epochs, device)
+                         t.local_epochs, device, max_steps=t.local_steps)
             updates.append((len(split), {k: v.detach().cpu().numpy().copy()
                                          for k, v in model.state_dict().items()}))
         # Example-weighted mean in float32, in partition order: Flower's FedAvg arithmetic.

@@ -382,7 +382,13 @@ def _trained_mode(cfg: RunConfig, name: str) -> str:
 
 
 def _central_dp_check(cfg: RunConfig, n: int, weights: int) -> str:
-    params = central_params(cfg, n)
+    p = cfg.privacy
+    try:
+        params = central_params(cfg, n)
+    except ValueError as exc:  # a target-epsilon no noise multiplier reaches
+        raise ConfigError(
+            f"dp = 'central' with target-epsilon = {p.target_epsilon}: {exc}. Raise "
+            "target-epsilon, or give a noise-multiplier (target-epsilon = 0).") from None
     delta = params.target_delta
     if delta >= 1.0 / n:
         raise ConfigError(f"dp = 'central': delta = {delta:g} is not below 1/N = {1 / n:g} "
@@ -397,23 +403,29 @@ def _central_dp_check(cfg: RunConfig, n: int, weights: int) -> str:
                 f"the clipped-count noise (std d/20 = {d / 20:g}, Andrew et al.'s "
                 f"recommendation) must exceed z/2. Use more clients per round (d > "
                 f"{10 * z:g}), a smaller noise-multiplier, or fixed clipping.") from None
-    p = cfg.privacy
+    z = params.noise_multiplier
+    how = (f"noise-multiplier = {z:.4g} (calibrated for target-epsilon = {p.target_epsilon})"
+           if p.target_epsilon else f"noise-multiplier = {z}")
     ratio = noise_to_signal(params, weights)
     if p.max_noise_to_signal and ratio > p.max_noise_to_signal:
+        fewer = (f"lower noise-multiplier (to {p.max_noise_to_signal / ratio * z:.2g} or "
+                 "less, a larger epsilon)" if not p.target_epsilon else
+                 "raise target-epsilon")
         raise ConfigError(
-            f"dp = 'central' with noise-multiplier = {p.noise_multiplier} on a model of "
+            f"dp = 'central' with {how} on a model of "
             f"{weights:,} weights, divided by {params.denominator:g} clients a round: the "
             f"noise on the averaged update is expected to be {ratio:.1f}x longer than the "
             f"longest averaged update can be (z * sqrt(weights) / clients), over "
             f"max-noise-to-signal = {p.max_noise_to_signal:g}, so the model cannot learn. "
             f"Train more clients a round (num-clients, fraction-train: "
-            f"{ratio / p.max_noise_to_signal * params.denominator:.0f} or more), lower "
-            f"noise-multiplier (to {p.max_noise_to_signal / ratio * p.noise_multiplier:.2g} "
-            "or less, a larger epsilon), or set max-noise-to-signal = 0 to run it anyway "
-            "(to study accounting or attacks rather than accuracy).")
+            f"{ratio / p.max_noise_to_signal * params.denominator:.0f} or more), {fewer}, "
+            "or set max-noise-to-signal = 0 to run it anyway (to study accounting or attacks "
+            "rather than accuracy).")
     note = (f" (client-level epsilon with N = {n} clients needs much noise; DP-FedAvg is "
             "meant for hundreds of clients per round or more)" if n < 100 else "")
-    return (f"central DP-FedAvg: noise multiplier {p.noise_multiplier}, {p.central_clipping} "
+    mechanism = ("" if params.matrix is None else
+                 f", {params.matrix.describe()}")
+    return (f"central DP-FedAvg: noise multiplier {z:.4g}{mechanism}, {p.central_clipping} "
             f"clipping at {p.clipping_norm}, {p.client_sampling} sampling, sum divided by "
             f"{params.denominator:g} (noise {ratio:.1f}x the longest averaged update), delta "
             f"{delta:.3g}; neighbours: one client added or removed{note}")
@@ -421,8 +433,10 @@ def _central_dp_check(cfg: RunConfig, n: int, weights: int) -> str:
 
 def noise_to_signal(params: DPFedAvgParams, weights: int) -> float:
     """Expected L2 norm of DP-FedAvg's noise on the averaged update over the longest the
-    average of clipped updates can be: z C sqrt(d) / m over C (McMahan et al. 2018)."""
-    return params.update_multiplier * math.sqrt(weights) / params.denominator
+    average of clipped updates can be: z C sqrt(d) / m over C (McMahan et al. 2018); for
+    correlated noise z is scaled by the model's noise relative to independent noise."""
+    scale = params.matrix.model_noise_scale() if params.matrix is not None else 1.0
+    return params.update_multiplier * scale * math.sqrt(weights) / params.denominator
 
 
 def _answer(values: dict) -> dict:

@@ -45,14 +45,15 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .modes import CLIENT_SAMPLINGS
+from .correlated import MatrixMechanism
+from .modes import CENTRAL_MECHANISMS, CLIENT_SAMPLINGS
+from .noise import gaussian_noise, noise_rng
 
 if TYPE_CHECKING:  # dp-accounting is imported where it is used: clients need only `clip`
     from dp_accounting import DpEvent
@@ -107,16 +108,56 @@ class DPFedAvgParams:
     secure_rng: bool = False
     quantization_slack: float = 0.0  # L2 bound on what quantization adds to one update
     accountant: str = "pld"  # dp-accounting's PLD (tightest) or its RDP
+    mechanism: str = "gaussian"  # the noise across rounds (privacy.dp.correlated)
+    groups: int = 0  # cyclic sampling: the groups, one trained per round in turn
+    bands: int = 0  # banded-mf: the bands of C (0: as many as groups)
+    rounds: int = 0  # the rounds the correlated strategy is built for
 
     def __post_init__(self) -> None:
         if self.sampling not in CLIENT_SAMPLINGS:
             raise ValueError(f"sampling must be one of {CLIENT_SAMPLINGS}, got "
                              f"{self.sampling!r}")
+        if self.mechanism not in CENTRAL_MECHANISMS:
+            raise ValueError(f"mechanism must be one of {CENTRAL_MECHANISMS}, got "
+                             f"{self.mechanism!r}")
+        if (self.mechanism != "gaussian" or self.cyclic) and not (
+                self.cyclic and self.rounds >= self.groups >= 1):
+            raise ValueError(f"mechanism {self.mechanism!r} with {self.sampling!r} sampling "
+                             "needs cyclic sampling over 1..rounds groups")
+        if self.adaptive and self.matrix is not None:
+            raise ValueError("adaptive clipping is accounted for per-round independent noise "
+                             "under fixed or Poisson sampling only")
         if self.noise_multiplier <= 0 or self.clipping_norm <= 0 or self.population < 1:
             raise ValueError("noise multiplier, clipping norm and population must be positive")
         if self.accountant not in CENTRAL_ACCOUNTANTS:
             raise ValueError(f"central DP's accountant must be one of {CENTRAL_ACCOUNTANTS}, "
                              f"got {self.accountant!r}")
+
+    @property
+    def cyclic(self) -> bool:
+        return self.sampling.startswith("cyclic")
+
+    @property
+    def matrix(self) -> MatrixMechanism | None:
+        """The mechanism across rounds under cyclic participation (None: DP-FedAvg's
+        per-round accounting under fixed or Poisson sampling)."""
+        if not self.cyclic:
+            return None
+        return MatrixMechanism(self.mechanism, self.rounds, self.groups,
+                               self.bands or self.groups, self.sampling == "cyclic-poisson",
+                               self.fraction)
+
+    def group_size(self, server_round: int) -> int:
+        """Cyclic sampling: the clients of round ``server_round``'s group (partition ids
+        congruent to (round - 1) mod groups)."""
+        return len(range((server_round - 1) % self.groups, self.population, self.groups))
+
+    def denominator_for(self, server_round: int) -> float:
+        """d of round ``server_round``: the cyclic group's (expected) size, else d."""
+        if not self.cyclic:
+            return self.denominator
+        size = self.group_size(server_round)
+        return size * (self.fraction if self.sampling == "cyclic-poisson" else 1.0)
 
     @property
     def everyone(self) -> bool:
@@ -130,15 +171,19 @@ class DPFedAvgParams:
 
     @property
     def denominator(self) -> float:
-        """d: the fixed number the noisy sum is divided by (expected cohort size)."""
+        """d: the fixed number the noisy sum is divided by (expected cohort size; with
+        cyclic sampling the smallest group's)."""
+        if self.cyclic:
+            return min(self.denominator_for(r) for r in range(1, self.groups + 1))
         if self.sampling == "poisson":
             return self.fraction * self.population
         return float(self.cohort or self.population)
 
     @property
     def sensitivity_factor(self) -> int:
-        """How many C one client can move the sum by: 2 when it can displace another."""
-        return 1 if self.sampling == "poisson" or self.everyone else 2
+        """How many C one client can move the sum by: 2 when it can displace another
+        (a fixed cohort; a cyclic group takes all of its members)."""
+        return 1 if self.sampling != "fixed" or self.everyone else 2
 
     @property
     def count_std(self) -> float:
@@ -174,6 +219,12 @@ class DPFedAvgParams:
             return PoissonSampledDpEvent(self.fraction, gaussian)
         return gaussian
 
+    @property
+    def slack_factor(self) -> float:
+        """C / (C + slack): how much secure aggregation's rounding lowers the multiplier."""
+        c = self.clipping_norm
+        return c / (c + self.quantization_slack)
+
     def record_event(self) -> DpEvent:
         """One released round under the record-level relation (one record of a client that
         takes part added or removed): that client's clipped update can move by up to 2C,
@@ -186,6 +237,14 @@ class DPFedAvgParams:
 
     def describe_accounting(self) -> str:
         z = f"{self.accounted_multiplier:.4g}"
+        name = f"{self.accountant.upper()} (dp-accounting)"
+        if self.matrix is not None:
+            how = (f"{self.matrix.describe()}; noise multiplier {z} on C x, whose "
+                   "sensitivity is computed from C over the schedule")
+            if self.quantization_slack:
+                how += (f"; sensitivity raised by {self.quantization_slack:.3g} for secure "
+                        "aggregation's rounding")
+            return f"{name} of the whole release so far: {how}"
         if self.sampling == "poisson" and not self.everyone:
             how = (f"Poisson-subsampled Gaussian, q = {self.fraction:g}, multiplier {z} "
                    "(amplification by Poisson sampling)")
@@ -198,7 +257,7 @@ class DPFedAvgParams:
         if self.quantization_slack:
             how += (f"; sensitivity raised by {self.quantization_slack:.3g} for secure "
                     "aggregation's rounding (SecAgg+ quantization, or CKKS encoding)")
-        return f"RDP (dp-accounting) over every released round; per round: {how}"
+        return f"{name} over every released round; per round: {how}"
 
 
 def flat_norm(update: Sequence[np.ndarray]) -> float:
@@ -210,25 +269,6 @@ def clip(update: Sequence[np.ndarray], norm: float) -> tuple[Update, float]:
     before = flat_norm(update)
     scale = min(1.0, norm / before) if before > 0 else 1.0
     return [np.asarray(a, dtype=np.float64) * scale for a in update], before
-
-
-def gaussian_noise(shape: tuple[int, ...], std: float, rng: np.random.Generator,
-                   secure: bool = False) -> np.ndarray:
-    """N(0, std^2) noise; ``secure`` sums 4 draws / 2 against floating-point attacks.
-
-    The secure variant follows Opacus' ``secure_mode`` (Holohan & Braghin 2021, section
-    5.1): the sum of 2n Gaussians of the same std divided by sqrt(2n), n = 2.
-    """
-    if not secure:
-        return rng.normal(0.0, std, shape)
-    return sum(rng.normal(0.0, std, shape) for _ in range(4)) / 2.0
-
-
-def noise_rng(seed: int, server_round: int, secure: bool) -> np.random.Generator:
-    """The round's noise generator: reproducible from the run seed, or OS entropy."""
-    if secure:
-        return np.random.default_rng(secrets.randbits(128))
-    return np.random.default_rng([seed, server_round, 0xD9])
 
 
 def clipped_sum(updates: Sequence[Sequence[np.ndarray]], norm: float,
@@ -255,12 +295,29 @@ class RoundRelease:
 
 
 class DPFedAvg:
-    """The server side of DP-FedAvg: noise the clipped sum, divide by a fixed denominator."""
+    """The server side of DP-FedAvg: noise the clipped sum, divide by a fixed denominator.
+    Under cyclic sampling with a correlated mechanism the noise comes from its per-round
+    source (:mod:`privacy.dp.correlated`), rebuilt from the seed on resume."""
 
     def __init__(self, params: DPFedAvgParams, seed: int = 0) -> None:
         self.params = params
         self.seed = seed
         self.clipping_norm = params.clipping_norm
+        self._source: Any = None  # the correlated noise, built at the first release
+        self._resumed = 0  # rounds already released before a resume
+
+    def resume(self, rounds: int) -> None:
+        """Continue after ``rounds`` released rounds (a checkpoint): the correlated noise
+        is replayed to where it was."""
+        self._resumed, self._source = rounds, None
+
+    def _correlated(self, shapes: list[tuple[int, ...]], std: float) -> Any:
+        matrix = self.params.matrix
+        if self._source is None and matrix is not None:
+            self._source = matrix.noise(shapes, std, self.seed, self.params.secure_rng)
+            if self._source is not None and self._resumed:
+                self._source.replay(self._resumed)
+        return self._source
 
     def release(self, server_round: int, clipped_total: Sequence[np.ndarray],
                 unclipped: Sequence[bool] = ()) -> RoundRelease:
@@ -271,11 +328,14 @@ class DPFedAvg:
         """
         p = self.params
         c = self.clipping_norm
-        rng = noise_rng(self.seed, server_round, p.secure_rng)
         std = p.update_multiplier * c
-        noisy = [(np.asarray(a, dtype=np.float64) + gaussian_noise(np.shape(a), std, rng,
-                                                                   p.secure_rng))
-                 / p.denominator for a in clipped_total]
+        d = p.denominator_for(server_round)
+        source = self._correlated([np.shape(a) for a in clipped_total], std)
+        rng = noise_rng(self.seed, server_round, p.secure_rng)
+        noise = (source.advance(server_round) if source is not None else
+                 [gaussian_noise(np.shape(a), std, rng, p.secure_rng) for a in clipped_total])
+        noisy = [(np.asarray(a, dtype=np.float64) + w) / d
+                 for a, w in zip(clipped_total, noise, strict=True)]
         fraction = None
         if p.adaptive:
             centred = sum(float(b) - 0.5 for b in unclipped) + float(
@@ -312,7 +372,9 @@ def _composed_epsilon(event: DpEvent, releases: int, delta: float, accountant: s
 
 class CentralAccountant:
     """Client-level epsilon of the released model: every released round composed
-    (dp-accounting's PLD by default, or its RDP)."""
+    (dp-accounting's PLD by default, or its RDP); under cyclic sampling the whole
+    release so far as one mechanism (:class:`privacy.dp.correlated.MatrixMechanism`),
+    ``releases`` then counting rounds (a round that released nothing still counts)."""
 
     def __init__(self, params: DPFedAvgParams) -> None:
         self.params = params
@@ -320,6 +382,10 @@ class CentralAccountant:
 
     def epsilon_after(self, releases: int) -> float:
         """Client-level epsilon after ``releases`` rounds."""
+        matrix = self.params.matrix
+        if matrix is not None:
+            return self._composed(matrix.event(self.params.accounted_multiplier, releases),
+                                  min(releases, 1)) if releases else 0.0
         return self._composed(self.params.round_event(), releases)
 
     def _composed(self, event: DpEvent, releases: int) -> float:
@@ -337,11 +403,62 @@ class CentralAccountant:
         audit that changes one record inside a client is bounded by. Client-level
         add/remove does not bound it (the client stays and its update changes), except
         for a fixed cohort, whose rounds are already accounted with z / 2."""
+        matrix, p = self.params.matrix, self.params
+        if matrix is not None:
+            return self._composed(matrix.record_event(p.noise_multiplier * p.slack_factor,
+                                                      releases), 1) if releases else 0.0
         return self._composed(self.params.record_event(), releases)
 
     def would_exceed(self) -> bool:
         limit = self.params.max_epsilon
         return bool(limit) and self.epsilon_after(self.releases + 1) > limit * (1 + 1e-9)
 
-    def record_release(self) -> None:
-        self.releases += 1
+    def record_release(self, server_round: int = 0) -> None:
+        """Count a release (under cyclic sampling: every round up to ``server_round``)."""
+        self.releases = (max(self.releases + 1, server_round) if self.params.matrix
+                         else self.releases + 1)
+
+
+@functools.lru_cache(maxsize=64)
+def calibrate(params: DPFedAvgParams, target_epsilon: float, rounds: int) -> DPFedAvgParams:
+    """``params`` with the smallest noise multiplier (to 0.1%) whose client-level epsilon
+    after ``rounds`` rounds, as :class:`CentralAccountant` reports it, is at most
+    ``target_epsilon``. Epsilon only falls as the multiplier grows: RDP (an upper bound
+    on the PLD's figure, cheap) brackets it, then the Illinois variant of regula falsi on
+    log epsilon against log multiplier closes the bracket in a few PLD evaluations.
+    ValueError when even a multiplier of 10^4 does not reach the target."""
+    import dataclasses
+
+    def epsilon(z: float, accountant: str = params.accountant) -> float:
+        q = dataclasses.replace(params, noise_multiplier=z, accountant=accountant)
+        return CentralAccountant(q).epsilon_after(rounds)
+
+    lo, hi = 1e-2, 1e4
+    if epsilon(hi) > target_epsilon:
+        raise ValueError(f"no noise multiplier up to {hi:g} gives epsilon {target_epsilon} "
+                         f"in {rounds} rounds")
+    while hi / lo > 1.01:  # RDP's multiplier for the target: enough, if not the least
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if epsilon(mid, "rdp") <= target_epsilon else (mid, hi)
+    if params.accountant == "rdp":
+        return dataclasses.replace(params, noise_multiplier=hi)
+    lo = hi / 4
+    f_lo, f_hi = (math.log(epsilon(lo)) - math.log(target_epsilon),
+                  math.log(epsilon(hi)) - math.log(target_epsilon))
+    if f_lo <= 0:
+        return dataclasses.replace(params, noise_multiplier=lo)
+    side = 0
+    while hi / lo > 1.001:
+        x_lo, x_hi = math.log(lo), math.log(hi)
+        x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
+        x = min(max(x, x_lo + 1e-4 * (x_hi - x_lo)), x_hi - 1e-4 * (x_hi - x_lo))
+        f = math.log(epsilon(math.exp(x))) - math.log(target_epsilon)
+        if f <= 0:
+            hi, f_hi = math.exp(x), f
+            f_lo = f_lo / 2 if side == -1 else f_lo
+            side = -1
+        else:
+            lo, f_lo = math.exp(x), f
+            f_hi = f_hi / 2 if side == 1 else f_hi
+            side = 1
+    return dataclasses.replace(params, noise_multiplier=hi)

@@ -122,7 +122,8 @@ FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeepin
                "mlp": "bookkeeping",  # hooks 11x, ghost 3.9x, bookkeeping 2.5x
                "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
                "resnet18": "hooks",  # hooks 3.9x, ghost 4.6x (GroupNorm: no bookkeeping)
-               "char-lstm": "hooks", "char-gru": "hooks"}  # Opacus' DPLSTM/DPGRU
+               "char-lstm": "hooks", "char-gru": "hooks",  # Opacus' DPLSTM/DPGRU
+               "char-transformer": "hooks"}
 
 
 def check_mode(mode: str, model: nn.Module) -> None:

@@ -31,6 +31,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     errors += _data_checks(cfg)
     errors += _local_steps_checks(cfg)
     errors += _privacy_checks(cfg)
+    errors += _mechanism_checks(cfg)
     errors += _secagg_checks(cfg)
     errors += _embedding_checks(cfg)
     errors += _leakage_checks(cfg)
@@ -166,7 +167,7 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
             errors.append("accountant = 'prv' is Opacus' accountant for DP-SGD; central "
                           "DP-FedAvg is accounted with dp-accounting. Use accountant = 'pld' "
                           "(the default, tightest) or 'rdp'.")
-        if p.noise_multiplier == 0:
+        if p.noise_multiplier == 0 and not p.target_epsilon:
             errors.append("dp = 'central' with noise-multiplier = 0 adds no noise (epsilon is "
                           "infinite). Use a positive noise-multiplier, e.g. 1.0.")
     if p.client_sampling == "poisson" and p.dp != "distributed":
@@ -189,6 +190,79 @@ def _privacy_checks(cfg: RunConfig) -> list[str]:
                       "aggregation does not hide. Set fraction-evaluate = 0 (the server still "
                       "evaluates on its test set), or report-client-metrics = true to accept "
                       "the disclosure (the summary will say so).")
+    return errors
+
+
+def _mechanism_checks(cfg: RunConfig) -> list[str]:
+    """Central DP's mechanism across rounds and the participation it needs: correlated
+    noise is private only if each client's rounds are far enough apart (cyclic groups)."""
+    p, fed = cfg.privacy, cfg.federation
+    mech, sampling, cyclic = p.central_mechanism, p.client_sampling, \
+        p.client_sampling.startswith("cyclic")
+    if p.dp != "central":
+        out = []
+        if mech != "gaussian":
+            out.append(f"central-mechanism = {mech!r} with dp = {p.dp!r}: it is the noise "
+                       "central DP adds across rounds. Set dp = 'central', or drop "
+                       "central-mechanism.")
+        if cyclic:
+            out.append(f"client-sampling = {sampling!r} with dp = {p.dp!r}: cyclic groups are "
+                       "central DP's participation schedule. Set dp = 'central', or "
+                       "client-sampling = 'fixed'.")
+        return out
+    errors = []
+    rounds, n = fed.num_server_rounds, fed.num_clients
+    if mech != "gaussian" and not cyclic:
+        errors.append(
+            f"central-mechanism = {mech!r} with client-sampling = {sampling!r}: correlated "
+            "noise is private only if no client takes part twice within the rounds its noise "
+            f"is correlated over, which {sampling} sampling cannot promise. Set "
+            "client-sampling = 'cyclic' (or 'cyclic-poisson' for banded-mf) with "
+            "cyclic-groups, or central-mechanism = 'gaussian'.")
+    if cyclic and not 1 <= p.cyclic_groups <= min(rounds, n):
+        errors.append(
+            f"client-sampling = {sampling!r} with cyclic-groups = {p.cyclic_groups}: the "
+            f"groups must number between 1 and min(num-server-rounds, num-clients) = "
+            f"{min(rounds, n)}, so that every group trains and has clients. Set "
+            "cyclic-groups (e.g. the mf-bands you want).")
+    if sampling == "cyclic" and fed.fraction_train < 1:
+        errors.append(
+            f"client-sampling = 'cyclic' with fraction-train = {fed.fraction_train}: a cyclic "
+            "round trains its whole group. Use client-sampling = 'cyclic-poisson' to sample "
+            "within the group at that rate, or fraction-train = 1.")
+    if mech == "tree" and sampling == "cyclic-poisson":
+        errors.append(
+            "central-mechanism = 'tree' with client-sampling = 'cyclic-poisson': the tree's "
+            "accounting claims no amplification by sampling (Kairouz et al. 2021). Use "
+            "client-sampling = 'cyclic', or banded-mf for amplified correlated noise.")
+    bands = p.mf_bands or p.cyclic_groups
+    if mech == "banded-mf" and cyclic and p.cyclic_groups >= 1 and bands > p.cyclic_groups:
+        errors.append(
+            f"mf-bands = {bands} with cyclic-groups = {p.cyclic_groups}: a client would take "
+            f"part twice within {bands} rounds, where its noise is correlated, and the "
+            f"sensitivity would exceed what is accounted. Use at most {p.cyclic_groups} "
+            "bands, or more cyclic groups.")
+    if mech == "banded-mf" and bands > rounds:
+        errors.append(f"mf-bands = {bands} with num-server-rounds = {rounds}: the strategy "
+                      f"has at most as many bands as rounds. Use at most {rounds}.")
+    if p.mf_bands and mech != "banded-mf":
+        errors.append(f"mf-bands = {p.mf_bands} with central-mechanism = {mech!r}: only "
+                      "banded-mf has bands. Drop mf-bands, or set central-mechanism = "
+                      "'banded-mf'.")
+    if p.cyclic_groups and not cyclic:
+        errors.append(f"cyclic-groups = {p.cyclic_groups} with client-sampling = "
+                      f"{sampling!r}: only cyclic sampling has groups. Set client-sampling = "
+                      "'cyclic', or drop cyclic-groups.")
+    if (cyclic or mech != "gaussian") and p.central_clipping.endswith("adaptive"):
+        errors.append(
+            f"central-clipping = {p.central_clipping!r} with {sampling} sampling and "
+            f"{mech} noise: adaptive clipping's noisy count is accounted per round for "
+            "independent noise under fixed or Poisson sampling only. Use central-clipping = "
+            "'server-fixed' or 'client-fixed'.")
+    if sampling == "cyclic-poisson" and cfg.secagg.enabled:
+        errors.append("client-sampling = 'cyclic-poisson' with secure-aggregation is not "
+                      "supported, for the reason of 'poisson': a sampled round can be too "
+                      "small for SecAgg+. Use client-sampling = 'cyclic'.")
     return errors
 
 
@@ -386,6 +460,11 @@ def _canary_client_checks(cfg: RunConfig) -> list[str]:
         errors.append(f"canary-clients = {n}: the audit fits its bounds to the cosines of at "
                       "least 3 canary clients and 3 held-out directions. Set canary-clients "
                       ">= 3 (hundreds to thousands audit tightly), or 0.")
+    if p.client_sampling.startswith("cyclic"):
+        errors.append(f"canary-clients = {n} with client-sampling = {p.client_sampling!r}: "
+                      "the audit models canary clients sampled every round (Poisson, or "
+                      "everyone), not cyclic groups. Audit with client-sampling = 'poisson', "
+                      "or set canary-clients = 0.")
     if p.client_sampling == "fixed" and fed.fraction_train < 1:
         errors.append(f"canary-clients = {n} with client-sampling = 'fixed' and "
                       f"fraction-train = {fed.fraction_train}: in a fixed-size cohort a canary "

@@ -165,7 +165,7 @@ RULES: dict[str, Rule] = {
     "canary-clients": _CENTRAL_ONLY,
     "audit-confidence": AllOf((_OBSERVED, Zero("canary-clients", 1000))),
     "mlp-hidden": ModelIgnores(),
-    "target-epsilon": _LOCAL_ONLY,
+    "target-epsilon": Unless("dp", ("none", "distributed")),
     # DP-SGD's clipping norm, and the record canaries' norm whatever the dp mode
     "max-grad-norm": AllOf((_LOCAL_ONLY, Zero("canaries", 100))),
     "dp-train-data": _LOCAL_ONLY,
@@ -176,6 +176,9 @@ RULES: dict[str, Rule] = {
     "central-clipping": _CENTRAL_ONLY,
     "clipping-norm": _CLIENT_LEVEL,
     "client-sampling": _CENTRAL_ONLY,
+    "central-mechanism": _CENTRAL_ONLY,
+    "cyclic-groups": AllOf((_CENTRAL_ONLY, Unless("client-sampling", ("fixed", "poisson")))),
+    "mf-bands": AllOf((_CENTRAL_ONLY, Unless("central-mechanism", ("gaussian", "tree")))),
     "max-epsilon": _CENTRAL_ONLY,
     "max-noise-to-signal": _CLIENT_LEVEL,
     "distributed-bits": _DISTRIBUTED_ONLY,

@@ -11,7 +11,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from privacy.dp.accounting import ACCOUNTANTS, RELATIONS
-from privacy.dp.modes import CENTRAL_CLIPPINGS, CLIENT_SAMPLINGS, GRAD_SAMPLE_MODES
+from privacy.dp.modes import (
+    CENTRAL_CLIPPINGS,
+    CENTRAL_MECHANISMS,
+    CLIENT_SAMPLINGS,
+    GRAD_SAMPLE_MODES,
+)
 from privacy.screening import SCREENS
 
 from ..registry import DATASETS, MODELS, PARTITIONERS
@@ -119,9 +124,13 @@ class PrivacyConfig(Section):
                                 "whole run; the noise multiplier is derived from the planned "
                                 "rounds, local epochs, batch size and the client's data size, "
                                 "and a client whose next round would exceed it stops training. "
-                                "0 = use noise-multiplier, no budget. At most 10,000: beyond, "
-                                "the noise is negligible and the guarantee meaningless (use "
-                                "dp = 'none').", lo=0, hi=10_000)
+                                "dp = central: the client-level epsilon after "
+                                "num-server-rounds; the server's noise multiplier is the "
+                                "smallest that gives it (for the central-mechanism and "
+                                "client-sampling chosen). 0 = use noise-multiplier, no "
+                                "budget. At most 10,000: beyond, the noise is negligible and "
+                                "the guarantee meaningless (use dp = 'none').", lo=0,
+                                hi=10_000)
     noise_multiplier: float = key(1.0, "dp = local: DP-SGD noise multiplier sigma (when "
                                   "target-epsilon = 0). dp = central: DP-FedAvg noise "
                                   "multiplier z (noise std = z * clipping-norm on the sum of "
@@ -193,7 +202,29 @@ class PrivacyConfig(Section):
                                "fixed: Flower's cohort of fraction-train x N clients (no "
                                "amplification claimed); poisson: each client independently "
                                "with probability fraction-train (McMahan et al. 2018; epsilon "
-                               "is amplified by the sampling).", choices=CLIENT_SAMPLINGS)
+                               "is amplified by the sampling); cyclic: the clients split into "
+                               "cyclic-groups groups by partition id mod cyclic-groups, round t "
+                               "training all of group (t - 1) mod cyclic-groups, so each client "
+                               "takes part once every cyclic-groups rounds (what banded-mf and "
+                               "tree need); cyclic-poisson: each member of the round's group "
+                               "with probability fraction-train (amplified, Choquette-Choo et "
+                               "al. 2023).", choices=CLIENT_SAMPLINGS)
+    central_mechanism: str = key("gaussian", "dp = central: the noise across rounds. "
+                                 "gaussian: independent each round (DP-FedAvg); banded-mf: "
+                                 "banded matrix factorization, noise correlated over mf-bands "
+                                 "rounds by a strategy optimised for num-server-rounds "
+                                 "(Choquette-Choo et al. 2023); tree: DP-FTRL's tree "
+                                 "aggregation, a tree every cyclic-groups rounds (Kairouz et al. "
+                                 "2021). banded-mf and tree need client-sampling = 'cyclic' "
+                                 "(banded-mf also 'cyclic-poisson').",
+                                 choices=CENTRAL_MECHANISMS)
+    cyclic_groups: int = key(0, "client-sampling = cyclic or cyclic-poisson: the groups the "
+                             "clients are split into (partition id mod this), one trained per "
+                             "round in turn; between 1 and num-server-rounds.", lo=0)
+    mf_bands: int = key(0, "central-mechanism = banded-mf: the bands of the strategy matrix "
+                        "(how many rounds each round's noise is correlated with); at most "
+                        "cyclic-groups, so that a client's rounds are that far apart. 0 = "
+                        "cyclic-groups.", lo=0)
     client_screen: str = key("none", "What each client checks in the weights it receives "
                              "before training on them (privacy.screening): none, or "
                              "rank-one (refuse a first linear layer whose top direction "
@@ -269,9 +300,9 @@ class TrainingConfig(Section):
     GROUP = "training"
     model: str = key("auto", "Model: cnn (McMahan et al. 2017, 1.66M params), small-cnn, "
                      "resnet18 (torchvision, GroupNorm, CIFAR stem), mlp, linear; for text "
-                     "char-lstm (LEAF's 2x256 LSTM) and char-gru. auto: small-cnn for 28x28 "
-                     "images, resnet18 for CIFAR, mlp for tabular data and embeddings, "
-                     "char-gru for text.", choices=("auto",), registry=MODELS)
+                     "char-lstm (LEAF's 2x256 LSTM), char-gru and char-transformer. auto: "
+                     "small-cnn for 28x28 images, resnet18 for CIFAR, mlp for tabular data "
+                     "and embeddings, char-gru for text.", choices=("auto",), registry=MODELS)
     mlp_hidden: str = key("200,200", "Hidden layer widths of the mlp (McMahan's 2NN is "
                           "200,200); the other built-in models have none, and refuse it.",
                           allowed="comma-separated positive integers")
