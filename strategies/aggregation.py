@@ -18,7 +18,7 @@ Opacus' accountants own their ``state_dict``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,8 +71,11 @@ class Aggregation(Protocol):
         norm)."""
         ...
 
-    def sample(self, ordered: Sequence[int], rng: Any, size: int) -> list[int]:
-        """The cohort, from node ids in partition order (protocols that sample themselves)."""
+    def sample(self, ordered: Sequence[int], rng: Any, size: int,
+               partition_of: Mapping[int, int] | None = None) -> list[int]:
+        """The cohort, from node ids in partition order (protocols that sample themselves);
+        ``partition_of`` maps node ids to partition ids (None: a node's position is its
+        partition, every node present)."""
         ...
 
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -108,7 +111,8 @@ class FlowerAggregation:
     def client_config(self) -> dict[str, Any]:
         return {}
 
-    def sample(self, ordered: Sequence[int], rng: Any, size: int) -> list[int]:
+    def sample(self, ordered: Sequence[int], rng: Any, size: int,
+               partition_of: Mapping[int, int] | None = None) -> list[int]:
         return sample_cohort(ordered, rng, size)
 
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

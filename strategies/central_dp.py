@@ -19,7 +19,7 @@ every raw update; only local DP-SGD (or local noise) protects a client from the 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -164,12 +164,17 @@ class CentralDPAggregation:
     def client_config(self) -> dict[str, Any]:
         return {CLIP_KEY: self.privacy.clipping_norm} if self.client_side else {}
 
-    def sample(self, ordered: Sequence[int], rng: Any, size: int) -> list[int]:
+    def sample(self, ordered: Sequence[int], rng: Any, size: int,
+               partition_of: Mapping[int, int] | None = None) -> list[int]:
         """The mechanism's cohort; under cyclic sampling the round's group (partition ids
-        congruent to round - 1 mod groups), Poisson-thinned for cyclic-poisson."""
+        congruent to round - 1 mod groups, by ``partition_of``, never by position: a
+        client missing from the list must not move the others to other groups),
+        Poisson-thinned for cyclic-poisson."""
         p = self.privacy.params
         if p.cyclic:
-            group = list(ordered)[(self.round - 1) % p.groups::p.groups]
+            turn = (self.round - 1) % p.groups
+            group = [n for i, n in enumerate(ordered)
+                     if (partition_of[n] if partition_of is not None else i) % p.groups == turn]
             rate = p.fraction if p.sampling == "cyclic-poisson" else None
             return sample_cohort(group, rng, 0, rate) if rate is not None else group
         return sample_cohort(ordered, rng, 0 if p.everyone else p.cohort,
@@ -178,7 +183,8 @@ class CentralDPAggregation:
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                   grid: Grid) -> Iterable[Message]:
         # the round runner has seeded `random` and ordered the node ids by partition
-        chosen = self.sample(list(grid.get_node_ids()), random, 0)
+        chosen = self.sample(list(grid.get_node_ids()), random, 0,
+                             getattr(grid, "partition_of", None))
         record = RecordDict({"arrays": arrays, "config": config})
         return [Message(record, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
 

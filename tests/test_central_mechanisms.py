@@ -139,6 +139,13 @@ def test_the_cohort_is_the_rounds_group_and_poisson_thins_it():
         seen[t] = agg.sample(ids, random.Random(t), 0)
     assert seen[1] == [100, 104, 108] and seen[2] == [101, 105, 109] and seen[4] == [103, 107]
     assert seen[5] == seen[1]
+    # a node missing (partition 4 disconnected): the others keep their groups
+    present = [n for n in ids if n != 104]
+    partition_of = {n: n - 100 for n in present}
+    agg.begin_round(1)
+    assert agg.sample(present, random.Random(1), 0, partition_of) == [100, 108]
+    agg.begin_round(2)
+    assert agg.sample(present, random.Random(2), 0, partition_of) == [101, 105, 109]
     thinned = CentralPrivacy(params("banded-mf", "cyclic-poisson", groups=2, fraction=0.5),
                              "server-fixed", 0)
     agg = CentralDPAggregation(thinned, client_side=False)

@@ -74,4 +74,4 @@ def cohort(aggregation: Aggregation, partition_of: Mapping[int, int], seed: int,
     order with the round's own stream (:mod:`tasks.seeding`), so every protocol picks the
     clients the plain rounds pick."""
     ordered = sorted(partition_of, key=lambda nid: partition_of[nid])
-    return aggregation.sample(ordered, sampling_rng(seed, server_round), size)
+    return aggregation.sample(ordered, sampling_rng(seed, server_round), size, partition_of)
