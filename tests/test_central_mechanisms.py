@@ -254,3 +254,24 @@ def test_a_valid_schedule_is_accepted_and_described():
     assert described["cyclic-groups"] == 5 and "banded matrix factorization, 3 bands" in \
         described["accounting"]
     assert privacy.params.denominator_for(1) == 4
+
+
+@pytest.mark.parametrize("sets", [
+    {"client-sampling": "poisson", "fraction-train": 0.2, "num-clients": 50},
+    {"client-sampling": "cyclic", "cyclic-groups": 5, "central-mechanism": "banded-mf",
+     "num-clients": 50}])
+def test_target_epsilon_calibrates_the_least_noise_for_the_run(sets):
+    """dp = central with target-epsilon: the reported epsilon after the planned rounds is
+    at most the target, and 0.2% less noise would exceed it."""
+    import dataclasses
+
+    from strategies.central_dp import central_params
+
+    cfg = validate({"dp": "central", "target-epsilon": 4.0, "num-server-rounds": 10, **sets})
+    p = central_params(cfg, 50)
+    assert CentralAccountant(p).epsilon_after(10) <= 4.0
+    less = dataclasses.replace(p, noise_multiplier=p.noise_multiplier / 1.002)
+    assert CentralAccountant(less).epsilon_after(10) > 4.0
+    with pytest.raises(ConfigError, match="noise-multiplier = 0 adds no noise"):
+        validate({"dp": "central", "noise-multiplier": 0})
+    validate({"dp": "central", "noise-multiplier": 0, "target-epsilon": 2})  # the target rules
