@@ -385,8 +385,7 @@ def _central(cfg: RunConfig, clients: int | None, secagg: bool,
                                             for a, c in zip(new, current, strict=True)]))
         out: dict[str, Any] = {"update": np.concatenate(released)}
         if whiten is not None:  # the adversary's best view of correlated noise: iid again
-            sums = np.stack(released) * np.array(
-                [privacy.params.denominator_for(t) for t in range(1, rounds + 1)])[:, None]
+            sums = np.stack(released) * privacy.params.denominator
             out["whitened"] = np.linalg.solve(whiten, sums).reshape(-1)
         if privacy.params.adaptive:
             out["next-clipping-norm"] = privacy.clipping_norm

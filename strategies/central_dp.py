@@ -94,7 +94,7 @@ class CentralPrivacy:
 
     def stop_reason(self, server_round: int) -> str | None:
         """Why round ``server_round`` must not run (it would exceed max-epsilon), if so."""
-        if self.accountant.would_exceed():
+        if self.accountant.would_exceed(server_round):
             return (f"round {server_round} would take client-level epsilon from "
                     f"{self.epsilon:.3f} past max-epsilon = {self.params.max_epsilon}")
         return None

@@ -100,7 +100,7 @@ def test_banded_noise_beats_independent_noise_on_the_running_model_at_equal_epsi
             total, out = np.zeros(64), []
             for t in range(1, rounds + 1):
                 total = total + mech.release(t, [np.zeros(64)]).update[0] * \
-                    p.denominator_for(t)
+                    p.denominator
                 out.append(np.mean(total ** 2))
             sums.append(out)
         return np.mean(sums, axis=0)
@@ -153,7 +153,7 @@ def test_the_cohort_is_the_rounds_group_and_poisson_thins_it():
     picks = [tuple(agg.sample(ids, random.Random(s), 0)) for s in range(200)]
     assert all(set(x) <= {101, 103, 105, 107, 109} for x in picks)
     assert 1.5 < np.mean([len(x) for x in picks]) < 3.5  # 5 members at q = 0.5
-    assert thinned.params.denominator_for(2) == 10.0  # 20 of the population of 40, q = 0.5
+    assert thinned.params.denominator == 10.0  # 40 / 2 groups x q = 0.5
 
 
 def _tested(mechanism: str, sampling: str, z: float):
@@ -253,7 +253,7 @@ def test_a_valid_schedule_is_accepted_and_described():
     assert described["mechanism"] == "banded-mf" and described["bands"] == 3
     assert described["cyclic-groups"] == 5 and "banded matrix factorization, 3 bands" in \
         described["accounting"]
-    assert privacy.params.denominator_for(1) == 4
+    assert privacy.params.denominator == 4
 
 
 @pytest.mark.parametrize("sets", [
@@ -275,3 +275,65 @@ def test_target_epsilon_calibrates_the_least_noise_for_the_run(sets):
     with pytest.raises(ConfigError, match="noise-multiplier = 0 adds no noise"):
         validate({"dp": "central", "noise-multiplier": 0})
     validate({"dp": "central", "noise-multiplier": 0, "target-epsilon": 2})  # the target rules
+
+
+def test_max_epsilon_counts_rounds_that_released_nothing():
+    """Under cyclic sampling every round up to the current counts (its row of C is
+    spent whether or not it released): after rounds 1-3 and a round 4 that released
+    nothing, round 5 would take epsilon from 2.94 to 3.71, past max-epsilon 3."""
+    from strategies.central_dp import CentralPrivacy
+
+    p = params("gaussian", groups=2, rounds=8, z=2.0, max_epsilon=3.0)
+    privacy = CentralPrivacy(p, "server-fixed", 0)
+    zeros = [np.zeros(3)]
+    for t in (1, 2, 3):
+        assert privacy.stop_reason(t) is None
+        privacy.release(t, zeros, [np.zeros(3)])
+    assert privacy.epsilon == pytest.approx(CentralAccountant(p).epsilon_after(3))
+    assert CentralAccountant(p).epsilon_after(4) <= 3.0 < CentralAccountant(p).epsilon_after(5)
+    assert privacy.stop_reason(5) is not None  # round 4 released nothing
+
+
+def test_unequal_groups_share_one_denominator():
+    """41 clients in 4 groups (11, 10, 10, 10): every round divides by N / groups, so the
+    rounds' correlated noise keeps its weights on the model."""
+    p = DPFedAvgParams(noise_multiplier=1.0, clipping_norm=1.0, population=41,
+                       sampling="cyclic", mechanism="tree", groups=4, rounds=8)
+    mech = DPFedAvg(p, 0)
+    d = {mech.release(t, [np.zeros(2)]).update[0][0] * 0 + p.denominator for t in range(1, 9)}
+    assert d == {41 / 4}
+
+
+def test_the_membership_claim_of_a_correlated_run_is_its_own_curve():
+    """The record-level claim checked against membership attacks under central DP: for
+    correlated noise the whole release's curve (sensitivity 2C in each of the client's
+    rounds), whose epsilon at delta is the claim's."""
+    from dp_accounting.pld import PLDAccountant
+
+    from experiments.leakage.claims import membership_claim
+    from privacy.attacks.observation import Observation
+
+    cfg = validate({"dp": "central", "client-sampling": "cyclic", "cyclic-groups": 4,
+                    "central-mechanism": "banded-mf", "num-clients": 40,
+                    "num-server-rounds": 20, "noise-multiplier": 1.5})
+    p = params("banded-mf", groups=4, rounds=20, z=1.5)
+    obs = Observation.__new__(Observation)
+    claim = membership_claim(cfg, obs, [], (p, 20))
+    assert "banded-mf noise over 20 round(s)" in claim.by
+    acc = PLDAccountant()
+    acc.compose(p.matrix.record_event(1.5, 20))
+    assert claim.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=0.01)
+    # the curve passes through the claim: delta(epsilon) at the claimed epsilon is ~1e-5
+    eps, deltas = zip(*claim.profile, strict=True)
+    assert np.interp(claim.epsilon, eps, deltas) == pytest.approx(1e-5, rel=0.5)
+    # and is not DP-FedAvg's every-round curve (twice the multiplier's worth weaker)
+    independent = membership_claim(cfg, obs, [], (params("gaussian", "fixed", groups=0,
+                                                          rounds=0, z=1.5), 20))
+    assert np.interp(claim.epsilon, *zip(*independent.profile, strict=True)) > 1e-3
+
+
+def test_he_refuses_groups_smaller_than_its_minimum_cohort():
+    with pytest.raises(ConfigError, match="cyclic-groups = 5 samples 2 client"):
+        validate({"dp": "central", "client-sampling": "cyclic", "cyclic-groups": 5,
+                  "num-clients": 10, "secure-aggregation": "he",
+                  "central-clipping": "client-fixed", "he-min-cohort": 3})

@@ -54,6 +54,14 @@ def membership_claim(cfg: RunConfig, obs: Observation, ledger: list[RoundRecord]
         from privacy.dp.dpfedavg import CentralAccountant
 
         eps = CentralAccountant(params).record_epsilon_after(releases)
+        matrix = params.matrix
+        if matrix is not None:  # the whole release as one mechanism (correlated noise)
+            event = matrix.record_event(params.noise_multiplier * params.slack_factor,
+                                        releases)
+            return Claim(eps, params.target_delta,
+                         f"{params.mechanism} noise over {releases} round(s) of cyclic "
+                         "groups, record-level (sensitivity 2C in each of the client's "
+                         "rounds, no amplification)", pld_profile(event))
         return Claim(eps, params.target_delta,
                      f"DP-FedAvg's {releases} release(s), record-level (sensitivity 2C, no "
                      "amplification)",

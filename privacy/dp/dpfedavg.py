@@ -147,18 +147,6 @@ class DPFedAvgParams:
                                self.bands or self.groups, self.sampling == "cyclic-poisson",
                                self.fraction)
 
-    def group_size(self, server_round: int) -> int:
-        """Cyclic sampling: the clients of round ``server_round``'s group (partition ids
-        congruent to (round - 1) mod groups)."""
-        return len(range((server_round - 1) % self.groups, self.population, self.groups))
-
-    def denominator_for(self, server_round: int) -> float:
-        """d of round ``server_round``: the cyclic group's (expected) size, else d."""
-        if not self.cyclic:
-            return self.denominator
-        size = self.group_size(server_round)
-        return size * (self.fraction if self.sampling == "cyclic-poisson" else 1.0)
-
     @property
     def everyone(self) -> bool:
         """True when every client takes part in every round (fraction 1: no sampling).
@@ -172,9 +160,13 @@ class DPFedAvgParams:
     @property
     def denominator(self) -> float:
         """d: the fixed number the noisy sum is divided by (expected cohort size; with
-        cyclic sampling the smallest group's)."""
+        cyclic sampling the mean group's, N / groups, times the rate for cyclic-poisson:
+        one d for every round, even for groups of unequal sizes, since dividing rounds by
+        different numbers would scale their correlated noise differently and undo its
+        cancellation on the model)."""
         if self.cyclic:
-            return min(self.denominator_for(r) for r in range(1, self.groups + 1))
+            rate = self.fraction if self.sampling == "cyclic-poisson" else 1.0
+            return self.population / self.groups * rate
         if self.sampling == "poisson":
             return self.fraction * self.population
         return float(self.cohort or self.population)
@@ -329,7 +321,7 @@ class DPFedAvg:
         p = self.params
         c = self.clipping_norm
         std = p.update_multiplier * c
-        d = p.denominator_for(server_round)
+        d = p.denominator
         source = self._correlated([np.shape(a) for a in clipped_total], std)
         rng = noise_rng(self.seed, server_round, p.secure_rng)
         noise = (source.advance(server_round) if source is not None else
@@ -409,9 +401,13 @@ class CentralAccountant:
                                                       releases), 1) if releases else 0.0
         return self._composed(self.params.record_event(), releases)
 
-    def would_exceed(self) -> bool:
+    def would_exceed(self, server_round: int = 0) -> bool:
+        """Whether releasing round ``server_round`` would take epsilon past max-epsilon
+        (under cyclic sampling every round up to it counts, released or not)."""
         limit = self.params.max_epsilon
-        return bool(limit) and self.epsilon_after(self.releases + 1) > limit * (1 + 1e-9)
+        upto = (max(self.releases + 1, server_round) if self.params.matrix
+                else self.releases + 1)
+        return bool(limit) and self.epsilon_after(upto) > limit * (1 + 1e-9)
 
     def record_release(self, server_round: int = 0) -> None:
         """Count a release (under cyclic sampling: every round up to ``server_round``)."""
@@ -442,6 +438,8 @@ def calibrate(params: DPFedAvgParams, target_epsilon: float, rounds: int) -> DPF
         lo, hi = (lo, mid) if epsilon(mid, "rdp") <= target_epsilon else (mid, hi)
     if params.accountant == "rdp":
         return dataclasses.replace(params, noise_multiplier=hi)
+    while epsilon(hi) > target_epsilon:  # PLD is below RDP; never trust it blindly
+        hi *= 1.1
     lo = hi / 4
     f_lo, f_hi = (math.log(epsilon(lo)) - math.log(target_epsilon),
                   math.log(epsilon(hi)) - math.log(target_epsilon))

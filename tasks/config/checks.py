@@ -324,13 +324,19 @@ def _secagg_checks(cfg: RunConfig) -> list[str]:
         errors.append("secagg-reconstruction-threshold must not exceed secagg-num-shares.")
     fed = cfg.federation
     cohort = clients_per_round(fed.num_clients, fed.fraction_train, fed.min_train_clients)
+    p = cfg.privacy
+    if dp == "central" and p.client_sampling == "cyclic" and p.cyclic_groups >= 1:
+        cohort = fed.num_clients // p.cyclic_groups  # the smallest group
     if s.he and cohort < s.he_min_cohort:
+        how = (f"cyclic-groups = {p.cyclic_groups}" if p.client_sampling == "cyclic" and
+               dp == "central" else f"fraction-train = {fed.fraction_train} and "
+               f"min-train-clients = {fed.min_train_clients}")
         errors.append(f"secure-aggregation = 'he' with num-clients = {fed.num_clients}, "
-                      f"fraction-train = {fed.fraction_train} and min-train-clients = "
-                      f"{fed.min_train_clients} samples {cohort} client(s) a round, fewer than "
+                      f"{how} samples {cohort} client(s) a round, fewer than "
                       f"he-min-cohort = {s.he_min_cohort}: the clients would refuse to decrypt "
                       "every round (a sum that small could be one client's update). Raise "
-                      f"fraction-train or min-train-clients to {s.he_min_cohort} or more.")
+                      f"fraction-train or min-train-clients to {s.he_min_cohort} or more (with "
+                      "cyclic sampling, use fewer groups).")
     return errors
 
 
