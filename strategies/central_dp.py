@@ -115,7 +115,7 @@ class CentralPrivacy:
     def restore(self, state: dict[str, Any]) -> None:
         self.accountant.releases = int(state["releases"])
         self.mechanism.clipping_norm = float(state["clipping-norm"])
-        self.mechanism.resume(self.accountant.releases)
+        self.mechanism.resume()
 
     def describe(self) -> dict[str, Any]:
         """The privacy part of a ledger record."""

@@ -116,13 +116,25 @@ def test_resumed_local_dp_run_equals_an_uninterrupted_one(tmp_path, _task_identi
      "central-clipping": "server-adaptive"},
     # FedAvgM's server momentum is restored
     {"strategy": "fedavgm", "server-momentum": 0.9, "server-lr": 1.0},
-], ids=["central-dp-adaptive", "fedavgm"])
+    # correlated noise continues exactly where it was (replayed from the seed)
+    {"dp": "central", "noise-multiplier": 0.05, "fraction-train": 1.0,
+     "client-sampling": "cyclic", "cyclic-groups": 2, "central-mechanism": "banded-mf",
+     "max-noise-to-signal": 0},
+    {"dp": "central", "noise-multiplier": 0.05, "fraction-train": 1.0,
+     "client-sampling": "cyclic", "cyclic-groups": 2, "central-mechanism": "tree",
+     "max-noise-to-signal": 0},
+], ids=["central-dp-adaptive", "fedavgm", "banded-mf", "tree"])
 def test_resumed_run_restores_the_strategy_state(tmp_path, _task_identity, values):  # noqa: F811
     whole, resumed, _, _ = _crash_and_resume(tmp_path, {**BASE, **values}, crash_round=2)
     assert _comparable(resumed) == _comparable(whole)
     if values.get("dp") == "central":
         assert resumed[-1].privacy["releases"] == 4
-        assert resumed[-1].privacy["clipping-norm"] != 1.0
+        if "central-mechanism" in values:
+            assert resumed[-1].privacy["mechanism"] == values["central-mechanism"]
+            assert [r.privacy["epsilon"] for r in resumed] == \
+                [r.privacy["epsilon"] for r in whole]
+        else:
+            assert resumed[-1].privacy["clipping-norm"] != 1.0
 
 
 def test_supernodes_with_a_state_dir_resume_like_simulated_clients(tmp_path,

@@ -149,8 +149,8 @@ def sensitivity(strategy: np.ndarray, participations: Iterable[Sequence[int]]) -
 class BandedNoise:
     """The noise of a banded Toeplitz mechanism, one round at a time: ``w_t = (z_t -
     sum_{j>=1} c_j w_{t-j}) / c_0`` with ``z_t ~ N(0, std^2)`` drawn from the round's
-    generator (:func:`privacy.dp.dpfedavg.noise_rng`), so a replay from round 1 rebuilds
-    the state exactly (:meth:`replay`)."""
+    generator (:func:`privacy.dp.noise.noise_rng`), so a source started late (a resume)
+    rebuilds the state exactly by drawing the earlier rounds again (:meth:`advance`)."""
 
     def __init__(self, coefs: np.ndarray, shapes: Sequence[tuple[int, ...]], std: float,
                  seed: int, secure: bool = False) -> None:
@@ -176,28 +176,21 @@ class BandedNoise:
         return out
 
     def advance(self, server_round: int) -> list[np.ndarray]:
-        """Round ``server_round``'s noise, drawing (and dropping) that of rounds skipped
-        since the last: each row of ``C^-1 z`` stays on its round."""
+        """Round ``server_round``'s noise, drawing (and dropping) that of the rounds since
+        the last (skipped, or before a resume): each row of ``C^-1 z`` stays on its
+        round."""
         while self.rounds + 1 < server_round:
             self.next(self.rounds + 1)
         return self.next(server_round)
 
-    def replay(self, rounds: int) -> None:
-        """Regenerate the state after ``rounds`` rounds (resume): the same draws again."""
-        if self.secure:
-            raise ValueError("secure-rng noise cannot be replayed: its draws are not "
-                             "reproducible")
-        self.history, self.rounds = [], 0
-        for r in range(1, rounds + 1):
-            self.next(r)
 
 
 class TreeNoise:
     """DP-FTRL's honest tree noise (Kairouz et al. 2021), one round at a time: each dyadic
     node's Gaussian is drawn from its own seeded generator; round ``t`` gets the prefix
     noise of ``[1, t]`` less that of ``[1, t-1]``, so the running sum of the releases
-    carries exactly the nodes of ``t``'s binary decomposition. Stateless: resuming
-    needs no replay."""
+    carries exactly the nodes of ``t``'s binary decomposition. Stateless when seeded:
+    resuming needs nothing rebuilt."""
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], std: float, seed: int,
                  restart: int = 0, secure: bool = False) -> None:
@@ -223,13 +216,6 @@ class TreeNoise:
                        else (0, server_round - 1))
         keep = {(tree, level, i) for level, i in tree_nodes(local + 1)}
         self._drawn = {k: v for k, v in self._drawn.items() if k in keep}
-
-    def replay(self, rounds: int) -> None:
-        """Resume after ``rounds`` rounds: nothing to rebuild (each node comes from its own
-        seed), unless the nodes came from OS entropy."""
-        if self.secure and rounds:
-            raise ValueError("secure-rng tree noise cannot be replayed: its nodes are not "
-                             "reproducible")
 
     def prefix(self, t: int) -> list[np.ndarray]:
         """The noise on the running sum after round ``t`` (within the current tree)."""

@@ -296,19 +296,16 @@ class DPFedAvg:
         self.seed = seed
         self.clipping_norm = params.clipping_norm
         self._source: Any = None  # the correlated noise, built at the first release
-        self._resumed = 0  # rounds already released before a resume
 
-    def resume(self, rounds: int) -> None:
-        """Continue after ``rounds`` released rounds (a checkpoint): the correlated noise
-        is replayed to where it was."""
-        self._resumed, self._source = rounds, None
+    def resume(self) -> None:
+        """Continue from a checkpoint: the correlated noise source is rebuilt at the next
+        release, drawing the earlier rounds again from their seeds (``advance``)."""
+        self._source = None
 
     def _correlated(self, shapes: list[tuple[int, ...]], std: float) -> Any:
         matrix = self.params.matrix
         if self._source is None and matrix is not None:
             self._source = matrix.noise(shapes, std, self.seed, self.params.secure_rng)
-            if self._source is not None and self._resumed:
-                self._source.replay(self._resumed)
         return self._source
 
     def release(self, server_round: int, clipped_total: Sequence[np.ndarray],
