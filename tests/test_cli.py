@@ -49,7 +49,7 @@ def test_keys_command_prints_the_schema_as_toml_and_text():
     text = run_cli("keys").stdout
     for group in {k.group for k in SCHEMA}:
         assert f"\n{group}:\n" in f"\n{text}"
-    assert '  client-sampling = "fixed"    [fixed | poisson]' in text
+    assert '  client-sampling = "fixed"    [fixed | poisson | cyclic | cyclic-poisson]' in text
 
 
 BAD_INPUT = [

@@ -125,12 +125,11 @@ def _run_watched(results: Path, mode: str) -> tuple[list[dict], dict[tuple[int, 
                 try:
                     # the latest that is not empty: a child seen between fork and exec
                     # has its parent's, a zombie none
-                    line = " ".join(p.cmdline())
-                    if line:
-                        seen[(p.pid, p.create_time())] = line
-                        parent[(p.pid, p.create_time())] = p.ppid()
-                except psutil.Error:
+                    key, line, ppid = (p.pid, p.create_time()), " ".join(p.cmdline()), p.ppid()
+                except psutil.Error:  # gone while read: none of it is kept
                     continue
+                if line:
+                    seen[key], parent[key] = line, ppid
             threading.Event().wait(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)

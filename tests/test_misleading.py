@@ -24,8 +24,8 @@ from .conftest import run_cli
 
 @pytest.mark.parametrize(("given", "says"), [
     (["target-epsilon=5"], "target-epsilon = 5 has no effect with dp = 'none': remove it, "
-                           "or set dp = 'local'"),
-    (["dp=central", "target-epsilon=5"], "has no effect with dp = 'central'"),
+                           "or set dp to one of local, central"),
+    (["dp=central", "dp-relation=replace-one"], "has no effect with dp = 'central'"),
     (["noise-multiplier=2"], "set dp to one of local, central"),
     (["proximal-mu=0.5"], "proximal-mu = 0.5 has no effect with strategy = 'fedavg'"),
     (["secagg-num-shares=5"], "set secure-aggregation = 'secagg+'"),
