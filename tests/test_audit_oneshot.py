@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from clients.update import with_canary_rows
+from privacy.attacks.audit_gdp import gdp_epsilon
 from privacy.attacks.audit_suite import audit_all, claim_check
 from privacy.attacks.audit_view import CanaryView
 from privacy.attacks.canaries import DirectionCanaries, GradientCanaries, canary_inclusion
@@ -30,6 +31,7 @@ from privacy.attacks.canary_clients import (
     simulate_dpfedavg_audit,
 )
 from privacy.dp.accounting import calibrate_noise, epsilon
+from privacy.dp.correlated import tree_nodes
 from privacy.dp.dpfedavg import DPFedAvgParams
 from privacy.dp.dpsgd import make_private
 from tasks.training import make_loader, sgd, train_epochs
@@ -154,6 +156,45 @@ def test_client_level_audit_with_poisson_client_sampling():
     assert r["epsilon-view"] < r["epsilon-claimed"]
     assert r["claim-consistent"] is True
     assert r["epsilon-estimate-oneshot"] > 0.5 * r["epsilon-view"]
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "banded-mf", "tree"])
+def test_client_level_audit_under_cyclic_groups(mechanism):
+    """Canary clients in 4 cyclic groups over 8 rounds: the view is a Gaussian with mu =
+    m / (z ||1^T M||) (m = 2 chances, M the mechanism's noise matrix, computed here from
+    the strategy independently of the audit's code), at most the claim; the honest run
+    stands, a run at a tenth of the noise is rejected (the tree's claim is twice the
+    others' at equal z, so it runs at z = 2 to stay where 600 canaries can reject)."""
+    z = 2.0 if mechanism == "tree" else 1.0
+    run = {"canary_clients": 600, "held_out": 600, "rounds": 8, "dim": 3000,
+           "real_clients": 40, "sampling": "cyclic", "groups": 4, "mechanism": mechanism,
+           "seed": 2}
+    honest = simulate_dpfedavg_audit(z, **run)
+    matrix = DPFedAvgParams(noise_multiplier=z, clipping_norm=1.0, population=40,
+                            sampling="cyclic", groups=4, rounds=8, mechanism=mechanism).matrix
+    if mechanism == "tree":  # the released prefix: every node of both finished trees
+        spread = np.sqrt(2 * len(tree_nodes(4)))
+    else:
+        spread = np.linalg.norm(np.linalg.inv(matrix.strategy()).sum(axis=0))
+    mu = 2 / (z * spread)
+    assert honest["epsilon-view"] == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-3)
+    assert honest["epsilon-view"] <= honest["epsilon-claimed"] * 1.001
+    assert honest["claim-consistent"] is True, honest
+    assert honest["claim-checked-by"] == "oneshot, gdp"
+    assert honest["epsilon-estimate-oneshot"] > 0.4 * honest["epsilon-view"], honest
+    weak = simulate_dpfedavg_audit(z, z / 10, **run)
+    assert weak["claim-consistent"] is False, weak
+
+
+def test_canary_clients_in_cyclic_groups_take_part_with_their_group():
+    params = DPFedAvgParams(noise_multiplier=1.0, clipping_norm=1.0, population=12,
+                            sampling="cyclic-poisson", groups=3, rounds=9, fraction=0.5)
+    clients = CanaryClients.for_mechanism(params, 300, 30, 40, seed=1)
+    assert clients.groups == 3 and clients.sampling_rate == 0.5
+    for r in range(1, 10):
+        taking = clients.participants(r)
+        assert set(taking % 3) <= {(r - 1) % 3}
+        assert 0.35 < len(taking) / 100 < 0.65
 
 
 def test_canary_clients_take_part_as_sampled_and_sum_as_sent():

@@ -59,6 +59,28 @@ def test_a_real_run_audits_its_claim_and_rejects_halved_noise(tmp_path, monkeypa
     assert "**the claim is rejected**" in (path / "summary.md").read_text()
 
 
+def test_under_cyclic_banded_mf_the_audit_holds_the_claim_and_rejects_halved_noise(
+        tmp_path, monkeypatch):
+    """Canary clients in cyclic groups (canary k trains when group k mod 2 does) under
+    banded MF's correlated noise: the claim of the true noise stands; with the noise the
+    correlated source draws halved (the claim still z), the audit rejects it."""
+    cyclic = {"num-clients": 4, "num-server-rounds": 4, "client-sampling": "cyclic",
+              "cyclic-groups": 2, "central-mechanism": "banded-mf", "noise-multiplier": 1.0}
+    honest, _ = _run(tmp_path, "cyclic-honest", **cyclic)
+    claim = honest["epsilon-claimed"]
+    assert honest["rounds"] == 4 and honest["claim-consistent"] is True, honest
+    assert honest["epsilon-lower-bound-oneshot"] < claim
+    assert honest["epsilon-lower-bound-oneshot"] > 0.3 * honest["epsilon-view"], honest
+
+    from privacy.dp import correlated
+    drawn = correlated.gaussian_noise
+    monkeypatch.setattr(correlated, "gaussian_noise",
+                        lambda shape, std, rng, secure=False: drawn(shape, std / 4, rng, secure))
+    weak, _ = _run(tmp_path, "cyclic-weak", **cyclic)
+    assert weak["epsilon-claimed"] == pytest.approx(claim)
+    assert weak["claim-consistent"] is False, weak
+
+
 def test_the_audit_goes_on_from_a_checkpoint(tmp_path):
     """state() keeps the rounds audited and the model the audit started from."""
     cfg = validate({**RUN, "results-dir": str(tmp_path)})

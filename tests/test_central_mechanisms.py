@@ -234,8 +234,6 @@ def test_the_noise_matrix_is_what_the_generators_draw():
     ({"dp": "central", "client-sampling": "cyclic-poisson", "cyclic-groups": 2,
       "fraction-train": 0.5, "secure-aggregation": "secagg+",
       "central-clipping": "client-fixed"}, "too small for SecAgg"),
-    ({"dp": "central", "client-sampling": "cyclic", "cyclic-groups": 2,
-      "canary-clients": 5}, "not cyclic groups"),
 ])
 def test_what_the_mechanisms_cannot_honour_is_refused_before_start(sets, says):
     with pytest.raises(ConfigError, match=says):

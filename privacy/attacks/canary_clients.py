@@ -25,6 +25,16 @@ claims, within its discretization; its RDP claims a little more). Fixed-size coh
 are not audited: a canary client would have to displace a real one, which this
 construction does not model.
 
+**Cyclic participation** (``client-sampling = "cyclic"`` or ``"cyclic-poisson"``, any
+``central-mechanism``): canary client k belongs to group k mod G and takes part only in its
+group's rounds (Poisson-thinned at q for cyclic-poisson), as a real client of that group
+would. The final model's noise along u_k is then the sum of the released rounds' correlated
+noise, of std z_u ||1^T M|| (M: :meth:`.MatrixMechanism.noise_matrix`'s released rows), so
+the view is the same Binomial mixture over the canary's m opportunities at the multiplier
+z_u ||1^T M|| / sqrt(m) (q = 1 without thinning: a Gaussian with mu = m / (z_u ||1^T M||)).
+The claim of a matrix mechanism without sampling is one Gaussian mechanism, so its GDP mu
+is checked as for everyone-every-round.
+
 :class:`CanaryClients` is what the server holds: which canaries take part in a round
 (:meth:`CanaryClients.round_updates`, to add to the replies before ``clipped_sum``) and
 the audit of the final model (:func:`audit_canary_clients`).
@@ -32,6 +42,7 @@ the audit of the final model (:func:`audit_canary_clients`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,21 +84,23 @@ class CanaryClients:
     inserted: int
     sampling_rate: float
     secret: int
+    groups: int = 0  # cyclic participation: canary k trains when group k mod groups does
 
     @classmethod
     def for_mechanism(cls, params: DPFedAvgParams, inserted: int, held_out: int, dim: int,
                       seed: int) -> CanaryClients:
         """Canary clients for a DP-FedAvg mechanism: its clipping norm, its sampling."""
-        if params.sampling != "poisson" and not params.everyone:
-            raise ValueError("canary clients audit DP-FedAvg with Poisson client sampling or "
-                             "every client every round; a fixed-size cohort would need a "
-                             "canary to displace a real client")
+        if params.sampling not in ("poisson", "cyclic", "cyclic-poisson") and not params.everyone:
+            raise ValueError("canary clients audit DP-FedAvg with Poisson or cyclic client "
+                             "sampling or every client every round; a fixed-size cohort "
+                             "would need a canary to displace a real client")
         if inserted < 3 or held_out < 3:
             raise ValueError("the audit needs at least 3 canary clients and 3 held-out "
                              "directions")
-        q = 1.0 if params.everyone else params.fraction
+        thinned = params.sampling in ("poisson", "cyclic-poisson") and not params.everyone
+        q = params.fraction if thinned else 1.0
         return cls(DirectionCanaries(inserted + held_out, dim, params.clipping_norm, seed),
-                   inserted, q, seed ^ 0x5EC7E7)
+                   inserted, q, seed ^ 0x5EC7E7, params.groups if params.cyclic else 0)
 
     @property
     def held_out(self) -> int:
@@ -96,10 +109,12 @@ class CanaryClients:
     def participants(self, server_round: int) -> np.ndarray:
         """The canary clients that take part in ``server_round``."""
         everyone = np.arange(self.inserted)
+        if self.groups:
+            everyone = everyone[everyone % self.groups == (int(server_round) - 1) % self.groups]
         if self.sampling_rate >= 1:
             return everyone
         rng = np.random.default_rng([self.secret, int(server_round)])
-        return everyone[rng.random(self.inserted) < self.sampling_rate]
+        return everyone[rng.random(everyone.size) < self.sampling_rate]
 
     def round_updates(self, server_round: int, shapes: Sequence[tuple[int, ...]],
                       norm: float | None = None) -> Iterator[list[np.ndarray]]:
@@ -125,9 +140,16 @@ class CanaryClients:
         cos = self.directions.cosines(flatten(model_delta))
         return cos[:self.inserted], cos[self.inserted:]
 
-    def view(self, update_noise_multiplier: float, rounds: int) -> CanaryView:
-        """What the final model shows of one canary client (:mod:`.audit_view`)."""
-        return CanaryView(update_noise_multiplier, self.sampling_rate, rounds)
+    def view(self, update_noise_multiplier: float, rounds: int,
+             noise: np.ndarray | None = None) -> CanaryView:
+        """What the final model shows of the canary client with the most chances to take
+        part (:mod:`.audit_view`); ``noise``: the released rounds' rows of the mechanism's
+        noise matrix (None: independent noise each round)."""
+        chances = -(-rounds // self.groups) if self.groups else rounds
+        spread = (math.sqrt(rounds) if noise is None
+                  else float(np.linalg.norm(np.asarray(noise)[:rounds].sum(axis=0))))
+        return CanaryView(update_noise_multiplier * spread / math.sqrt(chances),
+                          self.sampling_rate, chances)
 
 
 def audit_canary_clients(clients: CanaryClients, model_delta: Sequence[np.ndarray] | np.ndarray,
@@ -147,7 +169,9 @@ def audit_canary_clients(clients: CanaryClients, model_delta: Sequence[np.ndarra
     ins, outs = clients.statistics(model_delta)
     oneshot = one_shot_estimate(ins, outs, delta, each)
     gdp = gdp_mu_lower_bound(ins, outs, each)
-    view = clients.view(params.update_multiplier, rounds)
+    matrix = params.matrix
+    view = clients.view(params.update_multiplier, rounds,
+                        None if matrix is None else matrix.noise_matrix())
     gaussian = clients.sampling_rate >= 1
     epsilons = {"epsilon-estimate-oneshot": oneshot.epsilon_estimate,
                 "epsilon-lower-bound-oneshot": oneshot.epsilon_lower_bound,
@@ -179,29 +203,37 @@ def simulate_dpfedavg_audit(z_claimed: float, z_used: float | None = None,
                             sampling: str = "fixed", fraction: float = 1.0,
                             clipping_norm: float = 1.0, delta: float = 1e-5,
                             confidence: float = 0.95, accountant: str = "pld",
-                            seed: int = 0) -> dict[str, Any]:
+                            seed: int = 0, mechanism: str = "gaussian", groups: int = 0,
+                            bands: int = 0) -> dict[str, Any]:
     """A DP-FedAvg run through the project's mechanism (:class:`DPFedAvg`'s release,
     :func:`clipped_sum`, :class:`CentralAccountant`) with canary clients: ``real_clients``
     send random updates (norm 2C before clipping), the server adds the round's canary
     updates to the replies, clips, sums and noises with ``z_used`` (default: as claimed),
     and the audit compares the final model's change with the epsilon ``z_claimed`` is
-    accounted for. ``dim`` defaults to the small CNN's parameter count."""
+    accounted for. ``dim`` defaults to the small CNN's parameter count. ``sampling =
+    "cyclic"`` or ``"cyclic-poisson"`` with ``groups`` runs ``mechanism`` (gaussian,
+    banded-mf, tree) over cyclic groups, real client i in group i mod groups."""
     from privacy.dp.dpfedavg import CentralAccountant, DPFedAvg, clipped_sum
 
-    def mechanism(z: float) -> DPFedAvgParams:
+    def params_at(z: float) -> DPFedAvgParams:
         return DPFedAvgParams(noise_multiplier=z, clipping_norm=clipping_norm,
                               population=real_clients, sampling=sampling, fraction=fraction,
-                              delta=delta, accountant=accountant)
+                              delta=delta, accountant=accountant, mechanism=mechanism,
+                              groups=groups, bands=bands, rounds=rounds if groups else 0)
 
-    claim, used = mechanism(z_claimed), mechanism(z_used if z_used is not None else z_claimed)
+    claim, used = params_at(z_claimed), params_at(z_used if z_used is not None else z_claimed)
     clients = CanaryClients.for_mechanism(claim, canary_clients, held_out, dim, seed)
     shapes = [(dim,)]
     rng = np.random.default_rng([seed, 1])
     server = DPFedAvg(used, seed=seed)
     total = np.zeros(dim)
     for r in range(1, rounds + 1):
-        taking_part = (range(real_clients) if used.everyone else
-                       np.flatnonzero(rng.random(real_clients) < used.fraction))
+        eligible = np.arange(real_clients)
+        if used.cyclic:
+            eligible = eligible[eligible % groups == (r - 1) % groups]
+        thinned = sampling in ("poisson", "cyclic-poisson") and not used.everyone
+        taking_part = (eligible[rng.random(eligible.size) < used.fraction] if thinned
+                       else eligible)
         updates: list[list[np.ndarray]] = []
         for _ in taking_part:
             u = rng.standard_normal(dim)

@@ -451,8 +451,8 @@ def _leakage_checks(cfg: RunConfig) -> list[str]:
 
 
 def _canary_client_checks(cfg: RunConfig) -> list[str]:
-    """The canary-client audit (privacy.attacks.canary_clients) audits central DP-FedAvg
-    with Poisson client sampling or every client every round."""
+    """The canary-client audit (privacy.attacks.canary_clients) audits central DP with
+    Poisson or cyclic client sampling or every client every round."""
     n, p, fed = cfg.leakage.canary_clients, cfg.privacy, cfg.federation
     if not n:
         return []
@@ -466,11 +466,6 @@ def _canary_client_checks(cfg: RunConfig) -> list[str]:
         errors.append(f"canary-clients = {n}: the audit fits its bounds to the cosines of at "
                       "least 3 canary clients and 3 held-out directions. Set canary-clients "
                       ">= 3 (hundreds to thousands audit tightly), or 0.")
-    if p.client_sampling.startswith("cyclic"):
-        errors.append(f"canary-clients = {n} with client-sampling = {p.client_sampling!r}: "
-                      "the audit models canary clients sampled every round (Poisson, or "
-                      "everyone), not cyclic groups. Audit with client-sampling = 'poisson', "
-                      "or set canary-clients = 0.")
     if p.client_sampling == "fixed" and fed.fraction_train < 1:
         errors.append(f"canary-clients = {n} with client-sampling = 'fixed' and "
                       f"fraction-train = {fed.fraction_train}: in a fixed-size cohort a canary "
