@@ -172,7 +172,7 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             "kept (the run used real SuperNodes without a state-dir), so resuming would "
             "reset their epsilon. Start it again as a new run.")
     p = cfg.privacy
-    correlated = p.central_mechanism == "tree" or (
+    correlated = p.central_mechanism in ("tree", "blt") or (
         p.central_mechanism == "banded-mf" and (p.mf_bands or p.cyclic_groups) > 1)
     if p.dp == "central" and correlated and p.secure_rng:
         raise ConfigError(

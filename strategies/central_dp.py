@@ -135,7 +135,8 @@ class CentralPrivacy:
             out["cohort"] = p.cohort or p.population
         if p.matrix is not None:
             out.update({"mechanism": p.mechanism, "cyclic-groups": p.groups,
-                        "bands": p.matrix.bands if p.mechanism == "banded-mf" else None})
+                        "bands": p.matrix.bands if p.mechanism == "banded-mf" else None,
+                        "blt-buffers": p.matrix.blt_buffers or None})
         return out
 
 

@@ -37,11 +37,14 @@ def jp():
     return toeplitz, accounting
 
 
+@pytest.mark.parametrize("mechanism", ["banded-mf", "blt"])
 @pytest.mark.parametrize("upto", [4, 13, 20])
-def test_banded_mf_epsilon_is_the_gaussian_at_jax_privacys_sensitivity(jp, upto):
+def test_toeplitz_epsilon_is_the_gaussian_at_jax_privacys_sensitivity(jp, upto, mechanism):
+    """Banded MF and BLT: the Gaussian mechanism (analytic, Balle & Wang) at jax-privacy's
+    min-separation sensitivity of the same coefficients."""
     toeplitz, _ = jp
-    p = params("banded-mf", groups=4)
-    coefs = np.asarray(p.matrix.coefs)
+    p = params(mechanism, groups=4)
+    coefs = np.asarray(p.matrix.coefs)[:upto]
     k = len(range(0, upto, 4))  # group 0 takes part the most
     # jax-privacy's min-separation sensitivity of the Toeplitz strategy over `upto` rounds
     sens = float(np.sqrt(toeplitz.minsep_sensitivity_squared(coefs, 4, k, upto)))
@@ -112,7 +115,7 @@ def test_banded_noise_beats_independent_noise_on_the_running_model_at_equal_epsi
     np.testing.assert_allclose(mf / (1.5 * scale) ** 2, expected, rtol=0.15)
 
 
-@pytest.mark.parametrize("mechanism", ["banded-mf", "tree"])
+@pytest.mark.parametrize("mechanism", ["banded-mf", "tree", "blt"])
 def test_a_resumed_run_continues_the_correlated_noise_exactly(mechanism):
     p = params(mechanism, groups=4, rounds=12)
     shapes = [np.zeros((3, 2)), np.zeros(5)]
@@ -169,7 +172,7 @@ def _tested(mechanism: str, sampling: str, z: float):
 
 @pytest.mark.parametrize(("mechanism", "sampling"), [
     ("gaussian", "cyclic"), ("banded-mf", "cyclic"), ("banded-mf", "cyclic-poisson"),
-    ("tree", "cyclic")])
+    ("tree", "cyclic"), ("blt", "cyclic")])
 def test_each_mechanism_keeps_its_claim_over_the_whole_run(mechanism, sampling):
     """One client more (its update 10 C on one coordinate, clipped, the same in each of
     its rounds) against the same federation without it, every round's release (and, for
@@ -207,12 +210,18 @@ def test_the_noise_matrix_is_what_the_generators_draw():
                        for t in range(1, 11)] for s in range(4000)])
     np.testing.assert_allclose(np.cov(draws.T), m @ m.T, atol=0.2)
     assert np.diag(m @ m.T).tolist() == [1, 2, 1, 3, 1, 2, 1, 3, 1, 2]
+    blt = MatrixMechanism("blt", 8, 2)
+    np.testing.assert_allclose(blt.noise_matrix(), np.linalg.inv(blt.strategy()))
     gen = BandedNoise(banded.coefs, [(1,)], 1.0, 0)
     assert len([gen.next(t) for t in range(1, 7)]) == 6
 
 
 @pytest.mark.parametrize(("sets", "says"), [
     ({"dp": "central", "central-mechanism": "banded-mf"}, "cannot promise"),
+    ({"dp": "central", "client-sampling": "cyclic-poisson", "cyclic-groups": 2,
+      "fraction-train": 0.5, "central-mechanism": "blt"}, "only banded-mf's"),
+    ({"dp": "central", "client-sampling": "cyclic", "cyclic-groups": 2,
+      "central-mechanism": "blt", "mf-bands": 2}, "only banded-mf has bands"),
     ({"dp": "central", "central-mechanism": "tree", "client-sampling": "poisson",
       "fraction-train": 0.5}, "cannot promise"),
     ({"dp": "local", "central-mechanism": "tree"}, "Set dp = 'central'"),

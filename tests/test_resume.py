@@ -123,7 +123,10 @@ def test_resumed_local_dp_run_equals_an_uninterrupted_one(tmp_path, _task_identi
     {"dp": "central", "noise-multiplier": 0.05, "fraction-train": 1.0,
      "client-sampling": "cyclic", "cyclic-groups": 2, "central-mechanism": "tree",
      "max-noise-to-signal": 0},
-], ids=["central-dp-adaptive", "fedavgm", "banded-mf", "tree"])
+    {"dp": "central", "noise-multiplier": 0.05, "fraction-train": 1.0,
+     "client-sampling": "cyclic", "cyclic-groups": 2, "central-mechanism": "blt",
+     "max-noise-to-signal": 0},
+], ids=["central-dp-adaptive", "fedavgm", "banded-mf", "tree", "blt"])
 def test_resumed_run_restores_the_strategy_state(tmp_path, _task_identity, values):  # noqa: F811
     whole, resumed, _, _ = _crash_and_resume(tmp_path, {**BASE, **values}, crash_round=2)
     assert _comparable(resumed) == _comparable(whole)

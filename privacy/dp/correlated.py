@@ -4,7 +4,7 @@ DP-FedAvg adds fresh noise to each round's clipped sum. A matrix mechanism inste
 releases ``x_t + sigma * (C^-1 z)_t`` for iid ``z``: the model, which is the running sum of
 the releases, carries the noise ``A C^-1 z`` (``A`` the prefix-sum matrix), while privacy is
 that of the Gaussian mechanism on ``C x`` (Denisov et al. 2022; Choquette-Choo et al. 2023).
-Two strategies ``C`` are built here:
+Three strategies ``C`` are built here:
 
 - **banded Toeplitz** (Choquette-Choo et al., NeurIPS 2023, "(Amplified) Banded Matrix
   Factorization"; McKenna 2024 for the Toeplitz restriction): ``b`` coefficients
@@ -12,7 +12,11 @@ Two strategies ``C`` are built here:
   substitution, keeping the last ``b - 1`` noise vectors;
 - **the binary tree** of DP-FTRL (Kairouz et al., ICML 2021), honest variant: a Gaussian
   for every dyadic interval of rounds, the prefix ``[1, t]`` noised by the nodes of ``t``'s
-  binary decomposition; each round's noise is the difference of two prefix noises.
+  binary decomposition; each round's noise is the difference of two prefix noises;
+- **buffered linear Toeplitz** (BLT; Dvijotham, McMahan, Pillutla, Steinke & Thakurta,
+  2024; McMahan et al. 2024 for multiple participations): ``c_i = sum_j w_j theta_j^(i-1)``
+  over a few buffers, optimised for the rounds and the cyclic schedule; its noise needs
+  only those buffers, whatever the run's length.
 
 Sensitivity is computed from the strategy matrix itself (:func:`sensitivity`): the norm of
 ``|C| 1_S`` for the rounds ``S`` one client takes part in, its updates aligned (the worst
@@ -101,6 +105,76 @@ def optimize_banded(n: int, bands: int, steps: int = 200) -> np.ndarray:
     return out / np.linalg.norm(out)
 
 
+def blt_coefs(decay: Sequence[float], scale: Sequence[float], n: int) -> np.ndarray:
+    """The first column of a buffered linear Toeplitz strategy (Dvijotham, McMahan,
+    Pillutla, Steinke & Thakurta 2024): ``c_0 = 1``, ``c_i = sum_j scale_j decay_j^(i-1)``."""
+    theta, omega = np.asarray(decay, dtype=np.float64), np.asarray(scale, dtype=np.float64)
+    i = np.arange(1, n, dtype=np.float64)
+    tail = (omega[None, :] * theta[None, :] ** (i[:, None] - 1)).sum(axis=1) if theta.size \
+        else np.zeros(n - 1)
+    return np.concatenate([[1.0], tail])
+
+
+def _optimize_blt_once(n: int, groups: int, buffers: int, steps: int
+                       ) -> tuple[np.ndarray, np.ndarray, float]:
+    import torch
+
+    rows = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    eye = torch.zeros(n, 1, dtype=torch.float64)
+    eye[0] = 1.0
+    members = [torch.arange(g, n, groups) for g in range(groups)]
+    i = torch.arange(1, n, dtype=torch.float64)
+
+    def loss(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        theta, omega = torch.sigmoid(a), torch.nn.functional.softplus(b)
+        col = torch.cat([torch.ones(1, dtype=torch.float64),
+                         (omega[None, :] * theta[None, :] ** (i[:, None] - 1)).sum(1)])
+        dense = torch.where(rows >= 0, col[rows.clamp(min=0)], 0.0)
+        r = torch.linalg.solve_triangular(dense, eye, upper=False)[:, 0]
+        error = torch.cumsum(torch.cumsum(r, 0) ** 2, 0).mean()
+        sens2 = torch.stack([(dense[:, m].sum(1) ** 2).sum() for m in members]).max()
+        return error * sens2
+
+    # decays spread over (0, 1) on a log scale of 1 - theta; small equal scales
+    spread = torch.logspace(-0.3, -np.log10(n), buffers, dtype=torch.float64)
+    a = torch.logit(1 - spread).clone().requires_grad_(True)
+    b = torch.full((buffers,), np.log(np.expm1(0.3 / buffers)),
+                   dtype=torch.float64).requires_grad_(True)
+    opt = torch.optim.LBFGS([a, b], max_iter=steps, tolerance_grad=1e-12,
+                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        value = loss(a, b)
+        value.backward()
+        return value
+
+    opt.step(closure)
+    with torch.no_grad():
+        value = float(loss(a, b))
+        theta = torch.sigmoid(a).numpy().copy()
+        omega = torch.nn.functional.softplus(b).numpy().copy()
+    return theta, omega, value
+
+
+@functools.lru_cache(maxsize=32)
+def optimize_blt(n: int, groups: int, max_buffers: int = 4, steps: int = 300
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """BLT parameters (decays, scales) minimising the mean prefix error times the squared
+    sensitivity under ``groups`` cyclic groups over ``n`` rounds (Dvijotham et al. 2024;
+    McMahan et al. 2024 for multiple participations): torch's L-BFGS in float64 for 1 ..
+    ``max_buffers`` buffers, keeping the fewest within 1% of the best loss (as
+    jax-privacy's ``buffered_toeplitz.optimize`` chooses)."""
+    if not 1 <= groups <= n:
+        raise ValueError(f"cyclic groups must be in 1..{n} (the rounds), got {groups}")
+    if n == 1:
+        return np.zeros(0), np.zeros(0)
+    found = [_optimize_blt_once(n, groups, d, steps) for d in range(1, max_buffers + 1)]
+    best = min(v for _, _, v in found)
+    theta, omega, _ = next(f for f in found if f[2] <= 1.01 * best)
+    return theta, omega
+
+
 def banded_matrix(coefs: np.ndarray, n: int) -> np.ndarray:
     """The dense n x n lower-triangular Toeplitz ``C`` with first column ``coefs``."""
     col = np.zeros(n)
@@ -183,6 +257,47 @@ class BandedNoise:
             self.next(self.rounds + 1)
         return self.next(server_round)
 
+
+
+class BLTNoise:
+    """The noise of a buffered linear Toeplitz mechanism, one round at a time, from the
+    strategy's own parameters: ``w_t = z_t - sum_j scale_j S_j`` with buffers ``S_j <-
+    decay_j S_j + w_t``, which is ``C^-1 z`` for ``C``'s coefficients :func:`blt_coefs`
+    (so a run keeps as many noise vectors as buffers, whatever its length). ``z_t`` is
+    drawn from round ``t``'s generator; a resume replays the earlier rounds (:meth:`advance`)."""
+
+    def __init__(self, decay: Sequence[float], scale: Sequence[float],
+                 shapes: Sequence[tuple[int, ...]], std: float, seed: int,
+                 secure: bool = False) -> None:
+        self.decay = np.asarray(decay, dtype=np.float64)
+        self.scale = np.asarray(scale, dtype=np.float64)
+        self.shapes, self.std, self.seed, self.secure = list(shapes), std, seed, secure
+        self.buffers = [[np.zeros(s) for s in self.shapes] for _ in self.decay]
+        self.rounds = 0
+
+    def next(self, server_round: int) -> list[np.ndarray]:
+        """The noise to add to round ``server_round``'s sum (rounds must come in order)."""
+        if server_round != self.rounds + 1:
+            raise ValueError(f"BLT noise for round {server_round} after round "
+                             f"{self.rounds}: rounds must come in order")
+        rng = noise_rng(self.seed, server_round, self.secure)
+        out = []
+        for k, shape in enumerate(self.shapes):
+            w = gaussian_noise(shape, self.std, rng, self.secure)
+            for omega, buf in zip(self.scale, self.buffers, strict=True):
+                w -= omega * buf[k]
+            out.append(w)
+        for theta, buf in zip(self.decay, self.buffers, strict=True):
+            for k, w in enumerate(out):
+                buf[k] = theta * buf[k] + w
+        self.rounds = server_round
+        return out
+
+    def advance(self, server_round: int) -> list[np.ndarray]:
+        """Round ``server_round``'s noise, replaying the rounds since the last."""
+        while self.rounds + 1 < server_round:
+            self.next(self.rounds + 1)
+        return self.next(server_round)
 
 
 class TreeNoise:
@@ -300,7 +415,7 @@ class MatrixMechanism:
     def __post_init__(self) -> None:
         if self.bands == 0:
             object.__setattr__(self, "bands", self.groups if self.kind == "banded-mf" else 1)
-        if self.kind not in ("gaussian", "banded-mf", "tree"):
+        if self.kind not in ("gaussian", "banded-mf", "tree", "blt"):
             raise ValueError(f"unknown mechanism {self.kind!r}")
         if not 1 <= self.groups <= self.rounds:
             raise ValueError(f"cyclic groups must be in 1..{self.rounds} (the rounds), got "
@@ -308,12 +423,15 @@ class MatrixMechanism:
         if self.kind == "banded-mf" and not 1 <= self.bands <= self.groups:
             raise ValueError(f"bands must be in 1..{self.groups} (the cyclic groups: a "
                              f"client's rounds are that far apart), got {self.bands}")
-        if self.kind == "tree" and self.poisson:
-            raise ValueError("the tree mechanism claims no amplification by sampling")
+        if self.kind in ("tree", "blt") and self.poisson:
+            raise ValueError(f"the {self.kind} mechanism claims no amplification by sampling")
 
     @property
     def coefs(self) -> np.ndarray:
-        """The banded Toeplitz coefficients (norm 1); ``[1]`` for independent noise."""
+        """The Toeplitz coefficients: banded (norm 1), BLT (all rounds), or ``[1]`` for
+        independent noise."""
+        if self.kind == "blt":
+            return blt_coefs(*optimize_blt(self.rounds, self.groups), self.rounds)
         return _banded(self.rounds, self.bands) if self.kind == "banded-mf" else np.ones(1)
 
     def strategy(self, upto: int | None = None) -> np.ndarray:
@@ -365,6 +483,10 @@ class MatrixMechanism:
         t = np.arange(1, self.rounds + 1)
         return float(np.sqrt(np.mean(np.sum(prefix ** 2, axis=1)) / np.mean(t)))
 
+    @property
+    def blt_buffers(self) -> int:
+        return len(optimize_blt(self.rounds, self.groups)[0]) if self.kind == "blt" else 0
+
     def participations(self, upto: int) -> list[range]:
         return [cyclic_rounds(g, self.groups, upto) for g in range(self.groups)]
 
@@ -400,6 +522,8 @@ class MatrixMechanism:
             return BandedNoise(self.coefs, shapes, std, seed, secure)
         if self.kind == "tree":
             return TreeNoise(shapes, std, seed, restart=self.groups, secure=secure)
+        if self.kind == "blt":
+            return BLTNoise(*optimize_blt(self.rounds, self.groups), shapes, std, seed, secure)
         return None
 
     def describe(self) -> str:
@@ -407,7 +531,9 @@ class MatrixMechanism:
                "banded-mf": f"banded matrix factorization, {self.bands} bands optimised for "
                             f"{self.rounds} rounds (Choquette-Choo et al. 2023)",
                "tree": f"DP-FTRL tree aggregation, a tree every {self.groups} rounds "
-                       "(Kairouz et al. 2021)"}[self.kind]
+                       "(Kairouz et al. 2021)",
+               "blt": f"buffered linear Toeplitz, {self.blt_buffers} buffer(s) optimised for "
+                      f"{self.rounds} rounds (Dvijotham et al. 2024)"}[self.kind]
         who = (f"cyclic groups: {self.groups}, each client in one, trained every "
                f"{self.groups} rounds")
         if self.poisson and self.fraction < 1:
@@ -415,6 +541,7 @@ class MatrixMechanism:
         return f"{how}; {who}"
 
 
-__all__ = ["BandedNoise", "MatrixMechanism", "TreeNoise", "banded_matrix", "cyclic_rounds",
-           "gaussian_epsilon", "inverse_coefs", "max_error_coefs", "optimize_banded",
-           "prefix_errors", "sensitivity", "tree_depth", "tree_matrix", "tree_nodes"]
+__all__ = ["BLTNoise", "BandedNoise", "MatrixMechanism", "TreeNoise", "banded_matrix",
+           "blt_coefs", "cyclic_rounds", "gaussian_epsilon", "inverse_coefs",
+           "max_error_coefs", "optimize_banded", "optimize_blt", "prefix_errors",
+           "sensitivity", "tree_depth", "tree_matrix", "tree_nodes"]

@@ -7,7 +7,7 @@ GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost", "bookkeeping")
 # samples within the round's group).
 CLIENT_SAMPLINGS = ("fixed", "poisson", "cyclic", "cyclic-poisson")
 # The noise of central DP across rounds (privacy.dp.correlated): independent per round
-# (DP-FedAvg), banded matrix factorization, DP-FTRL's tree.
-CENTRAL_MECHANISMS = ("gaussian", "banded-mf", "tree")
+# (DP-FedAvg), banded matrix factorization, DP-FTRL's tree, buffered linear Toeplitz.
+CENTRAL_MECHANISMS = ("gaussian", "banded-mf", "tree", "blt")
 # Where DP-FedAvg clips client updates, and whether the norm adapts (Andrew et al. 2021).
 CENTRAL_CLIPPINGS = ("server-fixed", "client-fixed", "server-adaptive", "client-adaptive")

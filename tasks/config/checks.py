@@ -230,11 +230,13 @@ def _mechanism_checks(cfg: RunConfig) -> list[str]:
             f"client-sampling = 'cyclic' with fraction-train = {fed.fraction_train}: a cyclic "
             "round trains its whole group. Use client-sampling = 'cyclic-poisson' to sample "
             "within the group at that rate, or fraction-train = 1.")
-    if mech == "tree" and sampling == "cyclic-poisson":
+    if mech in ("tree", "blt") and sampling == "cyclic-poisson":
         errors.append(
-            "central-mechanism = 'tree' with client-sampling = 'cyclic-poisson': the tree's "
-            "accounting claims no amplification by sampling (Kairouz et al. 2021). Use "
-            "client-sampling = 'cyclic', or banded-mf for amplified correlated noise.")
+            f"central-mechanism = {mech!r} with client-sampling = 'cyclic-poisson': its "
+            "accounting claims no amplification by sampling (amplification by sampling "
+            "needs a client's columns of the strategy not to overlap, which only banded-mf's "
+            "are). Use client-sampling = 'cyclic', or banded-mf for amplified correlated "
+            "noise.")
     bands = p.mf_bands or p.cyclic_groups
     if mech == "banded-mf" and cyclic and p.cyclic_groups >= 1 and bands > p.cyclic_groups:
         errors.append(

@@ -178,7 +178,7 @@ RULES: dict[str, Rule] = {
     "client-sampling": _CENTRAL_ONLY,
     "central-mechanism": _CENTRAL_ONLY,
     "cyclic-groups": AllOf((_CENTRAL_ONLY, Unless("client-sampling", ("fixed", "poisson")))),
-    "mf-bands": AllOf((_CENTRAL_ONLY, Unless("central-mechanism", ("gaussian", "tree")))),
+    "mf-bands": AllOf((_CENTRAL_ONLY, Unless("central-mechanism", ("gaussian", "tree", "blt")))),
     "max-epsilon": _CENTRAL_ONLY,
     "max-noise-to-signal": _CLIENT_LEVEL,
     "distributed-bits": _DISTRIBUTED_ONLY,

@@ -215,8 +215,10 @@ class PrivacyConfig(Section):
                                  "rounds by a strategy optimised for num-server-rounds "
                                  "(Choquette-Choo et al. 2023); tree: DP-FTRL's tree "
                                  "aggregation, a tree every cyclic-groups rounds (Kairouz et al. "
-                                 "2021). banded-mf and tree need client-sampling = 'cyclic' "
-                                 "(banded-mf also 'cyclic-poisson').",
+                                 "2021); blt: a buffered linear Toeplitz strategy optimised for "
+                                 "num-server-rounds and cyclic-groups, its noise kept in a few "
+                                 "buffers (Dvijotham et al. 2024). banded-mf, tree and blt need "
+                                 "client-sampling = 'cyclic' (banded-mf also 'cyclic-poisson').",
                                  choices=CENTRAL_MECHANISMS)
     cyclic_groups: int = key(0, "client-sampling = cyclic or cyclic-poisson: the groups the "
                              "clients are split into (partition id mod this), one trained per "
