@@ -206,6 +206,37 @@ def test_the_privacy_accuracy_legend_covers_neither_the_no_dp_line_nor_the_point
                                                        "final_accuracy.png"}
 
 
+def test_the_trade_off_draws_one_line_per_setting_with_seed_means(tmp_path):
+    """Cells that differ only in target-epsilon form one line; each point is the mean over
+    seeds (epsilon and accuracy) with its 95% interval; a diverged seed is left out."""
+    from experiments.sweep.tradeoff import setting_of, tradeoff_points
+
+    cells, i = [], 0
+    for mech, base in (("gaussian", 0.5), ("banded-mf", 0.6)):
+        for e in (1.0, 8.0):
+            for seed, jitter in ((1, -0.02), (2, 0.02)):
+                i += 1
+                cells.append(_cell(i, {"central-mechanism": mech, "target-epsilon": e},
+                                   eps=e * (1 + jitter), acc=base + 0.03 * e + jitter,
+                                   seed=seed))
+    cells.append(_cell(99, {"central-mechanism": "banded-mf", "target-epsilon": 8.0},
+                       status="failed", eps=8.0, acc=0.1, seed=3))
+    assert setting_of("central-mechanism=tree, target-epsilon=4.0, lr=0.1") == \
+        "central-mechanism=tree, lr=0.1"
+    lines = tradeoff_points(cells)
+    assert set(lines) == {"central-mechanism=gaussian", "central-mechanism=banded-mf"}
+    (e1, a1, h1, n1), (e8, a8, _, n8) = lines["central-mechanism=banded-mf"]
+    assert (e1, n1, n8) == (pytest.approx(1.0), 2, 2)
+    assert a1 == pytest.approx(0.63) and a8 == pytest.approx(0.84)  # the failed seed left out
+    assert h1 == pytest.approx(12.706 * 0.02, rel=1e-3)  # t(0.975, 1 dof) x standard error
+    figs = sweep_plots(tmp_path, "s", cells)
+    ax = _ax(figs["privacy_accuracy_lines.png"])
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [
+        "central-mechanism=banded-mf", "central-mechanism=gaussian"]
+    _legend_covers_nothing(figs["privacy_accuracy_lines.png"])
+    assert (tmp_path / "privacy_accuracy_lines.png").exists()
+
+
 def test_a_seeded_sweep_without_ledgers_draws_without_a_legend_warning(tmp_path):
     cells = [_cell(1, {"lr": 0.1}, seed=1, status="failed"),
              _cell(2, {"lr": 0.1}, seed=2, status="failed")]

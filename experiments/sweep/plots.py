@@ -28,11 +28,13 @@ from .memorization import exposure_plots
 from .outcome import named, trouble
 from .pareto import pareto_front
 from .stats import mean_ci
+from .tradeoff import tradeoff_plot
 
 
 def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]:
     """accuracy_vs_round, final_accuracy and, when cells used DP, privacy_accuracy and
-    epsilon_vs_round (and the anonymization and leakage plots); returns the accuracy,
+    epsilon_vs_round (and privacy_accuracy_lines when settings were run at several privacy
+    levels; and the anonymization and leakage plots); returns the accuracy,
     privacy and anonymization figures by file name."""
     out.mkdir(parents=True, exist_ok=True)
     ledgers = {c.label: ledger for c in cells
@@ -47,6 +49,7 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]
         figs = _accuracy_plots(title, cells, ledgers)
     figs |= _anonymization_plots(title, cells)
     figs |= _privacy_plots(title, cells, ledgers)
+    figs |= tradeoff_plot(title, cells)
     figs |= exposure_plots(title, cells)
     for file, fig in figs.items():  # a full disk: WriteFailed, no half-written PNG
         write_atomic(out / file, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110,
