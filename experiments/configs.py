@@ -48,6 +48,8 @@ def find_file(name: str, folder: Path, kind: str) -> Path:
     names = sorted(p.stem for p in folder.glob("*.toml"))
     close = difflib.get_close_matches(Path(name).stem, names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
+    if "=" in name and not close:  # `fedpriv run num-clients=5`: a forgotten --set
+        hint = f" A key=value is an override: did you mean --set {name}?"
     raise ConfigError(f"{kind} {name!r} not found: no such file, and no bundled {kind} of that "
                       f"name (bundled: {', '.join(names) or 'none'}).{hint}")
 

@@ -23,6 +23,7 @@ from experiments.api import (
     sweep,
 )
 from tasks.config import ConfigError
+from tasks.version import __version__
 
-__all__ = ["ConfigError", "Result", "SweepResult", "concat", "load", "load_sweep", "resume",
-           "run", "run_config", "sweep"]
+__all__ = ["ConfigError", "Result", "SweepResult", "__version__", "concat", "load",
+           "load_sweep", "resume", "run", "run_config", "sweep"]

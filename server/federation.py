@@ -30,6 +30,7 @@ from tasks.results.info import RunInfo
 from tasks.results.ledger import outcome, read_ledger
 from tasks.results.plots import PlotHook
 from tasks.splits import feature_shape, model_for
+from tasks.version import package_version, source_commit
 
 from .checkpoint import CLIENTS as CLIENT_STATES
 from .checkpoint import FOLDER as CHECKPOINT
@@ -112,7 +113,9 @@ def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None,
     is the one carrying this (part of the) run."""
     if checkpoint is None:
         info = RunInfo(started=now(), run_dir=str(run.path), run_id=cfg.results.run_id,
-                       versions={name: version(name) for name in VERSIONS})
+                       versions={"fedpriv": package_version(),
+                                 "fedpriv-commit": source_commit() or "not a git checkout",
+                                 **{name: version(name) for name in VERSIONS}})
     else:
         info = RunInfo.from_json(checkpoint.info)
         info.status, info.run_dir = "running", str(run.path)

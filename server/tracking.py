@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tasks.config import ConfigError, RunConfig, Scalar
 from tasks.results.folder import read_run_info
 from tasks.results.ledger import RoundRecord
+from tasks.version import ROOT
 
 from .console import say
 
@@ -41,7 +42,7 @@ TENSORBOARD_DIR = "tensorboard"  # inside the run folder
 MLFLOW_DB = "mlflow.db"  # inside results-dir
 MLFLOW_ARTIFACTS = "mlruns"  # inside results-dir
 RUN_ID_TAG = "fedpriv.run-id"  # finds a resumed run's MLflow run
-INSTALL = "pip install 'fedpriv[tracking]'"
+INSTALL = f"pip install -e '{ROOT}[tracking]'"  # fedpriv is not on PyPI: its checkout
 
 
 def numbers(values: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -294,7 +295,7 @@ def require(cfg: RunConfig) -> None:
         raise ConfigError(
             f"tracking = {name!r} needs the Python package {module!r}, which is not installed "
             f"in this environment ({sys.executable}). Install fedpriv's tracking extra "
-            f"(`{INSTALL}`; in a checkout `pip install -e '.[tracking]'`; it brings "
+            f"(`{INSTALL}`: fedpriv is not on PyPI, so from its checkout; it brings "
             "tensorboard and mlflow-skinny), or run with "
             f"tracking = 'none' (allowed: none | {' | '.join(BACKENDS)}); the ledger "
             "(metrics.jsonl) and the plots are written either way.")

@@ -38,6 +38,17 @@ def test_run_help_documents_every_key_with_default_and_allowed_values():
     assert "fraction-train = 1.0    [(0, 1]]" in res.stdout
 
 
+def test_version_names_the_package_and_the_commit():
+    import fedpriv
+
+    res = run_cli("--version")
+    assert res.returncode == 0, res.stderr
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert res.stdout.startswith(f"fedpriv {fedpriv.__version__} (commit {head[:12]}")
+    assert fedpriv.__version__ != "unknown"
+
+
 def test_keys_command_prints_the_schema_as_toml_and_text():
     import tomllib
 
@@ -89,6 +100,7 @@ BAD_INPUT = [
     (["--set", f"client-cpus={(os.cpu_count() or 1) + 1}"], "CPU cores"),
     (["--set", "runtime=inprocess", "--set", "ray-address=10.0.0.5:6379"],
      "cannot use a Ray cluster"),
+    (["--config", "num-clients=5"], "did you mean --set num-clients=5?"),  # `run num-clients=5`
 ]
 
 

@@ -8,19 +8,27 @@ protocol. Runtimes that cannot serve a run are refused before any work.
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+import fedpriv
 from experiments.runtime.choice import choose
 from experiments.runtime.inprocess import InProcessGrid
 from tasks.config import ConfigError, validate
 from tasks.results.folder import read_run_info
 
-from .conftest import ledger_json, run_cli
+from .conftest import REPO, ledger_json, run_cli
 from .test_strategies import _task_identity  # noqa: F401  (fixture)
 
+
+def _head() -> str:
+    """The checkout's commit, asked of git directly."""
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 def _counting_app() -> ClientApp:
     """A ClientApp that counts its messages in Context.state, scribbles on what it got,
@@ -158,6 +166,9 @@ secure-aggregation = "he"
     for n in range(1, 6):
         a, b = (_cell_dir(folders[r], n) for r in ("inprocess", "ray"))
         assert read_run_info(a)["runtime"] == "inprocess" and read_run_info(b)["runtime"] == "ray"
+        versions = read_run_info(a)["versions"]  # the code that made the result
+        assert versions["fedpriv"] == fedpriv.__version__
+        assert versions["fedpriv-commit"].split("+")[0] == _head()
         assert len(ledger_json(a)) == 2
         if n < 5:
             assert _ledger_view(a) == _ledger_view(b), n

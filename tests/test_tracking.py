@@ -27,6 +27,7 @@ from tasks.config import KEYS, ConfigError, validate
 from tasks.results.folder import RunFolder, read_run_info
 from tasks.results.ledger import read_ledger
 
+from .conftest import REPO
 from .inprocess import InProcessGrid
 from .test_strategies import _task_identity  # noqa: F401  (fixture)
 
@@ -142,7 +143,8 @@ def test_a_tracker_whose_library_is_missing_is_refused_before_any_work(monkeypat
     text = str(refused.value)
     assert text.startswith("tracking = 'mlflow' needs the Python package 'mlflow', which is "
                            "not installed") and "\n" not in text
-    assert "pip install 'fedpriv[tracking]'" in text and "none | tensorboard | mlflow" in text
+    assert f"pip install -e '{REPO}[tracking]'" in text
+    assert "none | tensorboard | mlflow" in text
     require(validate({"tracking": "none"}))
     require(validate({"tracking": "tensorboard"}))
 

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from privacy.attacks.registry import ATTACKS
+from tasks.version import describe
 
 from .. import configs
 from . import deploy
@@ -17,7 +18,9 @@ from .keys import keys_reference
 def build_parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="fedpriv",
-        description="Federated-learning simulator for privacy research (Flower + Ray).")
+        description="Federated-learning simulator for privacy research, on Flower (its "
+                    "in-process runtime by default, Ray or real SuperNodes on request).")
+    top.add_argument("--version", action="version", version=describe())
     sub = top.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_sweep(sub)

@@ -395,7 +395,7 @@ class ResultsConfig(Section):
                         "run config and, at the end, the plots to a local experiment tracker: "
                         "tensorboard (an event log in `RUN_DIR/tensorboard`) or mlflow (the "
                         "store `RESULTS_DIR/mlflow.db`, artifacts in `RESULTS_DIR/mlruns`, one "
-                        "MLflow run per run). Needs `pip install 'fedpriv[tracking]'`.",
+                        "MLflow run per run). Needs `pip install -e '.[tracking]'` in the fedpriv checkout.",
                         choices=TRACKING)
     tracking_experiment: str = key("fedpriv", "The MLflow experiment the run is logged to "
                                    "(tracking = mlflow).")
