@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import html
+import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -538,13 +539,15 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
           fixed: Mapping[str, Any] | None = None,
           cells: Sequence[Mapping[str, Any]] | None = None, preset: str | None = None,
           name: str = "python", dry_run: bool = False, verbose: bool = False,
-          repeat: int | None = None, separate: bool = False, **overrides: Any) -> SweepResult:
+          repeat: int | None = None, separate: bool = False, echo: Echo | None = print,
+          **overrides: Any) -> SweepResult:
     """Run every cell of a sweep (a bundled name or a file; or from Python: ``grid`` of
     lists, ``fixed`` keys, extra ``cells``, a base ``preset``) with keys overridden in
     every cell, all inside one simulation (``separate``: one each), each once per seed
     with ``repeat``; a failed cell is recorded and the sweep goes on. Keys with ``_`` or
-    ``-``. Every argument is checked (ConfigError) before anything starts; a full disk
-    stops the sweep with :class:`tasks.files.WriteFailed`, its finished cells kept."""
+    ``-``; progress lines go to ``echo`` (None: none). Every argument is checked
+    (ConfigError) before anything starts; a full disk stops the sweep with
+    :class:`tasks.files.WriteFailed`, its finished cells kept."""
     given = grid is not None or fixed is not None or cells is not None or preset is not None
     if (file is not None) == given:
         raise ConfigError("fedpriv.sweep takes a sweep file (a bundled name such as "
@@ -555,6 +558,7 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
     flags = {k: arg.flag("sweep", k, v) for k, v in
              (("dry_run", dry_run), ("verbose", verbose), ("separate", separate))}
     repeat, values = arg.repeat(repeat), arg.run_keys("sweep", overrides)
+    lines = arg.echo("sweep", echo)
     if file is not None:
         source: str | dict[str, Any] = arg.text(
             "sweep", "file", os.fspath(file) if isinstance(file, os.PathLike) else file,
@@ -577,13 +581,42 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
     from .sweep.run import run_sweep
     from .sweep.table import cell_settings
 
-    done = run_sweep(source, values=values, repeat=repeat, **flags)
+    writer = EchoWriter(lines)
+    try:
+        with contextlib.redirect_stdout(writer):
+            done = run_sweep(source, values=values, repeat=repeat, **flags)
+    finally:
+        writer.finish()
     cells = [{"index": c.index, "params": cell_settings(c, done.keys), "seed": c.seed,
               "status": c.status, "error": c.error} for c in done.cells]
     runs = {c.index: r for c in done.cells if (r := _loaded(c.run_dir)) is not None}
     if done.error is not None:  # a full disk: the cells' folders are kept, and named
         raise done.error
     return SweepResult(done.out, cells, runs)
+
+
+class EchoWriter(io.TextIOBase):
+    """A text stream that hands each complete line to ``echo`` (a sweep's progress, which
+    its code prints, sent where the caller asked)."""
+
+    def __init__(self, echo: Echo) -> None:
+        self.echo, self.pending = echo, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *whole, self.pending = self.pending.split("\n")
+        for line in whole:
+            self.echo(line)
+        return len(text)
+
+    def finish(self) -> None:
+        """Hand over a last line that never got its newline."""
+        if self.pending:
+            self.echo(self.pending)
+            self.pending = ""
 
 
 def _loaded(run_dir: Path | None, where: str | None = None) -> Result | None:

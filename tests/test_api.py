@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 
 import fedpriv
@@ -54,9 +57,21 @@ def test_bad_input_raises_one_paragraph_before_anything_starts(tmp_path):
 def python_sweep(tmp_path_factory):
     """A sweep given from Python (no file): no DP against local DP-SGD, 3 clients, 2 rounds."""
     results = tmp_path_factory.mktemp("api-sweep")
-    return fedpriv.sweep(grid={"dp": ["none", "local"]},
-                         fixed={"target_epsilon": 5, "num_clients": 3, "num_server_rounds": 2},
-                         results_dir=str(results), name="notebook")
+    lines: list[str] = []
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        done = fedpriv.sweep(grid={"dp": ["none", "local"]},
+                             fixed={"target_epsilon": 5, "num_clients": 3,
+                                    "num_server_rounds": 2},
+                             results_dir=str(results), name="notebook", echo=lines.append)
+    done.echoed, done.printed = lines, shown.getvalue()
+    return done
+
+
+def test_a_sweep_sends_its_progress_to_echo_and_prints_nothing_itself(python_sweep):
+    assert any(x.startswith("sweep notebook: 2 runs") for x in python_sweep.echoed)
+    assert any(x.startswith("sweep finished in") for x in python_sweep.echoed)
+    assert "sweep finished" not in python_sweep.printed
 
 
 def test_a_sweep_from_python_is_one_tidy_frame_and_loads_back(python_sweep):
