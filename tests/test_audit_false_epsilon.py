@@ -1,4 +1,4 @@
-"""Catching a false epsilon in one run (issue 24, item 4): a mechanism that adds half the
+"""Catching a false epsilon in one run: a mechanism that adds half the
 noise its accountant claims is rejected by the audit; the same settings with the noise
 it claims are not. Both use the project's own mechanism code: (a) local DP-SGD through
 Opacus' PrivacyEngine (``privacy.dp.dpsgd.make_private``, the client's training loop and

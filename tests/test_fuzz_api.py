@@ -1,4 +1,4 @@
-"""The Python API as an outside tester drives it (issue 28): every public entry point with
+"""The Python API as an outside tester drives it: every public entry point with
 wrong arguments, damaged folders, and the frames, tables and plots of sweeps whose cells
 failed, diverged or got their settings from the sweep's fixed keys. No training: run and
 sweep folders are written as the ServerApp writes them, and a sweep's cells are "run" by

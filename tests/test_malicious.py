@@ -1,4 +1,4 @@
-"""A malicious server's trap weights (issue 25): records fall out of the *aggregate* of 8
+"""A malicious server's trap weights: records fall out of the *aggregate* of 8
 clients' updates verbatim, through SecAgg+ in a real federation; local DP-SGD stops it; a
 client screen stops the published trap and not a disguised one. The clients train as
 PyTorch (and Opacus, for DP-SGD) train; the attack reads only the summed update."""

@@ -1,4 +1,4 @@
-"""Plots fit for a paper (issue 27, item 3): each checked on the matplotlib objects it
+"""Plots fit for a paper: each checked on the matplotlib objects it
 draws, not on a file's existence. Small synthetic ledgers and cells; one real run."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def check_model(model: nn.Module) -> None:
 
 
 # Measured (docs/BENCHMARKS.md): one local epoch, 1 thread, batch 32, DP-SGD / SGD time.
-# Issue 26 (2026-11-26) re-measured the CNNs after book-keeping's torch.func conv path.
+# 2026-11-26: the CNNs re-measured after book-keeping's torch.func conv path.
 FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeeping 1.6x
                "cnn": "bookkeeping",  # hooks 8.3x, ghost 2.3x, bookkeeping 1.5x
                "mlp": "bookkeeping",  # hooks 11x, ghost 3.9x, bookkeeping 2.5x
