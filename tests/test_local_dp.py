@@ -100,8 +100,11 @@ def test_calibration_meets_the_target_without_wasting_it(kind):
 def test_too_small_a_budget_is_reported():
     # one accountant call at Opacus' largest sigma, not its ~17 doublings (about 20 s)
     with pytest.raises(BudgetTooSmall, match="cannot be met .* even a noise multiplier of "
-                                             "1e\\+06 gives epsilon 0.10"):
+                                             "1e\\+06 gives epsilon 0.10") as refused:
         calibrate_noise(1e-4, 1e-5, 0.5, 10_000, "rdp")
+    # and a way out: the least target that can be met, or what else to change
+    assert "Set target-epsilon to at least 0.10" in str(refused.value)
+    assert "accountant = 'pld'" in str(refused.value)
     with pytest.raises(BudgetTooSmall, match="cannot be met .* under dp-accounting's PLD"):
         calibrate_noise(1e-4, 1e-5, 0.5, 10_000)
     # dp-accounting directly agrees that no noise Opacus tries is enough under RDP

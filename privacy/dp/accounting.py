@@ -160,6 +160,14 @@ def epsilon(history: Iterable[Entry], delta: float, accountant: str = "pld",
     return _epsilon(merge(history), float(delta), accountant, relation)
 
 
+def way_out(floor: float, accountant: str) -> str:
+    """What to change when no noise reaches the target: the floor's epsilon is delta's
+    doing (a noise multiplier cannot push epsilon below what delta alone allows)."""
+    tighter = "" if accountant == "pld" else ", or accountant = 'pld' (tighter)"
+    return (f"Set target-epsilon to at least {floor * 1.01:.3g}, or a larger delta (epsilon "
+            f"this small is bounded by delta, not by the noise){tighter}.")
+
+
 @functools.lru_cache(maxsize=256)
 def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                     accountant: str = "pld", relation: str = "add-remove") -> float:
@@ -176,7 +184,8 @@ def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, ste
         raise BudgetTooSmall(
             f"target-epsilon = {target_epsilon} cannot be met for {steps} steps at sample "
             f"rate {sample_rate:.4g} and delta {delta:.3g}: even a noise multiplier of "
-            f"{MAX_SIGMA:.0e} gives epsilon {floor:.3g} under the {accountant} accountant")
+            f"{MAX_SIGMA:.0e} gives epsilon {floor:.3g} under the {accountant} accountant. "
+            + way_out(floor, accountant))
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
@@ -204,7 +213,8 @@ def _calibrate_pld(target: float, delta: float, q: float, steps: int, relation: 
         raise BudgetTooSmall(
             f"target-epsilon = {target} cannot be met for {steps} steps at sample rate "
             f"{q:.4g} and delta {delta:.3g}: even a noise multiplier of {MAX_SIGMA:.0e} gives "
-            f"epsilon {eps(MAX_SIGMA):.3g} under dp-accounting's PLD")
+            f"epsilon {eps(MAX_SIGMA):.3g} under dp-accounting's PLD. "
+            + way_out(eps(MAX_SIGMA), "pld"))
     hi = 1.0
     while eps(hi) > target:
         hi *= 2
