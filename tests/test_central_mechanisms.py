@@ -282,6 +282,9 @@ def test_target_epsilon_calibrates_the_least_noise_for_the_run(sets):
     with pytest.raises(ConfigError, match="noise-multiplier = 0 adds no noise"):
         validate({"dp": "central", "noise-multiplier": 0})
     validate({"dp": "central", "noise-multiplier": 0, "target-epsilon": 2})  # the target rules
+    tiny = validate({"dp": "central", "target-epsilon": 1e-6, "num-server-rounds": 10, **sets})
+    with pytest.raises(ValueError, match=r"at 10000: .*; set target-epsilon to at least"):
+        central_params(tiny, 50)
 
 
 def test_max_epsilon_counts_rounds_that_released_nothing():

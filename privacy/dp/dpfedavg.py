@@ -427,9 +427,10 @@ def calibrate(params: DPFedAvgParams, target_epsilon: float, rounds: int) -> DPF
         return CentralAccountant(q).epsilon_after(rounds)
 
     lo, hi = 1e-2, 1e4
-    if epsilon(hi) > target_epsilon:
+    if (floor := epsilon(hi)) > target_epsilon:
         raise ValueError(f"no noise multiplier up to {hi:g} gives epsilon {target_epsilon} "
-                         f"in {rounds} rounds")
+                         f"in {rounds} rounds (at {hi:g}: {floor:.3g}; set target-epsilon to "
+                         f"at least {floor * 1.01:.3g}, or a larger delta)")
     while hi / lo > 1.01:  # RDP's multiplier for the target: enough, if not the least
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if epsilon(mid, "rdp") <= target_epsilon else (mid, hi)
