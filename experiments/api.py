@@ -483,6 +483,17 @@ def run(preset: str | None = None, *, name: str | None = None, supernodes: bool 
                        supernodes=supernodes, verbose=verbose, echo=echo)
 
 
+def _with_keys(doc: str | None) -> str:
+    """A docstring followed by every run-config key (``help(fedpriv.run)`` lists them)."""
+    from .cli.keys import keys_reference
+
+    return ((doc or "") + "\n\n    Run-config keys (keyword arguments, ``_`` for ``-``; "
+            "docs/CONFIG.md):\n" + keys_reference(width=88).replace("\n", "\n    "))
+
+
+run.__doc__ = _with_keys(run.__doc__)
+
+
 @dataclass
 class SweepResult:
     """A sweep's folder (sweep.csv, sweep.md, plots/) and each cell's run."""

@@ -116,3 +116,14 @@ def test_a_result_reads_like_a_notebook_expects(python_sweep):
     assert len(both) == 6 and list(both["run"].unique()) == [plain.run_dir.name,
                                                             private.run_dir.name]
     assert list(both.columns[-2:]) == ["dp", "target_epsilon"]
+
+
+def test_help_of_run_lists_every_key():
+    import pydoc
+
+    from tasks.config import SCHEMA
+
+    text = pydoc.render_doc(fedpriv.run, renderer=pydoc.plaintext)
+    for key in SCHEMA:
+        assert f"  {key.name} = " in text, key.name
+    assert "keyword arguments, ``_`` for ``-``" in text
