@@ -210,6 +210,9 @@ def test_the_final_line_lists_what_the_run_wrote(tmp_path):
     line = list_results(tmp_path)
     assert line == "run.json, summary.md, plots/{accuracy,loss}.png"
     assert "model.pt" not in line  # save-model = false wrote none
+    for name in ("plots/accuracy.pdf", "plots/loss.pdf"):  # a PDF beside every PNG
+        (tmp_path / name).write_text("x")
+    assert list_results(tmp_path) == "run.json, summary.md, plots/{accuracy,loss}.{png,pdf}"
 
 
 def test_unusable_files_and_folders_are_refused_before_work(tmp_path):

@@ -303,3 +303,24 @@ def test_more_series_than_matplotlibs_ten_colours_stay_told_apart():
     looks = {(line.get_color(), line.get_linestyle(), line.get_marker())
              for line in _ax(fig).lines}
     assert len(looks) == 21
+
+
+def test_a_run_ends_with_a_pdf_beside_every_png_and_pngs_fit_for_print(tmp_path):
+    """plot_run (what a run's last plot hook writes): each figure as a 150-dpi PNG and a
+    vector PDF; the periodic redraws during a run write the PNGs only."""
+    import matplotlib.image
+
+    from tasks.results.plots import PNG_DPI, plot_run
+
+    ledger = [_local(r, 3.0 + r) for r in (1, 2, 3)]
+    for folder in ("end", "during"):
+        (tmp_path / folder).mkdir()
+    pngs = plot_run(tmp_path / "end", ledger, {"accuracy": 0.1, "loss": 2.3}, "t")
+    assert {p.name for p in pngs} == {"accuracy.png", "loss.png", "epsilon.png"}
+    for png in pngs:
+        pdf = png.with_suffix(".pdf")
+        assert pdf.read_bytes().startswith(b"%PDF"), pdf
+        width = matplotlib.image.imread(png).shape[1]
+        assert width >= 0.8 * 6.4 * PNG_DPI, (png.name, width)  # a 6.4-inch-wide figure
+    during = plot_run(tmp_path / "during", ledger, None, "t", vector=False)
+    assert during and not list((tmp_path / "during").glob("*.pdf"))

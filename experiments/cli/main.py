@@ -67,7 +67,9 @@ def list_results(run_dir: Path) -> str:
     """The files a run wrote, as one line (what is there, not what might be)."""
     files = sorted(p.name for p in run_dir.iterdir() if p.is_file() and p.name != "flwr.log")
     plots = sorted(p.stem for p in (run_dir / "plots").glob("*.png"))
-    return ", ".join(files + ([f"plots/{{{','.join(plots)}}}.png"] if plots else []))
+    both = plots and all((run_dir / "plots" / f"{p}.pdf").is_file() for p in plots)
+    kinds = "{png,pdf}" if both else "png"
+    return ", ".join(files + ([f"plots/{{{','.join(plots)}}}.{kinds}"] if plots else []))
 
 
 def _cmd_presets() -> int:

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from privacy.analysis.leakage_metrics import to_pixels
 from privacy.dp.tradeoff import Claim
-from tasks.results.plots import place_legend, wrap_title
+from tasks.results.plots import place_legend, save_figure, wrap_title
 
 from .roc import RocCurve, draw_roc
 
@@ -38,7 +38,7 @@ def reconstruction_grid(path: Path, original: torch.Tensor, recon: torch.Tensor,
     axes[1, 0].set_ylabel("reconstructed", fontsize=8)
     fig.suptitle(title, fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, vector=False)  # an image grid: the PNG is the figure
     return path
 
 
@@ -68,5 +68,5 @@ def roc_plot(path: Path, curves: Mapping[str, Mapping[str, Any]], title: str,
     """:func:`roc_figure`, saved to ``path``."""
     fig = roc_figure(curves, title, claim)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path)
     return path

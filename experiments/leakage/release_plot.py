@@ -25,6 +25,7 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
     from clients.anonymized import holdout_split, released_data
     from tasks.config import validate
     from tasks.results.folder import read_run_info, settings_title
+    from tasks.results.plots import save_figure
     from tasks.seeding import derive_seed
     from tasks.splits import client_split
 
@@ -51,7 +52,7 @@ def release_scatter(run_dir: Path, client: int = 0) -> Path:
                          f"{s.get('k-level')}")
     out = run_dir / "plots" / "release_scatter.png"
     out.parent.mkdir(exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
+    save_figure(fig, out)
     return out
 
 

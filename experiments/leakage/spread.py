@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy import stats
 
-from tasks.results.plots import place_legend
+from tasks.results.plots import place_legend, save_figure
 
 LEVEL = 0.95
 
@@ -108,7 +108,7 @@ def _strip(path: Path, groups: Sequence[tuple[str, Sequence[float]]], title: str
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(title, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, bbox_inches=None)
     return path
 
 
@@ -136,7 +136,7 @@ def _grid(path: Path, pictures: Sequence[tuple[str, np.ndarray, np.ndarray]], ti
         axes[2 * r + 1, c].set_xlabel(cap, fontsize=6)
     fig.suptitle(title + " (each pair: original above, reconstruction below)", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, vector=False, bbox_inches=None)  # an image grid
     return path
 
 

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from tasks.config import RunConfig
 from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
-from tasks.results.plots import label_points, place_legend
+from tasks.results.plots import label_points, place_legend, save_figure
 
 from ..sweep.outcome import named, trouble
 from ..sweep.pareto import pareto_front
@@ -231,7 +231,7 @@ def _psnr_vs_epsilon(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> st
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"gradient inversion vs privacy budget — sweep {name}", fontsize=10)
-    fig.savefig(out / "psnr_vs_epsilon.png", dpi=110)
+    save_figure(fig, out / "psnr_vs_epsilon.png", bbox_inches=None)
     return "psnr_vs_epsilon.png"
 
 
@@ -266,7 +266,7 @@ def _accuracy_vs_psnr(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> s
     ax.grid(alpha=0.3)
     place_legend(ax, fontsize=6)
     ax.set_title(f"accuracy vs leakage — sweep {name}", fontsize=10)
-    fig.savefig(out / "accuracy_vs_psnr.png", dpi=110, bbox_inches="tight")
+    save_figure(fig, out / "accuracy_vs_psnr.png")
     return "accuracy_vs_psnr.png"
 
 
@@ -292,7 +292,7 @@ def _roc_by_defence(out: Path, name: str, rows: Sequence[dict[str, Any]]) -> str
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(f"membership inference per defence (loss drop) — sweep {name}",
                  fontsize=9)
-    fig.savefig(out / "roc_by_defence.png", dpi=110, bbox_inches="tight")
+    save_figure(fig, out / "roc_by_defence.png")
     return "roc_by_defence.png"
 
 
@@ -343,5 +343,5 @@ def _reconstructions(out: Path, name: str, rows: Sequence[dict[str, Any]],
         axes[1, 0].set_ylabel(f"{psnr:.1f} dB", fontsize=7)
         sub.suptitle(label, fontsize=8, x=0.01, ha="left")
     fig.suptitle(f"{title} — sweep {name}", fontsize=10)
-    fig.savefig(out / file, dpi=90)
+    save_figure(fig, out / file, vector=False, bbox_inches=None)  # an image grid
     return file

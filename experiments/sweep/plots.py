@@ -11,7 +11,6 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from tasks.config import ConfigError, RunConfig, validate
-from tasks.files import write_atomic
 from tasks.results.folder import run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
 from tasks.results.plots import (
@@ -19,6 +18,7 @@ from tasks.results.plots import (
     label_points,
     line_plot,
     place_legend,
+    save_figure,
     shorten,
     wrap_title,
 )
@@ -51,9 +51,8 @@ def sweep_plots(out: Path, name: str, cells: Sequence[Any]) -> dict[str, Figure]
     figs |= _privacy_plots(title, cells, ledgers)
     figs |= tradeoff_plot(title, cells)
     figs |= exposure_plots(title, cells)
-    for file, fig in figs.items():  # a full disk: WriteFailed, no half-written PNG
-        write_atomic(out / file, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110,
-                                                                bbox_inches="tight"))
+    for file, fig in figs.items():  # a full disk: WriteFailed, no half-written file
+        save_figure(fig, out / file)
     leaked = sweep_rows(cells)
     if leaked:
         leakage_plots(out, name, leaked)

@@ -19,15 +19,26 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.ticker import MaxNLocator
 
-from ..files import replacing
+from ..files import write_atomic
 from .ledger import RoundRecord, read_ledger
 
 LOG_DECADES = 2.0  # positive values spanning more decades than this get a log axis
+PNG_DPI = 150  # sharp on screen and in slides; the PDF beside it is for print
+VECTOR = ".pdf"  # written beside every PNG a run, sweep or study ends with
 
 
-def _save(fig: Figure, path: Path) -> None:
-    with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+def save_figure(fig: Figure, path: Path, vector: bool = True, **kwargs: Any) -> None:
+    """``path`` as a PNG at :data:`PNG_DPI` and, with ``vector``, a PDF of the same name
+    beside it (for papers); each written whole or not at all (a full disk: WriteFailed)."""
+    options = {"bbox_inches": "tight", **kwargs}
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=PNG_DPI, **options))
+    if vector:
+        write_atomic(path.with_suffix(VECTOR), lambda f: fig.savefig(f, format="pdf",
+                                                                     **options))
+
+
+def _save(fig: Figure, path: Path, vector: bool = True) -> None:
+    save_figure(fig, path, vector)
 
 
 def place_legend(ax: Axes, **kwargs: Any) -> Legend | None:
@@ -214,11 +225,12 @@ def run_figures(ledger: Sequence[RoundRecord], initial: Mapping[str, Any] | None
 
 def plot_run(out_dir: Path, ledger: Sequence[RoundRecord],
              initial: Mapping[str, Any] | None, title: str,
-             target_epsilon: float | None = None) -> list[Path]:
-    """Accuracy and loss (and epsilon with DP) against round; returns the files written."""
+             target_epsilon: float | None = None, vector: bool = True) -> list[Path]:
+    """Accuracy and loss (and epsilon with DP) against round, as PNG (and PDF with
+    ``vector``); returns the PNGs written."""
     files = []
     for name, fig in run_figures(ledger, initial, title, target_epsilon).items():
-        _save(fig, out_dir / name)
+        _save(fig, out_dir / name, vector)
         files.append(out_dir / name)
     return files
 
@@ -249,11 +261,14 @@ class PlotHook:
 
     def after_round(self, record: RoundRecord, arrays: Any, result: Any) -> None:
         if time.perf_counter() - self.last >= self.every_s:
-            self.finish()
+            self._draw(vector=False)  # the PDFs once, at the end
 
     def finish(self) -> None:
+        self._draw(vector=True)
+
+    def _draw(self, vector: bool) -> None:
         plot_run(self.run_dir / "plots", read_ledger(self.run_dir), self.info.get("initial"),
-                 self.title, budget(self.run_dir))
+                 self.title, budget(self.run_dir), vector)
         self.last = time.perf_counter()
 
 
