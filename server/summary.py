@@ -15,7 +15,7 @@ from tasks.markdown import markdown_table
 from tasks.results.exposure import headline, read_exposure
 from tasks.results.folder import RunFolder
 from tasks.results.info import RunInfo
-from tasks.results.ledger import RoundRecord, outcome
+from tasks.results.ledger import RoundRecord, headline_epsilon, outcome
 
 from .console import number
 
@@ -211,16 +211,24 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
         *reported_lines(info),
         "",
     ]
+    private = any(headline_epsilon(r.privacy) is not None for r in records)
     rows = []
+    if initial:  # round 0: the model the run started from
+        rows.append(["0", f"{initial.get('accuracy', float('nan')):.4f}",
+                     number(initial.get("loss", float("nan"))), "-", "-", "-",
+                     *(["0"] if private else [])])
     for r in records:
         train_loss = r.train.get("loss")
+        eps = headline_epsilon(r.privacy)
         rows.append([f"{r.round}{' (tampered)' if r.tampered else ''}",
                      f"{r.test['accuracy']:.4f}", number(r.test["loss"]),
                      "-" if train_loss is None else number(train_loss),
-                     f"{len(r.clients)}/{len(r.sampled)}", f"{r.time['round-s']:.2f}"])
-    return lines + markdown_table(
-        ["round", "test acc", "test loss", "train loss", "clients", "round s"], rows,
-        ["right"] * 6)
+                     f"{len(r.clients)}/{len(r.sampled)}", f"{r.time['round-s']:.2f}",
+                     *([("-" if eps is None else f"{eps:.3g}")] if private else [])])
+    head = ["round", "test acc", "test loss", "train loss", "clients", "round s"]
+    if private:  # local: the largest over clients; central: client-level
+        head.append("epsilon")
+    return lines + markdown_table(head, rows, ["right"] * len(head))
 
 
 def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,

@@ -301,3 +301,25 @@ def test_fedpriv_sweep_ends_with_the_comparison_table(tmp_path):
                   .splitlines())
     assert md == table  # the same table as sweep.md
     assert "sweep finished in" in end.splitlines()[-1]
+
+
+def test_the_summarys_round_table_starts_at_round_0_and_shows_epsilon_with_dp(tmp_path):
+    from server.summary import write_summary
+    from tasks.config import validate
+    from tasks.results.folder import RunFolder
+    from tasks.results.info import RunInfo
+    from tasks.results.ledger import RoundRecord
+
+    records = [RoundRecord(round=r, test={"accuracy": 0.5 + 0.1 * r, "loss": 1.0 / r},
+                           train={"loss": 1.0}, sampled=[0, 1], clients=[{}, {}], failures=[],
+                           time={"round-s": 0.5},
+                           privacy={"mode": "central", "epsilon": 1.25 * r})
+               for r in (1, 2)]
+    info = RunInfo(status="finished", initial={"accuracy": 0.1, "loss": 2.3})
+    write_summary(RunFolder(tmp_path), validate({"dp": "central"}), info, records)
+    rows = _md_rows((tmp_path / "summary.md").read_text().splitlines())
+    assert rows == [["round", "test acc", "test loss", "train loss", "clients", "round s",
+                     "epsilon"],
+                    ["0", "0.1000", "2.3000", "-", "-", "-", "0"],
+                    ["1", "0.6000", "1.0000", "1.0000", "2/2", "0.50", "1.25"],
+                    ["2", "0.7000", "0.5000", "1.0000", "2/2", "0.50", "2.5"]]
