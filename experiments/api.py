@@ -275,6 +275,34 @@ def _read(path: Path, where: str) -> Result:
     return Result(path, cfg, ledger, info)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a notebook's interrupt) during a run: what was kept and how to go on,
+    raised in place of the interrupt's traceback through fedpriv's internals."""
+
+    def __init__(self, message: str, run_dir: Path | None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
+def _interrupted(exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """``exc`` as a :class:`RunInterrupted` saying where the rounds so far are; a
+    SIGTERM or a closed output (not an interrupt of the user's) is left as it is."""
+    from .runtime.procs import OutputClosed, Terminated
+
+    if isinstance(exc, (OutputClosed, Terminated, RunInterrupted)):
+        return exc
+    run_dir = getattr(exc, "run_dir", None)
+    if run_dir is None:
+        return RunInterrupted("interrupted before the run started; every process fedpriv "
+                              "started has been stopped and no results folder was kept.",
+                              None)
+    from server.summary import resume_hint
+
+    return RunInterrupted(f"the run was interrupted; every process fedpriv started has been "
+                          f"stopped. Its rounds so far are in {run_dir} (summary.md, "
+                          f"plots/); {resume_hint(run_dir)}.", run_dir)
+
+
 def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = False,
                verbose: bool = False, echo: Echo | None = print) -> Result:
     """Run one validated config (in-process, on Flower's simulation runtime, or on real
@@ -284,10 +312,13 @@ def run_config(cfg: RunConfig, *, name: str | None = None, supernodes: bool = Fa
         raise arg.refused("run_config", "cfg", cfg, "a validated RunConfig",
                        "Make one with tasks.config.validate({...}), or call "
                        "fedpriv.run(preset, **keys) instead.")
-    return _run_config(cfg, name=arg.name("run_config", name, None),
-                       supernodes=arg.flag("run_config", "supernodes", supernodes),
-                       verbose=arg.flag("run_config", "verbose", verbose),
-                       echo=arg.echo("run_config", echo))
+    try:
+        return _run_config(cfg, name=arg.name("run_config", name, None),
+                           supernodes=arg.flag("run_config", "supernodes", supernodes),
+                           verbose=arg.flag("run_config", "verbose", verbose),
+                           echo=arg.echo("run_config", echo))
+    except KeyboardInterrupt as exc:
+        raise _interrupted(exc) from None
 
 
 def _run_config(cfg: RunConfig, *, name: str | None, supernodes: bool, verbose: bool,
@@ -329,9 +360,12 @@ def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = pr
     folder = arg.folder("resume", "run_dir", run_dir, "a crashed or interrupted run's folder",
                      "results/20261122-101500-mnist-fedavg-iid")
     verbose, echo = arg.flag("resume", "verbose", verbose), arg.echo("resume", echo)
-    path, cfg, pre = _reopened(folder, "fedpriv run --resume", echo, simulated=True)
-    with InProcessLink() as link:
-        return _launch(cfg, path, pre, False, verbose, echo, link)
+    try:
+        path, cfg, pre = _reopened(folder, "fedpriv run --resume", echo, simulated=True)
+        with InProcessLink() as link:
+            return _launch(cfg, path, pre, False, verbose, echo, link)
+    except KeyboardInterrupt as exc:
+        raise _interrupted(exc) from None
 
 
 def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = False
@@ -479,8 +513,11 @@ def run(preset: str | None = None, *, name: str | None = None, supernodes: bool 
     supernodes = arg.flag("run", "supernodes", supernodes)
     verbose = arg.flag("run", "verbose", verbose)
     echo = arg.echo("run", echo)
-    return _run_config(resolve(preset, (), arg.run_keys("run", overrides)), name=name,
-                       supernodes=supernodes, verbose=verbose, echo=echo)
+    try:
+        return _run_config(resolve(preset, (), arg.run_keys("run", overrides)), name=name,
+                           supernodes=supernodes, verbose=verbose, echo=echo)
+    except KeyboardInterrupt as exc:
+        raise _interrupted(exc) from None
 
 
 def _with_keys(doc: str | None) -> str:

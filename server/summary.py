@@ -231,6 +231,38 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
     return lines + markdown_table(head, rows, ["right"] * len(head))
 
 
+def resume_hint(run_dir: Path) -> str:
+    """How an unfinished run goes on: from its last checkpointed round, or from the start."""
+    if (run_dir / "checkpoint" / "server.npz").is_file():
+        return (f"continue it from its last finished round with `fedpriv run --resume "
+                f"{run_dir}` (Python: `fedpriv.resume({str(run_dir)!r})`)")
+    return "it kept no checkpoint to resume from; run it again"
+
+
+def write_unfinished_summary(run_dir: Path, cfg: RunConfig) -> bool:
+    """summary.md for a run that stopped before its end (Ctrl-C, a crash, a failure): the
+    rounds it finished, why it stopped and how to go on. False when it finished no round
+    (nothing to sum up) or already wrote one of its own."""
+    from tasks.results.folder import read_run_info
+    from tasks.results.ledger import read_ledger
+
+    info = RunInfo.from_json(read_run_info(run_dir))
+    records = read_ledger(run_dir)
+    if not records or info.status not in ("interrupted", "crashed", "failed"):
+        return False
+    info.rounds_completed = info.rounds_completed or len(records)
+    if not (run_dir / "plots" / "accuracy.png").is_file():  # its process was stopped first
+        from tasks.results.folder import settings_title
+        from tasks.results.plots import budget, plot_run
+
+        title = (f"{cfg.data.dataset} · {info.model or cfg.training.model} · "
+                 f"{cfg.federation.strategy} · {cfg.federation.num_clients} clients · "
+                 f"{settings_title(cfg)}")
+        plot_run(run_dir / "plots", records, info.initial, title, budget(run_dir))
+    write_summary(RunFolder(run_dir), cfg, info, records)
+    return True
+
+
 def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
                   records: Sequence[RoundRecord]) -> None:
     res = outcome(records)
@@ -262,6 +294,9 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
                      "model")
     if info.stopped_early:
         lines.append(f"- stopped early: {info.stopped_early}")
+    if info.status in ("interrupted", "crashed", "failed"):
+        lines.append(f"- **{info.status}**" + (f": {info.error}" if info.error else "")
+                     + "; " + resume_hint(run.path))
     lines += failure_lines(records, info)
     if res:
         lines += outcome_lines(info, res, records)

@@ -181,6 +181,11 @@ def test_ctrl_c_stops_every_process_and_keeps_finished_rounds(tmp_path, results,
     run = only_run(results)
     assert read_run_info(run)["status"] == "interrupted"
     assert len(ledger_json(run)) >= 2
+    # what was kept and how to go on: said on the terminal and in summary.md, with plots
+    assert f"continue it with: fedpriv run --resume {run}" in rest, rest
+    summary = (run / "summary.md").read_text()
+    assert "- **interrupted**" in summary and f"fedpriv run --resume {run}" in summary
+    assert (run / "plots" / "accuracy.png").is_file()
 
 
 def _start_and_wait_for_round(results, marker, runtime="auto"):
@@ -415,3 +420,26 @@ def test_a_closed_output_pipe_stops_the_run_as_interrupted_with_its_cause(tmp_pa
     info = read_run_info(only_run(results))
     assert info["status"] == "interrupted" and "reader went away" in info["error"]
     assert _gone(marker) == []
+
+
+def test_ctrl_c_in_the_python_api_says_where_the_rounds_are_in_a_short_traceback(tmp_path,
+                                                                                 results):
+    """A notebook's interrupt of fedpriv.run: RunInterrupted (still a KeyboardInterrupt)
+    naming the folder and fedpriv.resume, its traceback a few lines, not fedpriv's
+    internals."""
+    code = ("import fedpriv\n"
+            f"fedpriv.run(num_clients=3, num_server_rounds=500, results_dir={str(results)!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if line.strip().startswith("2 |"):
+            break
+        assert time.monotonic() < deadline, "no round finished in time"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    run = only_run(results)
+    assert "experiments.api.RunInterrupted: the run was interrupted" in err, err
+    assert f"fedpriv.resume({str(run)!r})" in err, err
+    assert err.count('File "') <= 3, err  # the caller's line and fedpriv.run's, no deeper
+    assert read_run_info(run)["status"] == "interrupted"

@@ -221,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         term = isinstance(exc, Terminated)
         print(f"\nfedpriv: {'stopped by SIGTERM' if term else 'interrupted'}; every process "
               "fedpriv started has been stopped.", file=sys.stderr)
+        run_dir = getattr(exc, "run_dir", None)
+        if run_dir is not None and (run_dir / "checkpoint" / "server.npz").is_file():
+            print(f"  its rounds so far are in {run_dir} (summary.md, plots/); continue it "
+                  f"with: fedpriv run --resume {run_dir}", file=sys.stderr)
         return 143 if term else 130
     except BrokenPipeError:  # e.g. `fedpriv keys | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -193,10 +193,12 @@ def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
                                          log.last_error)
     except KeyboardInterrupt as exc:
         status, error = "interrupted", interruption(exc)
+        exc.run_dir = run_dir  # type: ignore[attr-defined]  # the CLI says how to resume
         raise
     finally:
         log.close()
         mark_unfinished(run_dir, status, error)
+        summarise_unfinished(cfg, run_dir, status)
         if labels is not None and status != "finished":
             labels.close()
     try:
@@ -227,6 +229,20 @@ def recorded_outcome(run_dir: Path, log_path: Path, died: str | None = None,
             error = ("Flower refused the run config: a key is missing from pyproject.toml's "
                      "[tool.flwr.app.config] (regenerate it with `fedpriv keys --toml`)")
     return status, error
+
+
+def summarise_unfinished(cfg: RunConfig, run_dir: Path, status: str) -> None:
+    """summary.md of the rounds an unfinished run did, with how to resume it; never raised
+    in place of what stopped the run."""
+    if status == "finished":
+        return
+    from server.summary import write_unfinished_summary
+
+    try:
+        write_unfinished_summary(run_dir, cfg)
+    except Exception as exc:  # a full disk, a damaged ledger: the outcome is said anyway
+        print(f"fedpriv: warning: no summary.md for the unfinished run: {exc}",
+              file=sys.stderr)
 
 
 def mark_unfinished(run_dir: Path, status: str, error: str | None) -> None:
