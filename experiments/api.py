@@ -275,6 +275,16 @@ def _read(path: Path, where: str) -> Result:
     return Result(path, cfg, ledger, info)
 
 
+def runs(results_dir: str | Path = "results") -> Any:
+    """Past runs under ``results_dir`` (sweep cells included), one row each, oldest first:
+    path, status, dataset, model, clients, rounds, final accuracy, epsilon, start, wall
+    time (a pandas DataFrame; ``fedpriv.load(row.path)`` opens one)."""
+    from .past_runs import past_runs, runs_frame
+
+    root = arg.folder("runs", "results_dir", results_dir, "a results folder", "results")
+    return runs_frame(past_runs(root))
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (or a notebook's interrupt) during a run: what was kept and how to go on,
     raised in place of the interrupt's traceback through fedpriv's internals."""

@@ -9,6 +9,7 @@
     fedpriv.load_sweep("results/sweeps/20261122-...").table()
     fedpriv.concat([run_a, run_b])      # several runs in one frame, settings as columns
     fedpriv.resume("results/20261122-...")  # a crashed run, from its last round
+    fedpriv.runs()                      # past runs with their headline numbers (pandas)
 """
 
 from experiments.api import (
@@ -20,10 +21,11 @@ from experiments.api import (
     resume,
     run,
     run_config,
+    runs,
     sweep,
 )
 from tasks.config import ConfigError
 from tasks.version import __version__
 
 __all__ = ["ConfigError", "Result", "SweepResult", "__version__", "concat", "load",
-           "load_sweep", "resume", "run", "run_config", "sweep"]
+           "load_sweep", "resume", "run", "run_config", "runs", "sweep"]

@@ -176,8 +176,31 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_runs(args: argparse.Namespace) -> int:
+    """The runs under a results folder, one line each (oldest first)."""
+    from ..past_runs import past_runs, runs_table
+
+    root = Path(args.results_dir).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a folder. Give the results folder your runs went to "
+                          "(results-dir; default: results, under the folder you ran in).")
+    if args.last < 0:
+        raise ConfigError(f"--last {args.last}: give a number of runs >= 1, or leave it out "
+                          "for all of them.")
+    found = past_runs(root)
+    shown = found[-args.last:] if args.last else found
+    if not found:
+        print(f"no runs under {root}")
+        return 0
+    print("\n".join(runs_table(shown, root)))
+    print(f"{len(shown)} of {len(found)} run(s) under {root}; epsilon: local DP the largest "
+          "over clients, central DP client-level")
+    return 0
+
+
 COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "attack": _cmd_attack, "deploy": deploy.run,
-            "dp-test": _cmd_dp_test, "keys": _cmd_keys, "presets": lambda args: _cmd_presets()}
+            "dp-test": _cmd_dp_test, "keys": _cmd_keys, "presets": lambda args: _cmd_presets(),
+            "runs": _cmd_runs}
 
 
 def _terminate(signum: int, frame: object) -> None:

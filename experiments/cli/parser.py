@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--toml", action="store_true",
                       help="the defaults as TOML, for pyproject.toml's [tool.flwr.app.config]")
     sub.add_parser("presets", help="list the bundled presets and sweeps")
+    runs = sub.add_parser("runs", help="list past runs (sweep cells included) with their "
+                                       "status, final accuracy and epsilon")
+    runs.add_argument("results_dir", nargs="?", default="results", metavar="RESULTS_DIR",
+                      help="the results folder to list (default: results)")
+    runs.add_argument("--last", type=int, default=0, metavar="N",
+                      help="only the N most recently started")
     return top
 
 
