@@ -159,9 +159,12 @@ class GroundTruthPlot:
         the drawing's error, if it failed, is raised here."""
         self.future.result()
         plot.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(self.drawn, plot)
         now = time.time()  # as given: the file system's own clock may lag time.time()
-        os.utime(plot, (now, now))
+        for drawn, placed in ((self.drawn, plot),  # the PNG and the PDF beside it
+                              (self.drawn.with_suffix(".pdf"), plot.with_suffix(".pdf"))):
+            if drawn.exists():
+                shutil.move(drawn, placed)
+                os.utime(placed, (now, now))
 
     def close(self) -> None:
         """Drop it: not drawn if it has not started, its folder removed."""
