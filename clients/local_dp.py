@@ -32,7 +32,14 @@ from privacy.dp.public import PublicSchedule, schedule_for
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed
 from tasks.splits import model_name
-from tasks.training import CanaryHook, TrainResult, make_loader, round_steps, sgd, train_epochs
+from tasks.training import (
+    CanaryHook,
+    TrainResult,
+    client_optimizer,
+    make_loader,
+    round_steps,
+    train_epochs,
+)
 
 STATE_KEY = "dp-sgd"
 
@@ -149,7 +156,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
-    optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
+    optimizer = client_optimizer(model, t)
     mode = ("hooks" if canaries is not None
             else resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg)))
     private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),

@@ -29,7 +29,7 @@ from tasks.splits import (
     own_split,
     own_test_split,
 )
-from tasks.training import make_loader, resolve_device, sgd, train_epochs
+from tasks.training import client_optimizer, make_loader, resolve_device, train_epochs
 
 from . import together
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
@@ -256,7 +256,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         loader = OnlineSamples(client, server_round, seed) \
             if cfg.anonymization.anonymizer == "cvae-online" else \
             make_loader(x, y, t.batch_size, seed, ids)
-        optimizer = sgd(model, t.lr, t.momentum, t.weight_decay)
+        optimizer = client_optimizer(model, t)
         result = train_epochs(model, loader, optimizer, t.local_epochs, device,
                               proximal_mu=float(round_config.get("proximal-mu", 0.0)),
                               canaries=hook, max_steps=t.local_steps)

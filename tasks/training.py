@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,6 +40,24 @@ def sgd(model: nn.Module, lr: float, momentum: float = 0.0,
         weight_decay: float = 0.0) -> torch.optim.SGD:
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                            weight_decay=weight_decay)
+
+
+# The client's local optimiser (FedOpt's client side, Reddi et al. 2021): built afresh each
+# round, so its state (momentum, Adam's moments) never leaves the round. Under DP-SGD it
+# steps on the noisy clipped gradient Opacus gives it: post-processing, accounted as SGD.
+CLIENT_OPTIMIZERS = {
+    "sgd": lambda params, t: torch.optim.SGD(params, lr=t.lr, momentum=t.momentum,
+                                             weight_decay=t.weight_decay),
+    "adam": lambda params, t: torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay),
+    "adamw": lambda params, t: torch.optim.AdamW(params, lr=t.lr,
+                                                 weight_decay=t.weight_decay),
+}
+
+
+def client_optimizer(model: nn.Module, t: Any) -> torch.optim.Optimizer:
+    """The run's client optimiser (``client-optimizer``) over ``model``'s parameters, with
+    the training section's lr, momentum (SGD) and weight decay."""
+    return CLIENT_OPTIMIZERS[t.client_optimizer](model.parameters(), t)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from privacy.dp.accounting import clients_per_round
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed, sample_cohort, sampling_rng
 from tasks.splits import client_split, heldout_split, model_for
-from tasks.training import evaluate, make_loader, resolve_device, sgd, train_epochs
+from tasks.training import client_optimizer, evaluate, make_loader, resolve_device, train_epochs
 
 
 def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
@@ -53,7 +53,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
             client_seed = derive_seed(seed, rnd, pid)
             torch.manual_seed(client_seed)
             model.load_state_dict(global_state)
-            opt = sgd(model, t.lr, t.momentum, t.weight_decay)
+            opt = client_optimizer(model, t)
             train_epochs(model, make_loader(split.x, split.y, t.batch_size, client_seed), opt,
                          t.local_epochs, device, max_steps=t.local_steps)
             updates.append((len(split), {k: v.detach().cpu().numpy().copy()

@@ -535,6 +535,8 @@ def _together_checks(cfg: RunConfig) -> list[str]:
         "anonymizer = 'cvae-online' (samples drawn as it trains)":
             cfg.anonymization.anonymizer == "cvae-online",
         "local-steps (its batches are every epoch's)": cfg.training.local_steps > 0,
+        f"client-optimizer = {cfg.training.client_optimizer!r} (the batched program runs "
+        "SGD with momentum)": cfg.training.client_optimizer != "sgd",
         "a text dataset (torch.func has no batching rule for recurrent layers)":
             cfg.data.dataset in DATASETS and DATASETS.info(cfg.data.dataset).kind == "text",
     }

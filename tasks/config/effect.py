@@ -200,6 +200,7 @@ RULES: dict[str, Rule] = {
     "trim-beta": Unless("strategy", (*_PLAIN, "fedadam", "fedavgm", "fedprox")),
     "server-momentum": Unless("strategy", (*_PLAIN, "fedadam", "fedprox", "fedtrimmedavg")),
     "server-lr": Unless("strategy", (*_PLAIN, "fedprox", "fedtrimmedavg")),
+    "momentum": Unless("client-optimizer", ("adam", "adamw")),
     "backbone": Unless("features", ("raw",)),
     "backbone-weights": Unless("features", ("raw",)),
     "backbone-data": Unless("features", ("raw",)),

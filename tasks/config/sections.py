@@ -315,9 +315,15 @@ class TrainingConfig(Section):
                            "so that a client's work per round does not grow with its data.",
                            lo=0)
     batch_size: int = key(32, "Local mini-batch size.", lo=1)
-    lr: float = key(0.05, "Client SGD learning rate.", lo=0, lo_open=True)
-    momentum: float = key(0.5, "Client SGD momentum.", lo=0, hi=1, hi_open=True)
-    weight_decay: float = key(0.0, "Client SGD weight decay.", lo=0)
+    client_optimizer: str = key("sgd", "The clients' local optimiser (FedOpt's client side): "
+                                "sgd (with momentum), adam or adamw, built afresh each round. "
+                                "Under local DP-SGD it steps on Opacus' noisy clipped gradient "
+                                "(post-processing: the same epsilon).",
+                                choices=("sgd", "adam", "adamw"))
+    lr: float = key(0.05, "Client learning rate (of client-optimizer).", lo=0, lo_open=True)
+    momentum: float = key(0.5, "Client SGD momentum (client-optimizer = sgd).", lo=0, hi=1,
+                          hi_open=True)
+    weight_decay: float = key(0.0, "Client weight decay (every client-optimizer).", lo=0)
     seed: int = key(42, "One seed for partitioning, model init, client sampling and local "
                     "shuffling.", lo=0)
     eval_batch_size: int = key(512, "Batch size for evaluation.", lo=1)
@@ -395,7 +401,8 @@ class ResultsConfig(Section):
                         "run config and, at the end, the plots to a local experiment tracker: "
                         "tensorboard (an event log in `RUN_DIR/tensorboard`) or mlflow (the "
                         "store `RESULTS_DIR/mlflow.db`, artifacts in `RESULTS_DIR/mlruns`, one "
-                        "MLflow run per run). Needs `pip install -e '.[tracking]'` in the fedpriv checkout.",
+                        "MLflow run per run). Needs `pip install -e '.[tracking]'` in the "
+                        "fedpriv checkout.",
                         choices=TRACKING)
     tracking_experiment: str = key("fedpriv", "The MLflow experiment the run is logged to "
                                    "(tracking = mlflow).")
