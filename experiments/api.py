@@ -78,11 +78,35 @@ class Plots(dict):
         return "".join(_img(path, name) for name, path in self.items())
 
 
-def _img(path: Path, title: str, width: int = 360) -> str:
+def _img(path: Path, title: str, width: int = 600) -> str:
+    """A plot inlined for a notebook: wide enough to read (its 150-dpi pixels scaled to
+    the cell), never wider than the cell."""
     data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure style="display:inline-block;margin:4px"><img width="{width}" '
-            f'src="data:image/png;base64,{data}"/><figcaption style="text-align:center">'
-            f"{html.escape(title)}</figcaption></figure>")
+    return (f'<figure style="display:inline-block;margin:4px;max-width:100%"><img '
+            f'style="width:{width}px;max-width:100%" src="data:image/png;base64,{data}"/>'
+            f'<figcaption style="text-align:center">{html.escape(title)}</figcaption>'
+            "</figure>")
+
+
+def _rows_html(rows: Sequence[tuple[str, str]]) -> str:
+    return "<table>" + "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                               f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+                               for k, v in rows) + "</table>"
+
+
+def _leakage_headline(summary: Mapping[str, Any]) -> str:
+    """leakage.json in one line: each attack's first few mean scores."""
+    parts = []
+    for attack, scores in summary.items():
+        if not isinstance(scores, Mapping):
+            continue
+        numbers = [f"{k} {v:.3g}" for k, v in scores.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)][:3]
+        verdict = scores.get("claim-consistent")
+        if verdict is not None:
+            numbers.append("claim holds" if verdict else "CLAIM REJECTED")
+        parts.append(f"{attack}: {', '.join(numbers)}")
+    return "; ".join(parts)
 
 
 @dataclass(eq=False)
@@ -190,7 +214,13 @@ class Result:
         if self.accuracy is not None:
             rows.append(("test accuracy", f"{self.accuracy:.4f}"))
         if self.epsilon is not None:
-            rows.append(("epsilon", f"{self.epsilon:.3g}"))
+            privacy = self.info.get("privacy") or {}
+            delta = privacy.get("delta", privacy.get("delta-max"))
+            rows.append(("epsilon", f"{self.epsilon:.3g}"
+                         + (f" at delta {delta:.3g}" if isinstance(delta, (int, float)) else "")
+                         + (f" ({privacy.get('unit')})" if privacy.get("unit") else "")))
+        if self.leakage:
+            rows.append(("leakage", _leakage_headline(self.leakage)))
         if self.diverged:
             rows.append(("diverged", f"round {self.diverged.get('round')}: "
                                      f"{self.diverged.get('cause')}"))
@@ -198,10 +228,7 @@ class Result:
             rows.append(("error", self.error))
         rows += [(k, str(flat[k])) for k in changed([self.config])
                  if k not in ("results-dir", "run-dir")]
-        table = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
-                        for k, v in rows)
-        return f"<table>{table}</table>" + self.plots._repr_html_()
+        return _rows_html(rows) + self.plots._repr_html_()
 
 
 def _key(name: str) -> str:
@@ -591,6 +618,17 @@ class SweepResult:
         done = sum(c["status"] == "finished" for c in self.cells)
         return (f"SweepResult({done} of {len(self.cells)} cells finished, "
                 f"{self.folder or 'dry run'})")
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the folder, the cells' table (sweep.csv) and the sweep's plots."""
+        done = sum(c["status"] == "finished" for c in self.cells)
+        head = _rows_html([("sweep", str(self.folder or "dry run")),
+                           ("cells", f"{done} of {len(self.cells)} finished")])
+        if self.folder is None or not (self.folder / "sweep.csv").is_file():
+            return head
+        table = self.table().to_html(na_rep="", float_format=lambda v: f"{v:.4g}")
+        plots = sorted((self.folder / "plots").glob("*.png"))
+        return head + table + "".join(_img(p, p.stem) for p in plots)
 
 
 def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None = None,

@@ -112,6 +112,12 @@ def test_a_result_reads_like_a_notebook_expects(python_sweep):
     page = private._repr_html_()
     assert "<table>" in page and "target-epsilon" in page and page.count(
         "data:image/png;base64,") == len(private.plots)
+    delta = private.info["privacy"]["delta-max"]
+    assert f"at delta {delta:.3g}" in page  # the claim is epsilon and delta
+    assert "width:600px;max-width:100%" in page  # readable, and within the cell
+    view = python_sweep._repr_html_()  # a sweep in a notebook: its cells and plots
+    assert "2 of 2 finished" in view and "<table" in view and view.count(
+        "data:image/png;base64,") == len(list((python_sweep.folder / "plots").glob("*.png")))
     both = fedpriv.concat([plain, private])
     assert len(both) == 6 and list(both["run"].unique()) == [plain.run_dir.name,
                                                             private.run_dir.name]
@@ -127,3 +133,13 @@ def test_help_of_run_lists_every_key():
     for key in SCHEMA:
         assert f"  {key.name} = " in text, key.name
     assert "keyword arguments, ``_`` for ``-``" in text
+
+
+def test_the_html_view_sums_up_the_leakage_study():
+    from experiments.api import _leakage_headline
+
+    line = _leakage_headline({"observations": 2, "invert": {"psnr": 14.25, "ssim": 0.41},
+                              "mia": {"auc": 0.612, "claim-consistent": True},
+                              "audit": {"epsilon-lower-bound": 9.1, "claim-consistent": False}})
+    assert line == ("invert: psnr 14.2, ssim 0.41; mia: auc 0.612, claim holds; "
+                    "audit: epsilon-lower-bound 9.1, CLAIM REJECTED")
