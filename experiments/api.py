@@ -312,6 +312,32 @@ def runs(results_dir: str | Path = "results") -> Any:
     return runs_frame(past_runs(root))
 
 
+def attack(run_dir: str | Path, attacks: str | Sequence[str] | None = None, *,
+           rounds: Sequence[int] | None = None, clients: Sequence[int] | None = None,
+           echo: Echo | None = print, **settings: Any) -> Result:
+    """Run the leakage attacks on a finished run's observations (what ``fedpriv attack``
+    does): ``attacks`` by name (default: the run's ``attacks`` key), only the observed
+    ``rounds``/``clients`` given, leakage settings changed by keyword (e.g.
+    ``invert_iterations=500``). Writes leakage.jsonl, leakage.json, plots/leakage/ and the
+    summary's section; returns the run read back (``.leakage`` holds the summary)."""
+    from .leakage.attack import run_attacks
+
+    folder = arg.folder("attack", "run_dir", run_dir, "a finished run's folder with "
+                        "observations", "results/20261122-101500-mnist-fedavg-iid")
+    if isinstance(attacks, str):
+        attacks = [a.strip() for a in attacks.split(",") if a.strip()]
+    if attacks is not None and (not isinstance(attacks, Sequence)
+                                or not all(isinstance(a, str) for a in attacks)):
+        raise arg.refused("attack", "attacks", attacks, "attack names (a list, or one "
+                          "comma-separated text), or None for the run's own",
+                          "E.g. fedpriv.attack(run_dir, 'invert,mia').")
+    sets = [f"{k.replace('_', '-')}={v}" for k, v in
+            arg.run_keys("attack", settings).items()]
+    run_attacks(folder, list(attacks) if attacks else None, sets, rounds, clients,
+                echo=arg.echo("attack", echo))
+    return _read(folder, f"fedpriv.attack({str(folder)!r})")
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (or a notebook's interrupt) during a run: what was kept and how to go on,
     raised in place of the interrupt's traceback through fedpriv's internals."""

@@ -10,11 +10,14 @@
     fedpriv.concat([run_a, run_b])      # several runs in one frame, settings as columns
     fedpriv.resume("results/20261122-...")  # a crashed run, from its last round
     fedpriv.runs()                      # past runs with their headline numbers (pandas)
+    fedpriv.attack("results/20261122-...", "invert,mia")  # attack what a run observed
 """
 
 from experiments.api import (
     Result,
+    RunInterrupted,
     SweepResult,
+    attack,
     concat,
     load,
     load_sweep,
@@ -27,5 +30,5 @@ from experiments.api import (
 from tasks.config import ConfigError
 from tasks.version import __version__
 
-__all__ = ["ConfigError", "Result", "SweepResult", "__version__", "concat", "load",
-           "load_sweep", "resume", "run", "run_config", "runs", "sweep"]
+__all__ = ["ConfigError", "Result", "RunInterrupted", "SweepResult", "__version__", "attack",
+           "concat", "load", "load_sweep", "resume", "run", "run_config", "runs", "sweep"]

@@ -143,3 +143,18 @@ def test_the_html_view_sums_up_the_leakage_study():
                               "audit": {"epsilon-lower-bound": 9.1, "claim-consistent": False}})
     assert line == ("invert: psnr 14.2, ssim 0.41; mia: auc 0.612, claim holds; "
                     "audit: epsilon-lower-bound 9.1, CLAIM REJECTED")
+
+
+def test_attack_from_python_runs_the_leakage_attacks_and_reads_the_run_back(tmp_path):
+    """fedpriv.attack: the same attacks as `fedpriv attack`, on an observed run; the run
+    comes back with its leakage summary, its HTML view naming it."""
+    observed_run(tmp_path, {"leakage-rounds": "1", "observed-examples": 1, "batch-size": 1,
+                            "attacks": "labels,invert"})
+    lines: list[str] = []
+    result = fedpriv.attack(tmp_path, "labels", echo=lines.append)
+    assert result.leakage["labels"]["label-accuracy"] == 1.0
+    assert "invert" not in result.leakage  # only what was asked
+    assert any(x.startswith("attacking 1 observation(s) with labels") for x in lines)
+    assert "labels: label-accuracy 1" in result._repr_html_()
+    with pytest.raises(fedpriv.ConfigError, match="attacks = 5"):
+        fedpriv.attack(tmp_path, 5)
