@@ -704,8 +704,10 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
     from .sweep.table import cell_settings
 
     writer = EchoWriter(lines)
+    shown = (contextlib.nullcontext() if lines is print  # print writes to stdout itself
+             else contextlib.redirect_stdout(writer))
     try:
-        with contextlib.redirect_stdout(writer):
+        with shown:
             done = run_sweep(source, values=values, repeat=repeat, **flags)
     finally:
         writer.finish()

@@ -324,3 +324,33 @@ def test_a_run_ends_with_a_pdf_beside_every_png_and_pngs_fit_for_print(tmp_path)
         assert width >= 0.8 * 6.4 * PNG_DPI, (png.name, width)  # a 6.4-inch-wide figure
     during = plot_run(tmp_path / "during", ledger, None, "t", vector=False)
     assert during and not list((tmp_path / "during").glob("*.pdf"))
+
+
+def test_a_factorial_sweep_draws_its_design_and_curves_start_at_round_0(tmp_path):
+    """2 x 2 x 2 cells: colour follows the first key, dashes the second, the marker the
+    third (not eight unrelated colours); each accuracy curve starts at round 0, the model
+    the cell's run started from (its run.json)."""
+    import json
+    from itertools import product
+
+    from experiments.sweep.plots import _curves, _initial
+    from experiments.sweep.styles import factor_styles
+
+    cells, ledgers = [], {}
+    for i, (dp, lr, batch) in enumerate(product(("none", "local"), (0.1, 0.2), (16, 32)), 1):
+        c = _cell(i, {"dp": dp, "lr": lr, "batch-size": batch})
+        c.run_dir = tmp_path / f"c{i}"
+        c.run_dir.mkdir()
+        (c.run_dir / "run.json").write_text(json.dumps({"initial": {"accuracy": 0.1}}))
+        cells.append(c)
+        ledgers[c.label] = [_record(r, 0.5 + 0.1 * r, 1.0) for r in (1, 2)]
+    styles = factor_styles({c.label: c.params for c in cells})
+    colour = {c.params["dp"]: styles[c.label]["color"] for c in cells}
+    dashes = {c.params["lr"]: styles[c.label]["ls"] for c in cells}
+    marks = {c.params["batch-size"]: styles[c.label]["marker"] for c in cells}
+    assert len(set(colour.values())) == len(set(dashes.values())) == len(set(marks.values())) == 2
+    assert all(styles[c.label]["color"] == colour[c.params["dp"]] for c in cells)
+    series, drawn = _curves(cells, ledgers, lambda r: r.accuracy, _initial)
+    assert all(xs[0] == 0 and ys[0] == 0.1 and xs[1:] == [1, 2] for xs, ys in series.values())
+    assert drawn[cells[0].label]["marker"] == marks[16]
+    assert factor_styles({"a": {"lr": 0.1}, "b": {"lr": 0.2}}) == {}  # one factor: the cycle

@@ -11,7 +11,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from tasks.config import ConfigError, RunConfig, validate
-from tasks.results.folder import run_settings
+from tasks.results.folder import read_run_info, run_settings
 from tasks.results.ledger import headline_epsilon, read_ledger
 from tasks.results.plots import (
     integer_rounds,
@@ -28,6 +28,7 @@ from .memorization import exposure_plots
 from .outcome import named, trouble
 from .pareto import pareto_front
 from .stats import mean_ci
+from .styles import factor_styles
 from .tradeoff import tradeoff_plot
 
 
@@ -82,20 +83,35 @@ def sweep_title(name: str, cells: Sequence[Any]) -> str:
     return " \u00b7 ".join([f"sweep {name}", *common])
 
 
-def _curves(cells: Sequence[Any], ledgers: dict[str, list[Any]], value: Any
+def _initial(cell: Any) -> float | None:
+    """The accuracy of the model the cell's run started from (round 0), from its run.json."""
+    if not cell.run_dir:
+        return None
+    value = (read_run_info(cell.run_dir).get("initial") or {}).get("accuracy")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _curves(cells: Sequence[Any], ledgers: dict[str, list[Any]], value: Any,
+            start: Any = None
             ) -> tuple[dict[str, tuple[list[int], list[Any]]], dict[str, dict[str, Any]]]:
-    """One series per cell with a ledger (``value`` of each record), labelled with what
-    became of a cell that failed or diverged (drawn dotted, with crosses)."""
+    """One series per cell with a ledger (``value`` of each record; ``start(cell)`` its
+    round-0 value, when there is one), styled by the sweep's factors, and labelled with
+    what became of a cell that failed or diverged (drawn dotted, with crosses)."""
     series, styles = {}, {}
+    factors = factor_styles({c.label: c.params for c in cells if c.label in ledgers})
     for c in cells:
         if c.label not in ledgers:
             continue
         why = trouble(c)
         label = named(c.label, why)
-        series[label] = ([r.round for r in ledgers[c.label]],
-                         [value(r) for r in ledgers[c.label]])
+        first = start(c) if start is not None else None
+        series[label] = ([*([0] if first is not None else []), *(r.round for r in
+                                                                  ledgers[c.label])],
+                         [*([first] if first is not None else []),
+                          *(value(r) for r in ledgers[c.label])])
+        styles[label] = dict(factors.get(c.label, {}))
         if why is not None:
-            styles[label] = {"ls": ":", "marker": "x"}
+            styles[label].update({"ls": ":", "marker": "x"})
     return series, styles
 
 
@@ -103,7 +119,7 @@ def _accuracy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[An
                     ) -> dict[str, Figure]:
     """One run per cell: accuracy per round, and each cell's final accuracy as a bar (red,
     and saying so, for a cell that failed or diverged)."""
-    series, styles = _curves(cells, ledgers, lambda r: r.accuracy)
+    series, styles = _curves(cells, ledgers, lambda r: r.accuracy, _initial)
     figs = {"accuracy_vs_round.png": line_plot(None, series, "round", "test accuracy", title,
                                                ylim=(0.0, 1.0), styles=styles)}
     fig = Figure(figsize=(7.0, 0.35 * max(len(cells), 3) + 1.2))
@@ -171,7 +187,8 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
     ax.grid(alpha=0.3, which="both")
     place_legend(ax, fontsize=7)
     ax.set_title("privacy-accuracy trade-off\n" + wrap_title(title), fontsize=10)
-    series, styles = _curves(cells, ledgers, lambda r: headline_epsilon(r.privacy))
+    series, styles = _curves(cells, ledgers, lambda r: headline_epsilon(r.privacy),
+                             lambda c: 0.0)
     curves = {}
     for label, (xs, ys) in series.items():
         pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
@@ -197,20 +214,26 @@ def _seed_plots(title: str, groups: dict[str, list[Any]], ledgers: dict[str, lis
     final accuracy with its interval and each seed's value."""
     fig = Figure(figsize=(6.8, 4.2))
     ax = fig.subplots()
+    factors = factor_styles({g: runs[0].params for g, runs in groups.items()})
     for group, runs in groups.items():
-        curves = [ledgers[c.label] for c in runs if c.label in ledgers and trouble(c) is None]
-        rounds = sorted({r.round for curve in curves for r in curve})
+        kept = [c for c in runs if c.label in ledgers and trouble(c) is None]
+        curves = [[(0, first)] if (first := _initial(c)) is not None else []
+                  for c in kept]  # round 0: the model each seed started from
+        curves = [[*start, *((r.round, r.accuracy) for r in ledgers[c.label])]
+                  for start, c in zip(curves, kept, strict=True)]
+        rounds = sorted({k for curve in curves for k, _ in curve})
         left = _left_out(runs)
         if not rounds:
             if any(c.label in ledgers for c in runs):  # its seeds' rounds are all left out
                 ax.plot([], [], ls="none", marker="x", color="tab:red",
                         label=named(group, f"n=0; {left}"))
             continue
-        stats = [mean_ci([r.accuracy for curve in curves for r in curve if r.round == k])
+        stats = [mean_ci([a for curve in curves for k2, a in curve if k2 == k])
                  for k in rounds]
         mean = [m for m, _ in stats]
         half = [0.0 if math.isnan(h) else h for _, h in stats]
-        line = ax.plot(rounds, mean, marker="o", markersize=3,
+        line = ax.plot(rounds, mean, **{"marker": "o", "markersize": 3,
+                                        **factors.get(group, {})},
                        label=named(group, f"n={len(curves)}" + (f"; {left}" if left else "")))
         ax.fill_between(rounds, [m - h for m, h in zip(mean, half, strict=True)],
                         [m + h for m, h in zip(mean, half, strict=True)],
