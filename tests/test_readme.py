@@ -260,3 +260,29 @@ def test_the_readme_dp_command_trains_as_the_dp_sweep_reports(tmp_path):
     assert "using DP-SGD's settings for mnist" in res.stdout, res.stdout
     final = read_run_info(only_run(tmp_path))["final"]
     assert final["accuracy"] >= 0.80, final  # PRIVACY.md: 85.2% (another CPU: a point or so)
+
+
+def _table(lines: list[str]) -> list[dict[str, str]]:
+    """A Markdown table's rows as {column: cell}."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in lines if line.startswith("|")]
+    head, body = rows[0], [r for r in rows[2:]]
+    return [dict(zip(head, r, strict=True)) for r in body]
+
+
+@pytest.mark.slow
+def test_the_readme_sweep_table_is_what_the_sweep_prints(tmp_path):
+    """`fedpriv sweep clients-partitioning` prints the README's table: the same columns
+    and cells, each decimal within another CPU's rounding (:func:`_close`); the times
+    (steady-round-s, wall-s) are this machine's."""
+    shown = _table(_block("it is this\nMarkdown", "").splitlines())
+    res = run_cli("sweep", "clients-partitioning", "--set", f"results-dir={tmp_path}",
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    printed = _table([x for x in res.stdout.splitlines() if x.startswith("|")])
+    assert [list(r) for r in printed] == [list(r) for r in shown]  # the same columns
+    timed = {"steady-round-s", "wall-s"}
+    for want, got in zip(shown, printed, strict=True):
+        for column, value in want.items():
+            if column not in timed:
+                assert _close(value, got[column]), (column, want, got)
