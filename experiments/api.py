@@ -393,6 +393,7 @@ def _run_config(cfg: RunConfig, *, name: str | None, supernodes: bool, verbose: 
          f"({cfg.data.partitioner}) · {fed.strategy} · {fed.num_server_rounds} rounds · seed "
          f"{cfg.training.seed}")
     given = given_run_dir(cfg.results)  # an existing run is refused before any work
+    _quick_check(cfg)
     with _warm(cfg, supernodes) as warm:
         pre = _checked(cfg, echo)
         choose(cfg, cuda=pre.cuda, supernodes=supernodes)  # a runtime that cannot serve it
@@ -456,8 +457,18 @@ def _no_resume_key(cfg: RunConfig) -> None:
         refuse_resume_key(cfg)
 
 
+def _quick_check(cfg: RunConfig) -> None:
+    """What needs no data read (files, folders, embedded MNIST's size), said at once:
+    before any child process imports torch."""
+    from tasks.data_sources import quick_check
+
+    d = cfg.data
+    quick_check(d.dataset, d.data_dir, d.download, cfg.federation.num_clients)
+
+
 def _checked(cfg: RunConfig, echo: Echo) -> Preflight:
     """The pre-flight check (before any process starts: bad data is bad input)."""
+    _quick_check(cfg)
     pre = preflight_isolated(cfg)
     echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")

@@ -24,14 +24,18 @@ import numpy as np
 import torch
 
 from .cache import cache_path, save_atomic
+from .data_sources import (
+    CIFAR,
+    DEBIAN_FASHION_MNIST,
+    EMBEDDED_MNIST_TEST_PER_CLASS,
+    cifar_files,
+    fashion_missing,
+    idx_files,
+)
+from .data_sources import data_dir as data_dir_checked
 from .errors import ConfigError
 from .partition import LabelsKey
 from .registry import DATASETS
-
-DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-EMBEDDED_MNIST_TEST_PER_CLASS = 100
-IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 @dataclass(frozen=True)
@@ -167,17 +171,8 @@ def _remove_empty(made: list[Path]) -> None:
             os.rmdir(folder)
 
 
-def _idx_files(folder: Path) -> dict[str, Path] | None:
-    """The four IDX files of an MNIST-like folder (plain or .gz), or None if incomplete."""
-    found = {}
-    for stem in IDX_STEMS:
-        for candidate in (folder / stem, folder / f"{stem}.gz"):
-            if candidate.is_file():
-                found[stem] = candidate
-                break
-        else:
-            return None
-    return found
+_idx_files = idx_files
+
 
 
 def _read_idx_folder(cls_name: str, folder: Path) -> tuple[np.ndarray, ...]:
@@ -210,28 +205,8 @@ def _read_idx_folder(cls_name: str, folder: Path) -> tuple[np.ndarray, ...]:
             y_te.astype(np.int64))
 
 
-# appended where the fix is to change data-dir or download (clients.host_config)
-ON_SUPERNODE = (" On a SuperNode these are its host's own settings (fedpriv deploy supernode "
-                "--data-dir DIR [--download]), never the server's run config.")
-
-
 def _data_dir(data_dir: str, download: bool) -> Path | None:
-    if not data_dir:
-        if download:
-            raise ConfigError(
-                "download = true needs a data-dir to download into (e.g. --set data-dir=data)."
-                + ON_SUPERNODE)
-        return None
-    path = Path(data_dir).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"data-dir {str(path)!r} is a file, not a folder. Name the folder "
-                          "that holds the datasets (torchvision's layout).")
-    if not path.is_dir() and not download:
-        raise ConfigError(
-            f"data-dir {str(path)!r} does not exist. Create it and put datasets there in "
-            "torchvision's layout, set download = true to fetch them, or leave data-dir "
-            "empty to use only the embedded/system copies." + ON_SUPERNODE)
-    return path
+    return data_dir_checked(data_dir, download)
 
 
 # --------------------------------------------------------------------------- loaders
@@ -292,41 +267,12 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetBundle:
         if _idx_files(folder) is not None:
             return DatasetBundle(FASHION_META, f"Fashion-MNIST from {folder}",
                                  *_read_idx_folder("FashionMNIST", folder))
-    looked = " and ".join(str(c) for c in candidates)
-    raise ConfigError(
-        f"fashion-mnist: the four IDX files ({', '.join(IDX_STEMS)}, optionally .gz) were "
-        f"not found in {looked}. Install Debian's copy (sudo apt-get install -y "
-        "dataset-fashion-mnist), put torchvision's FashionMNIST folder in data-dir, or "
-        "set download = true." + ON_SUPERNODE)
-
-
-CIFAR = {
-    "cifar10": {"folder": "cifar-10-batches-py", "tv": "CIFAR10", "classes": 10,
-                "files": [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch",
-                                                                     "batches.meta"],
-                "mean": (0.4914, 0.4822, 0.4465), "std": (0.2470, 0.2435, 0.2616)},
-    "cifar100": {"folder": "cifar-100-python", "tv": "CIFAR100", "classes": 100,
-                 "files": ["train", "test", "meta"],
-                 "mean": (0.5071, 0.4865, 0.4409), "std": (0.2673, 0.2564, 0.2762)},
-}
+    raise fashion_missing(candidates)
 
 
 def _load_cifar(name: str, data_dir: Path | None, download: bool) -> DatasetBundle:
     spec = CIFAR[name]
-    files = spec["files"]
-    if data_dir is None:
-        raise ConfigError(
-            f"{name} needs a data-dir holding torchvision's layout: <data-dir>/"
-            f"{spec['folder']}/{{{', '.join(files)}}}. Set data-dir (and download = true "
-            "if this machine can reach the internet)." + ON_SUPERNODE)
-    folder = data_dir / spec["folder"]
-    missing = [f for f in files if not (folder / f).is_file()]
-    if missing and not download:
-        raise ConfigError(
-            f"{name}: missing {', '.join(missing)} in {folder}. Expected torchvision's "
-            f"layout <data-dir>/{spec['folder']}/{{{', '.join(files)}}}. Download it "
-            f"where there is internet (torchvision.datasets.{spec['tv']}(root, "
-            "download=True)) and copy the folder, or set download = true." + ON_SUPERNODE)
+    folder = cifar_files(name, data_dir, download)
     x_tr, y_tr, x_te, y_te = _torchvision(spec["tv"], data_dir, download)
     return DatasetBundle(dataset_meta(name), f"{spec['tv']} from {folder}", x_tr.astype(np.uint8),
                          y_tr.astype(np.int64), x_te.astype(np.uint8), y_te.astype(np.int64))

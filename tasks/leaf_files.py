@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from .cache import cache_path, save_atomic
-from .datasets import ON_SUPERNODE, Dataset, DatasetBundle, DatasetMeta, NaturalClients
+from .data_sources import ON_SUPERNODE
+from .datasets import Dataset, DatasetBundle, DatasetMeta, NaturalClients
 from .errors import ConfigError
 from .shakespeare import SHAKESPEARE_META, load_shakespeare
 

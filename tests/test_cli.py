@@ -133,6 +133,23 @@ def test_bad_input_fails_before_any_process_starts(tmp_path, args, fragment):
     assert not results.exists() or not any(results.iterdir())  # no run folder was made
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--set", "dataset=cifar10"], "cifar10 needs a data-dir holding torchvision's layout"),
+    (["--set", "num-clients=5000"], "more than the 4,000 training examples"),
+    (["--set", "data-dir=/nonexistent/fedpriv-data"], "does not exist")])
+def test_errors_that_need_no_data_come_before_torch_is_imported(args, fragment, monkeypatch):
+    """A missing file or folder, or more clients than embedded MNIST's digits, is said by
+    the first, torch-free step of the pre-flight check: no child process starts."""
+    from experiments import api
+
+    started = []
+    monkeypatch.setattr(api, "preflight_isolated", lambda cfg: started.append(cfg))
+    monkeypatch.setattr(api, "InProcessLink", lambda: started.append("child"))
+    with pytest.raises(ConfigError, match=fragment):
+        api.run_config(resolve(None, args[1::2]), echo=None)
+    assert started == []
+
+
 def test_every_bundled_preset_and_sweep_is_valid():
     presets = sorted(p.stem for p in PRESETS.glob("*.toml"))
     sweeps = sorted(p.stem for p in SWEEPS.glob("*.toml"))

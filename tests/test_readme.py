@@ -209,7 +209,7 @@ def test_every_readme_command_is_accepted(tmp_path):
     from experiments.configs import resolve
     from experiments.preflight.checks import preflight
     from experiments.sweep.spec import load_sweep
-    from tasks.datasets import DEBIAN_FASHION_MNIST
+    from tasks.data_sources import DEBIAN_FASHION_MNIST
 
     commands = _commands()
     assert sum(c.startswith("fedpriv run ") for c in commands) >= 8, commands
