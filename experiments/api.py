@@ -15,6 +15,7 @@ import html
 import io
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,6 +362,10 @@ def _interrupted(exc: KeyboardInterrupt) -> KeyboardInterrupt:
                               None)
     from server.summary import resume_hint
 
+    if not (run_dir / "metrics.jsonl").is_file():
+        return RunInterrupted(f"the run was interrupted before it finished a round; every "
+                              f"process fedpriv started has been stopped. Its folder "
+                              f"{run_dir} holds its config only; start it again.", run_dir)
     return RunInterrupted(f"the run was interrupted; every process fedpriv started has been "
                           f"stopped. Its rounds so far are in {run_dir} (summary.md, "
                           f"plots/); {resume_hint(run_dir)}.", run_dir)
@@ -429,6 +434,8 @@ def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = pr
         with InProcessLink() as link:
             return _launch(cfg, path, pre, False, verbose, echo, link)
     except KeyboardInterrupt as exc:
+        if getattr(exc, "run_dir", None) is None:
+            exc.run_dir = folder  # type: ignore[attr-defined]  # it exists: it is resumed
         raise _interrupted(exc) from None
 
 
@@ -484,7 +491,18 @@ def _launch(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, ver
             echo: Echo, inprocess: InProcessLink) -> Result:
     """Run ``cfg`` into ``run_dir``; when a simulated client's Ray worker dies
     (:class:`strategies.rounds.WorkerLost`), restart the simulation from the last
-    checkpoint, up to :data:`MAX_RESTARTS` times."""
+    checkpoint, up to :data:`MAX_RESTARTS` times. An interrupt names ``run_dir`` (the
+    folder exists from here on, whatever step it lands in)."""
+    try:
+        return _launch_attempts(cfg, run_dir, pre, supernodes, verbose, echo, inprocess)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "run_dir", None) is None:
+            exc.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
+
+
+def _launch_attempts(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool,
+                     verbose: bool, echo: Echo, inprocess: InProcessLink) -> Result:
     for attempt in range(MAX_RESTARTS + 1):
         outcome = _once(cfg, run_dir, pre, supernodes, verbose, echo, inprocess)
         lost = outcome.status == "failed" and "WorkerLost" in (outcome.error or "")
@@ -716,7 +734,7 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
 
     writer = EchoWriter(lines)
     shown = (contextlib.nullcontext() if lines is print  # print writes to stdout itself
-             else contextlib.redirect_stdout(writer))
+             else contextlib.redirect_stdout(writer))  # made before: writer.outer is stdout
     try:
         with shown:
             done = run_sweep(source, values=values, repeat=repeat, **flags)
@@ -732,10 +750,13 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
 
 class EchoWriter(io.TextIOBase):
     """A text stream that hands each complete line to ``echo`` (a sweep's progress, which
-    its code prints, sent where the caller asked)."""
+    its code prints, sent where the caller asked). While ``echo`` runs, stdout is the
+    stream it replaced, so an ``echo`` that prints (``lambda s: print("[sweep]", s)``)
+    prints there instead of back into this writer."""
 
     def __init__(self, echo: Echo) -> None:
         self.echo, self.pending = echo, ""
+        self.outer = sys.stdout  # the stream before the redirection
 
     def writable(self) -> bool:
         return True
@@ -744,13 +765,20 @@ class EchoWriter(io.TextIOBase):
         self.pending += text
         *whole, self.pending = self.pending.split("\n")
         for line in whole:
-            self.echo(line)
+            self._say(line)
         return len(text)
+
+    def _say(self, line: str) -> None:
+        inner, sys.stdout = sys.stdout, self.outer
+        try:
+            self.echo(line)
+        finally:
+            sys.stdout = inner
 
     def finish(self) -> None:
         """Hand over a last line that never got its newline."""
         if self.pending:
-            self.echo(self.pending)
+            self._say(self.pending)
             self.pending = ""
 
 

@@ -242,7 +242,7 @@ def resume_hint(run_dir: Path) -> str:
 def write_unfinished_summary(run_dir: Path, cfg: RunConfig) -> bool:
     """summary.md for a run that stopped before its end (Ctrl-C, a crash, a failure): the
     rounds it finished, why it stopped and how to go on. False when it finished no round
-    (nothing to sum up) or already wrote one of its own."""
+    (nothing to sum up) or is not unfinished."""
     from tasks.results.folder import read_run_info
     from tasks.results.ledger import read_ledger
 

@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from privacy.attacks.canary_clients import CanaryClientAudit
+from privacy.attacks.canary_clients import CanaryClientAudit, released_rounds
 from privacy.dp.accounting import clients_per_round
 from privacy.dp.dpfedavg import (
     CLIP_KEY,
@@ -199,7 +199,8 @@ class CentralDPAggregation:
                 extra = self._canaries(server_round, current, norm, summed=True)
                 total = [np.asarray(t, dtype=np.float64) + e
                          for t, e in zip(total, extra, strict=True)]
-            return self._released(arrays, self.privacy.release(server_round, current, total))
+            return self._released(server_round, arrays,
+                                  self.privacy.release(server_round, current, total))
         updates = [[np.asarray(new, dtype=np.float64) - old for new, old in
                     zip(r.content["arrays"].to_numpy_ndarrays(), current, strict=True)]
                    for r in got.replies]
@@ -210,7 +211,7 @@ class CentralDPAggregation:
             bits = [bool(metrics_of(r).get(UNCLIPPED_KEY, 0)) for r in got.replies]
         # a canary's norm is C exactly (rounding must not make it count as clipped)
         bits = [*bits[:len(updates)], *[True] * len(canary)]
-        return self._released(arrays,
+        return self._released(server_round, arrays,
                               self.privacy.release(server_round, current, total, bits))
 
     def _canaries(self, server_round: int, current: list[np.ndarray], norm: float,
@@ -226,9 +227,10 @@ class CentralDPAggregation:
             return self.canaries.round_sum(server_round, current, norm)
         return self.canaries.replies(server_round, current, norm)
 
-    def _released(self, arrays: ArrayRecord, new: list[np.ndarray]) -> ArrayRecord:
+    def _released(self, server_round: int, arrays: ArrayRecord, new: list[np.ndarray]
+                  ) -> ArrayRecord:
         if self.canaries is not None:
-            self.canaries.released()
+            self.canaries.released(server_round)
         return with_arrays(arrays, new)
 
     def state(self) -> State:
@@ -249,4 +251,4 @@ class CentralDPAggregation:
             if start:
                 self.canaries.restore(audit, start)
             else:
-                self.canaries.rounds = int(audit["rounds"])
+                self.canaries.released_rounds = released_rounds(audit)

@@ -22,13 +22,16 @@ def package_version() -> str:
 
 @functools.lru_cache(maxsize=1)
 def source_commit() -> str | None:
-    """The checkout's commit, with "+dirty" when tracked files differ from it; None outside
-    a git checkout (or without git)."""
+    """The checkout's commit, with "+dirty" when tracked files differ from it; None when
+    fedpriv's own folder is not the top of a git checkout (e.g. installed inside another
+    project's repository, whose commit is not fedpriv's), or without git."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
 
     try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != ROOT:
+            return None
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):

@@ -158,3 +158,16 @@ def test_attack_from_python_runs_the_leakage_attacks_and_reads_the_run_back(tmp_
     assert "labels: label-accuracy 1" in result._repr_html_()
     with pytest.raises(fedpriv.ConfigError, match="attacks = 5"):
         fedpriv.attack(tmp_path, 5)
+
+
+def test_an_echo_that_prints_does_not_loop_back_into_the_sweeps_stream():
+    from experiments.api import EchoWriter
+
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        writer = EchoWriter(lambda line: print("[sweep]", line))  # stdout: `shown`
+        with contextlib.redirect_stdout(writer):  # what fedpriv.sweep does around its run
+            print("cell 1 finished")
+            print("no newline", end="")
+        writer.finish()
+    assert shown.getvalue() == "[sweep] cell 1 finished\n[sweep] no newline\n"

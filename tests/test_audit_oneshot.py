@@ -249,8 +249,24 @@ def test_the_server_side_audit_through_central_privacy():
         replies += audit.replies(r, model, privacy.clipping_norm)
         total, _ = clipped_sum(replies, privacy.clipping_norm, [a.shape for a in model])
         model = privacy.release(r, model, total)
-        audit.released()
+        audit.released(r)
     out = audit.result(model, privacy.epsilon)
     assert out["rounds"] == 2 and out["epsilon-claimed"] == pytest.approx(8.0, rel=5e-3)
     assert out["claim-consistent"] is True
     assert out["epsilon-lower-bound-oneshot"] > 0.5 * out["epsilon-claimed"], out
+
+
+def test_the_view_counts_only_the_rounds_that_released_a_model():
+    """A round refused under SecAgg+ or HE releases nothing: no canary took part and its
+    row of the noise is dropped, so the view is over the released rounds' rows only."""
+    params = DPFedAvgParams(noise_multiplier=1.0, clipping_norm=1.0, population=12,
+                            sampling="cyclic", groups=3, rounds=6, mechanism="banded-mf")
+    clients = CanaryClients.for_mechanism(params, 30, 30, 40, seed=1)
+    noise = params.matrix.noise_matrix()
+    skipped = clients.view(1.0, 5, noise, released=[1, 2, 4, 5, 6])
+    spread = np.linalg.norm(noise[[0, 1, 3, 4, 5]].sum(axis=0))
+    # groups 0 and 1 had two chances each (rounds 1, 4 and 2, 5), group 2 one (round 6)
+    assert skipped.steps == 2
+    assert skipped.noise_multiplier * np.sqrt(2) == pytest.approx(spread)
+    assert clients.view(1.0, 5, noise).noise_multiplier * np.sqrt(2) == pytest.approx(
+        np.linalg.norm(noise[:5].sum(axis=0)))  # the first 5 rounds, by default

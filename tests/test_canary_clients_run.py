@@ -89,7 +89,7 @@ def test_the_audit_goes_on_from_a_checkpoint(tmp_path):
     b = build_runner(cfg, grid, grid.partition_of, num_parameters=7850).aggregation
     start = [np.full((10, 784), 0.5, dtype=np.float32), np.zeros(10, dtype=np.float32)]
     a.canaries.replies(1, start, 1.0)
-    a.canaries.released()
+    a.canaries.released(1)
     b.restore(a.state())
     assert b.canaries.rounds == 1
     assert all(np.array_equal(x, y) for x, y in zip(b.canaries.start, start, strict=True))

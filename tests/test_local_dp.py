@@ -404,3 +404,25 @@ def test_with_a_noise_seed_the_noise_owes_nothing_to_torchs_global_generator(mod
     # gradients along the two noisy trajectories
     expected = 1.0 * 1.0 * 0.5 / (0.125 * 64) * math.sqrt(8) * math.sqrt(2)
     assert float((update(1, 7) - update(1, 8)).std()) == pytest.approx(expected, rel=0.05)
+
+
+def test_adamw_survives_opacus_swapping_in_its_recurrent_layers():
+    """A recurrent model's layers are swapped for Opacus' DP versions and the optimiser
+    rebuilt over them: with AdamW too (its defaults hold a setting its constructor does
+    not take), with its learning rate and weight decay kept."""
+    from types import SimpleNamespace
+
+    from tasks.training import client_optimizer
+
+    torch.manual_seed(0)
+    model = build_model("char-gru", (80,), 80)
+    t = SimpleNamespace(client_optimizer="adamw", lr=0.003, momentum=0.0, weight_decay=0.01)
+    x, y = torch.randint(0, 80, (16, 80)), torch.randint(0, 80, (16,))
+    private = make_private(model, client_optimizer(model, t), make_loader(x, y, 4, 1),
+                           noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="hooks",
+                           seed=1)
+    inner = private.optimizer.original_optimizer
+    assert type(inner) is torch.optim.AdamW
+    assert inner.defaults["lr"] == 0.003 and inner.defaults["weight_decay"] == 0.01
+    train_epochs(private.model, private.loader, private.optimizer, 1, torch.device("cpu"),
+                 criterion=private.criterion)

@@ -87,7 +87,10 @@ def _initial(cell: Any) -> float | None:
     """The accuracy of the model the cell's run started from (round 0), from its run.json."""
     if not cell.run_dir:
         return None
-    value = (read_run_info(cell.run_dir).get("initial") or {}).get("accuracy")
+    try:
+        value = (read_run_info(cell.run_dir).get("initial") or {}).get("accuracy")
+    except ConfigError:  # a damaged run.json: that cell's curve starts at round 1
+        return None
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -188,7 +191,8 @@ def _privacy_plots(title: str, cells: Sequence[Any], ledgers: dict[str, list[Any
     place_legend(ax, fontsize=7)
     ax.set_title("privacy-accuracy trade-off\n" + wrap_title(title), fontsize=10)
     series, styles = _curves(cells, ledgers, lambda r: headline_epsilon(r.privacy),
-                             lambda c: 0.0)
+                             lambda c: 0.0 if headline_epsilon(c.result.get("privacy"))
+                             is not None else None)  # no DP: no epsilon, not even at 0
     curves = {}
     for label, (xs, ys) in series.items():
         pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]

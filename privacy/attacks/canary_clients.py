@@ -141,20 +141,30 @@ class CanaryClients:
         return cos[:self.inserted], cos[self.inserted:]
 
     def view(self, update_noise_multiplier: float, rounds: int,
-             noise: np.ndarray | None = None) -> CanaryView:
+             noise: np.ndarray | None = None,
+             released: Sequence[int] | None = None) -> CanaryView:
         """What the final model shows of the canary client with the most chances to take
-        part (:mod:`.audit_view`); ``noise``: the released rounds' rows of the mechanism's
-        noise matrix (None: independent noise each round)."""
-        chances = -(-rounds // self.groups) if self.groups else rounds
-        spread = (math.sqrt(rounds) if noise is None
-                  else float(np.linalg.norm(np.asarray(noise)[:rounds].sum(axis=0))))
-        return CanaryView(update_noise_multiplier * spread / math.sqrt(chances),
-                          self.sampling_rate, chances)
+        part (:mod:`.audit_view`) over the ``released`` rounds (1-based; default the first
+        ``rounds``: a round that released nothing adds neither a canary nor noise);
+        ``noise``: the mechanism's noise matrix, one row per round (None: independent
+        noise each round)."""
+        done = np.asarray(list(released) if released is not None
+                          else range(1, rounds + 1), dtype=int)
+        if self.groups:
+            chances = max(int(np.sum((done - 1) % self.groups == g))
+                          for g in range(self.groups))
+        else:
+            chances = len(done)
+        spread = (math.sqrt(len(done)) if noise is None
+                  else float(np.linalg.norm(np.asarray(noise)[done - 1].sum(axis=0))))
+        return CanaryView(update_noise_multiplier * spread / math.sqrt(max(chances, 1)),
+                          self.sampling_rate, max(chances, 1))
 
 
 def audit_canary_clients(clients: CanaryClients, model_delta: Sequence[np.ndarray] | np.ndarray,
                          params: DPFedAvgParams, rounds: int, claimed_epsilon: float | None,
-                         confidence: float = 0.95) -> dict[str, Any]:
+                         confidence: float = 0.95,
+                         released: Sequence[int] | None = None) -> dict[str, Any]:
     """The audit of the released model's change over ``rounds`` released rounds of
     DP-FedAvg (``params``: the mechanism as claimed), against the client-level
     ``claimed_epsilon`` and against the exact epsilon of the view.
@@ -171,7 +181,7 @@ def audit_canary_clients(clients: CanaryClients, model_delta: Sequence[np.ndarra
     gdp = gdp_mu_lower_bound(ins, outs, each)
     matrix = params.matrix
     view = clients.view(params.update_multiplier, rounds,
-                        None if matrix is None else matrix.noise_matrix())
+                        None if matrix is None else matrix.noise_matrix(), released)
     gaussian = clients.sampling_rate >= 1
     epsilons = {"epsilon-estimate-oneshot": oneshot.epsilon_estimate,
                 "epsilon-lower-bound-oneshot": oneshot.epsilon_lower_bound,
@@ -274,6 +284,14 @@ def central_noise_for(target_epsilon: float, rounds: int, delta: float = 1e-5,
     return hi
 
 
+def released_rounds(state: dict[str, Any]) -> list[int]:
+    """The released rounds a checkpoint kept (an older one kept only their count: then the
+    first rounds, as no round was skipped before rounds could be skipped)."""
+    kept = state.get("released-rounds")
+    return ([int(r) for r in kept] if kept is not None
+            else list(range(1, int(state["rounds"]) + 1)))
+
+
 class CanaryClientAudit:
     """What the server of a ``dp = "central"`` run keeps for the canary-client audit: the
     canary clients, the model as first sent, the rounds released. The aggregation adds
@@ -285,7 +303,7 @@ class CanaryClientAudit:
         self.clients = clients
         self.params = params
         self.start: list[np.ndarray] | None = None
-        self.rounds = 0
+        self.released_rounds: list[int] = []  # the rounds that released a model
 
     @classmethod
     def for_run(cls, params: DPFedAvgParams, canary_clients: int, held_out: int,
@@ -311,8 +329,12 @@ class CanaryClientAudit:
         return self.clients.round_sum(server_round, [np.shape(a) for a in current],
                                       clipping_norm)
 
-    def released(self) -> None:
-        self.rounds += 1
+    @property
+    def rounds(self) -> int:
+        return len(self.released_rounds)
+
+    def released(self, server_round: int) -> None:
+        self.released_rounds.append(int(server_round))
 
     def result(self, final: Sequence[np.ndarray], claimed_epsilon: float | None,
                confidence: float = 0.95) -> dict[str, Any]:
@@ -323,12 +345,12 @@ class CanaryClientAudit:
         change = [np.asarray(f, dtype=np.float64) - s for f, s in zip(final, self.start,
                                                                      strict=True)]
         return audit_canary_clients(self.clients, change, self.params, self.rounds,
-                                    claimed_epsilon, confidence)
+                                    claimed_epsilon, confidence, self.released_rounds)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps (the start model goes with the checkpoint's arrays)."""
-        return {"rounds": self.rounds}
+        return {"rounds": self.rounds, "released-rounds": list(self.released_rounds)}
 
     def restore(self, state: dict[str, Any], start: Sequence[np.ndarray]) -> None:
-        self.rounds = int(state["rounds"])
+        self.released_rounds = released_rounds(state)
         self.start = [np.asarray(a, dtype=np.float64) for a in start]

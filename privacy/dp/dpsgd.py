@@ -246,6 +246,16 @@ def secure_generator() -> torch.Generator:
     return torch.Generator().manual_seed(secrets.randbits(63))
 
 
+def rebuilt(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    """The same optimizer, with the same settings, over ``model``'s (new) parameters: only
+    the settings its constructor takes (AdamW's defaults hold one it does not accept)."""
+    import inspect
+
+    accepted = inspect.signature(type(optimizer)).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return type(optimizer)(model.parameters(), **settings)
+
+
 def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "hooks",
                  seed: int | None = None, accountant: str = "rdp",
@@ -273,7 +283,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     model.train()  # Opacus validates (and trains) a model in training mode
     swapped = private_layers(model)
     if swapped:  # the optimizer must hold the new layers' parameters
-        optimizer = type(optimizer)(model.parameters(), **optimizer.defaults)
+        optimizer = rebuilt(optimizer, model)
     check_model(model)
     from opacus import PrivacyEngine
 
