@@ -449,7 +449,8 @@ def test_a_diverged_cell_is_not_on_the_pareto_front_nor_in_a_seeds_mean(tmp_path
     (ax,) = figs["accuracy_vs_round.png"].axes
     (line,) = ax.lines
     assert line.get_label() == "lr=0.1 (n=1; seed=2 diverged at round 2)"
-    assert list(line.get_ydata()) == pytest.approx([0.3, 0.6, 0.9])  # seed 1's alone
+    # seed 1's alone, from round 0 (the model it started from)
+    assert list(line.get_ydata()) == pytest.approx([0.1, 0.3, 0.6, 0.9])
     (bars,) = figs["final_accuracy.png"].axes
     assert bars.patches[0].get_width() == pytest.approx(0.9)
 
