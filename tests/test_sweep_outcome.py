@@ -3,7 +3,6 @@ leave it off the DP line, the levels and the Pareto front, and the legend says w
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 from matplotlib.figure import Figure
@@ -19,11 +18,12 @@ def _row(cell: int, defence: str, eps: float | None, psnr: float, acc: float,
             "trouble": why, "note": None, "run-dir": "."}
 
 
-def _drawn(monkeypatch, draw, rows) -> Figure:
+def _drawn(monkeypatch, tmp_path, draw, rows) -> Figure:
     saved = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.append(self))
-    draw(Path("."), "t", rows)
-    (fig,) = saved
+    draw(tmp_path, "t", rows)
+    fig = saved[0]
+    assert all(f is fig for f in saved)  # one figure, as PNG and PDF
     return fig
 
 
@@ -36,12 +36,12 @@ def test_what_became_of_a_cell():
     assert trouble(SimpleNamespace(status="failed", result={})) == "failed"
 
 
-def test_a_diverged_cell_is_off_the_leakage_front_and_said_so(monkeypatch):
+def test_a_diverged_cell_is_off_the_leakage_front_and_said_so(monkeypatch, tmp_path):
     rows = [_row(1, "none", None, 30.0, 0.10, "diverged at round 2"),  # best PSNR "accuracy"
             _row(2, "local DP-SGD (eps 5)", 5.0, 12.0, 0.80),
             _row(3, "local DP-SGD (eps 1)", 1.0, 10.0, 0.60),
             _row(4, "local DP-SGD (eps 10)", 10.0, 14.0, 0.95, "failed")]
-    fig = _drawn(monkeypatch, leakage._accuracy_vs_psnr, rows)
+    fig = _drawn(monkeypatch, tmp_path, leakage._accuracy_vs_psnr, rows)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "none (diverged at round 2); not on the front" in labels, labels
@@ -49,7 +49,7 @@ def test_a_diverged_cell_is_off_the_leakage_front_and_said_so(monkeypatch):
     (front,) = [line for line in ax.get_lines() if line.get_label().startswith("Pareto")]
     assert list(front.get_xdata()) == [10.0, 12.0]  # cells 3 and 2 only
 
-    fig = _drawn(monkeypatch, leakage._psnr_vs_epsilon, rows)
+    fig = _drawn(monkeypatch, tmp_path, leakage._psnr_vs_epsilon, rows)
     ax = fig.axes[0]
     (dp_line,) = [line for line in ax.get_lines()
                   if line.get_label().startswith("local DP-SGD · ")]
