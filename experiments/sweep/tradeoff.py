@@ -5,14 +5,16 @@ epsilon spent and the mean final accuracy over seeds with its 95% interval."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from tasks.results.ledger import headline_epsilon
-from tasks.results.plots import place_legend, shorten, wrap_title
+from tasks.results.plots import place_legend, wrap_title
 
 from .outcome import trouble
 from .stats import mean_ci
@@ -50,6 +52,13 @@ def tradeoff_points(cells: Sequence[Any]) -> dict[str, list[tuple[float, float, 
     return out
 
 
+def _shared(settings: Sequence[str]) -> set[str]:
+    """The key=value parts every setting has (said once, in the title's sweep, not in
+    every legend entry)."""
+    parts = [set(s.split(", ")) for s in settings]
+    return set.intersection(*parts) if len(parts) > 1 else set()
+
+
 def tradeoff_plot(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     """privacy_accuracy_lines.png when some setting was run at two privacy levels or more."""
     lines = tradeoff_points(cells)
@@ -58,11 +67,16 @@ def tradeoff_plot(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
     fig = Figure(figsize=(7.0, 4.6))
     ax = fig.subplots()
     markers = "osD^v<>pP*X"
+    shared = _shared(list(lines))
     for i, (setting, points) in enumerate(sorted(lines.items())):
         x, y, half = (np.array([p[k] for p in points], dtype=float) for k in range(3))
+        own = ", ".join(p for p in setting.split(", ") if p not in shared) or setting
         ax.errorbar(x, y, yerr=half, marker=markers[i % len(markers)],
-                    capsize=3, markersize=4, label=shorten(setting))
+                    capsize=3, markersize=4, label=textwrap.fill(own, 48))
     ax.set_xscale("log")
+    levels = sorted({float(f"{p[0]:.2g}") for points in lines.values() for p in points})
+    ax.set_xticks(levels, [f"{e:g}" for e in levels])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("epsilon spent (mean over seeds; central: client-level)")
     ax.set_ylabel("final test accuracy (mean, 95% interval over seeds)")
     ax.set_ylim(0, 1)
