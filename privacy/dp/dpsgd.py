@@ -126,10 +126,19 @@ FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeepin
                "char-transformer": "hooks"}
 
 
+RECURRENT = ("grad-sample-mode = {mode!r} cannot train recurrent layers (Opacus' DPLSTM/DPGRU "
+             "reuse a layer at every step, which ghost norms and book-keeping assume never "
+             "happens). Use grad-sample-mode = 'hooks' or 'auto'.")
+
+
 def check_mode(mode: str, model: nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` when ``mode`` cannot train ``model``."""
     from .bookkeeping import supports
 
+    recurrent = any(isinstance(m, nn.RNNBase) or type(m).__name__ in ("DPLSTM", "DPGRU", "DPRNN")
+                    for m in model.modules())
+    if mode != "hooks" and recurrent:
+        raise UnsupportedModelError(RECURRENT.format(mode=mode))
     if mode == "bookkeeping" and not supports(model):
         raise UnsupportedModelError(
             "grad-sample-mode = 'bookkeeping' covers models whose trained layers are all "
@@ -289,10 +298,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
 
     mode = resolve_mode(grad_sample_mode, "")
     if swapped and mode != "hooks":
-        raise UnsupportedModelError(
-            f"grad-sample-mode = {mode!r} cannot train recurrent layers (Opacus' DPLSTM/DPGRU "
-            "reuse a layer at every step, which ghost norms and book-keeping assume never "
-            "happens). Use grad-sample-mode = 'hooks' or 'auto'.")
+        raise UnsupportedModelError(RECURRENT.format(mode=mode))
     noise = None if secure or noise_seed is None else torch.Generator().manual_seed(noise_seed)
     if mode == "bookkeeping":
         check_mode(mode, model)
