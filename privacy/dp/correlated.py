@@ -226,32 +226,30 @@ def sensitivity(strategy: np.ndarray, participations: Iterable[Sequence[int]]) -
     return best
 
 
-class BandedNoise:
-    """The noise of a banded Toeplitz mechanism, one round at a time: ``w_t = (z_t -
-    sum_{j>=1} c_j w_{t-j}) / c_0`` with ``z_t ~ N(0, std^2)`` drawn from the round's
-    generator (:func:`privacy.dp.noise.noise_rng`), so a source started late (a resume)
-    rebuilds the state exactly by drawing the earlier rounds again (:meth:`advance`)."""
+class _StreamedNoise:
+    """A noise source with state carried from round to round: each round's ``z_t ~ N(0,
+    std^2)`` comes from that round's generator (:func:`privacy.dp.noise.noise_rng`), so
+    a source started late (a resume) rebuilds its state exactly by drawing the earlier
+    rounds again (:meth:`advance`). Subclasses turn the draws into ``(C^-1 z)_t``."""
 
-    def __init__(self, coefs: np.ndarray, shapes: Sequence[tuple[int, ...]], std: float,
-                 seed: int, secure: bool = False) -> None:
-        self.coefs = np.asarray(coefs, dtype=np.float64)
+    kind = "correlated"
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], std: float, seed: int,
+                 secure: bool = False) -> None:
         self.shapes, self.std, self.seed, self.secure = list(shapes), std, seed, secure
-        self.history: list[list[np.ndarray]] = []  # the last bands - 1 noises, newest first
         self.rounds = 0
+
+    def _step(self, draws: list[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
 
     def next(self, server_round: int) -> list[np.ndarray]:
         """The noise to add to round ``server_round``'s sum (rounds must come in order)."""
         if server_round != self.rounds + 1:
-            raise ValueError(f"banded noise for round {server_round} after round "
+            raise ValueError(f"{self.kind} noise for round {server_round} after round "
                              f"{self.rounds}: rounds must come in order")
         rng = noise_rng(self.seed, server_round, self.secure)
-        out = []
-        for k, shape in enumerate(self.shapes):
-            w = gaussian_noise(shape, self.std, rng, self.secure)
-            for j, past in enumerate(self.history, start=1):
-                w -= self.coefs[j] * past[k]
-            out.append(w / self.coefs[0])
-        self.history = [out, *self.history][:len(self.coefs) - 1]
+        out = self._step([gaussian_noise(shape, self.std, rng, self.secure)
+                          for shape in self.shapes])
         self.rounds = server_round
         return out
 
@@ -264,46 +262,54 @@ class BandedNoise:
         return self.next(server_round)
 
 
+class BandedNoise(_StreamedNoise):
+    """The noise of a banded Toeplitz mechanism, one round at a time: ``w_t = (z_t -
+    sum_{j>=1} c_j w_{t-j}) / c_0``, keeping the last ``bands - 1`` noise vectors."""
 
-class BLTNoise:
+    kind = "banded"
+
+    def __init__(self, coefs: np.ndarray, shapes: Sequence[tuple[int, ...]], std: float,
+                 seed: int, secure: bool = False) -> None:
+        super().__init__(shapes, std, seed, secure)
+        self.coefs = np.asarray(coefs, dtype=np.float64)
+        self.history: list[list[np.ndarray]] = []  # the last bands - 1 noises, newest first
+
+    def _step(self, draws: list[np.ndarray]) -> list[np.ndarray]:
+        out = []
+        for k, w in enumerate(draws):
+            for j, past in enumerate(self.history, start=1):
+                w -= self.coefs[j] * past[k]
+            out.append(w / self.coefs[0])
+        self.history = [out, *self.history][:len(self.coefs) - 1]
+        return out
+
+
+class BLTNoise(_StreamedNoise):
     """The noise of a buffered linear Toeplitz mechanism, one round at a time, from the
     strategy's own parameters: ``w_t = z_t - sum_j scale_j S_j`` with buffers ``S_j <-
     decay_j S_j + w_t``, which is ``C^-1 z`` for ``C``'s coefficients :func:`blt_coefs`
-    (so a run keeps as many noise vectors as buffers, whatever its length). ``z_t`` is
-    drawn from round ``t``'s generator; a resume replays the earlier rounds (:meth:`advance`)."""
+    (so a run keeps as many noise vectors as buffers, whatever its length)."""
+
+    kind = "BLT"
 
     def __init__(self, decay: Sequence[float], scale: Sequence[float],
                  shapes: Sequence[tuple[int, ...]], std: float, seed: int,
                  secure: bool = False) -> None:
+        super().__init__(shapes, std, seed, secure)
         self.decay = np.asarray(decay, dtype=np.float64)
         self.scale = np.asarray(scale, dtype=np.float64)
-        self.shapes, self.std, self.seed, self.secure = list(shapes), std, seed, secure
         self.buffers = [[np.zeros(s) for s in self.shapes] for _ in self.decay]
-        self.rounds = 0
 
-    def next(self, server_round: int) -> list[np.ndarray]:
-        """The noise to add to round ``server_round``'s sum (rounds must come in order)."""
-        if server_round != self.rounds + 1:
-            raise ValueError(f"BLT noise for round {server_round} after round "
-                             f"{self.rounds}: rounds must come in order")
-        rng = noise_rng(self.seed, server_round, self.secure)
+    def _step(self, draws: list[np.ndarray]) -> list[np.ndarray]:
         out = []
-        for k, shape in enumerate(self.shapes):
-            w = gaussian_noise(shape, self.std, rng, self.secure)
+        for k, w in enumerate(draws):
             for omega, buf in zip(self.scale, self.buffers, strict=True):
                 w -= omega * buf[k]
             out.append(w)
         for theta, buf in zip(self.decay, self.buffers, strict=True):
             for k, w in enumerate(out):
                 buf[k] = theta * buf[k] + w
-        self.rounds = server_round
         return out
-
-    def advance(self, server_round: int) -> list[np.ndarray]:
-        """Round ``server_round``'s noise, replaying the rounds since the last."""
-        while self.rounds + 1 < server_round:
-            self.next(self.rounds + 1)
-        return self.next(server_round)
 
 
 class TreeNoise:
