@@ -164,7 +164,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
                            max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,
                            seed=seed, noise_seed=derive_seed(seed, NOISE_STREAM),
                            accountant=ledger.accountant,
-                           secure=cfg.privacy.secure_rng, schedule=plan)
+                           secure=cfg.privacy.secure_rng, schedule=plan, device=device)
     drift = abs(private.sample_rate - ledger.sample_rate)
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "

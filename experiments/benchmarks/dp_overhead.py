@@ -38,17 +38,18 @@ from experiments.configs import resolve
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, make_private
 from tasks.config import RunConfig
 from tasks.splits import client_split, model_for
-from tasks.training import make_loader, sgd, train_epochs
+from tasks.training import make_loader, resolve_device, sgd, train_epochs
 
 MODES = ("hooks", "ghost", "bookkeeping")
 
 
 def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
-    """Median seconds for one local epoch of client 0 (at most ``local-steps`` steps),
-    plain and per DP mode that can train the model (and with ``secure-rng``: OS-seeded
-    generator, Opacus' four-draw noise). The variants take turns within each repeat, so
+    """Median seconds for one local epoch of client 0 (at most ``local-steps`` steps) on the run's
+    ``device``, plain and per DP mode that can train the model (and with ``secure-rng``: OS-
+    seeded generator, Opacus' four-draw noise). The variants take turns within each repeat, so
     that a shared machine's load falls on all alike."""
     torch.set_num_threads(1)
+    device = resolve_device(cfg.resources.device)
     split = client_split(cfg, 0, cfg.federation.num_clients)
     t = cfg.training
     modes = usable_modes(cfg)
@@ -60,6 +61,7 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             mode = variant.split("+")[0]
             torch.manual_seed(r)
             model, _ = model_for(cfg)
+            model.to(device)
             opt = sgd(model, t.lr, t.momentum, t.weight_decay)
             loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
@@ -68,8 +70,10 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
                                  grad_sample_mode=mode, seed=r, secure=variant != mode)
                 model, opt, loader, criterion = p.model, p.optimizer, p.loader, p.criterion
             t0 = time.perf_counter()
-            train_epochs(model, loader, opt, 1, torch.device("cpu"), criterion=criterion,
+            train_epochs(model, loader, opt, 1, device, criterion=criterion,
                          max_steps=t.local_steps)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             if r:
                 times[variant].append(time.perf_counter() - t0)
     return {v: statistics.median(ts) for v, ts in times.items()}

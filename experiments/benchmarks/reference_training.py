@@ -12,8 +12,10 @@ cost for 1,100 candidates. Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -58,7 +60,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--references", type=int, default=16)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args()
+    report: dict[str, float] = {}
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = SmallCNN((1, 28, 28), 10).to(device)
@@ -74,21 +78,33 @@ def main() -> None:
         start = time.perf_counter()
         train_references(model, {k: v.to(device) for k, v in sent.items()}, pool_x, pool_y,
                          0, setup)
+        _sync(device)
         together = time.perf_counter() - start
         x = pool_x[: r * N].reshape(r, N, 1, 28, 28).to(device)
         y = pool_y[: r * N].reshape(r, N).to(device)
         start = time.perf_counter()
         _loop(sent, x, y, t, dp)
+        _sync(device)
         alone = time.perf_counter() - start
         what = "DP-SGD" if dp else "SGD"
+        report[f"{what}-together-s"], report[f"{what}-loop-s"] = together, alone
         print(f"{what:6s}: together (torch.func) {together:6.2f} s   plain loop {alone:6.2f} s"
               f"   ratio {together / alone:.2f}x")
     cx, cy = torch.randn(1100, 1, 28, 28).to(device), torch.randint(0, 10, (1100,)).to(device)
     update = {k: 0.01 * torch.randn_like(v) for k, v in sent.items()}
     start = time.perf_counter()
     decomposition_scores(model, {k: v.to(device) for k, v in sent.items()}, update, cx, cy)
+    _sync(device)
+    report["decomposition-s"] = time.perf_counter() - start
     print(f"update decomposition, 1,100 candidates x 3 points: "
-          f"{time.perf_counter() - start:.2f} s")
+          f"{report['decomposition-s']:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

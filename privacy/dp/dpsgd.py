@@ -269,7 +269,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
                  noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "hooks",
                  seed: int | None = None, accountant: str = "rdp",
                  secure: bool = False, noise_seed: int | None = None,
-                 schedule: PublicSchedule | None = None) -> PrivateTraining:
+                 schedule: PublicSchedule | None = None,
+                 device: torch.device | str = "cpu") -> PrivateTraining:
     """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling.
 
     With a ``schedule`` the sampling rate, steps per epoch and normaliser are its public
@@ -280,14 +281,14 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     ``grad_sample_mode`` is ``hooks``, ``ghost`` or ``bookkeeping`` (see
     :func:`resolve_mode` for auto).
 
-    ``seed`` makes the Poisson sampling reproducible. The noise is drawn from a generator
-    of its own seeded with ``noise_seed`` (nothing then depends on torch's global
-    generator, so clients may train side by side in threads with the noise they would
-    draw alone), or without it from torch's global generator, seeded by the caller, as
-    Opacus draws it. ``secure`` instead draws batches and noise
-    from :func:`secure_generator` and samples noise as Opacus' secure mode does (the sum
-    of four Gaussians, robust to the floating-point attacks of Jin et al. 2022 and
-    Haney et al. 2022; Holohan & Braghin 2021): about 4x the noise-sampling cost.
+    ``seed`` makes the Poisson sampling reproducible. The noise is drawn from a generator of its own
+    on ``device`` (where training runs) seeded with ``noise_seed`` (nothing then depends on
+    torch's global generator, so clients may train side by side in threads with the noise they
+    would draw alone), or without it from torch's global generator, seeded by the caller, as
+    Opacus draws it. ``secure`` instead draws batches and noise from :func:`secure_generator`
+    and samples noise as Opacus' secure mode does (the sum of four Gaussians, robust to the
+    floating-point attacks of Jin et al. 2022 and Haney et al. 2022; Holohan & Braghin 2021):
+    about 4x the noise-sampling cost.
     """
     model.train()  # Opacus validates (and trains) a model in training mode
     swapped = private_layers(model)
@@ -299,7 +300,9 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     mode = resolve_mode(grad_sample_mode, "")
     if swapped and mode != "hooks":
         raise UnsupportedModelError(RECURRENT.format(mode=mode))
-    noise = None if secure or noise_seed is None else torch.Generator().manual_seed(noise_seed)
+    # the noise is drawn where the gradients are: a generator of the training device
+    noise = (None if secure or noise_seed is None
+             else torch.Generator(device=device).manual_seed(noise_seed))
     if mode == "bookkeeping":
         check_mode(mode, model)
         return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
