@@ -58,3 +58,34 @@ def test_a_diverged_cell_is_off_the_leakage_front_and_said_so(monkeypatch, tmp_p
     assert any("(diverged at round 2); not drawn" in x for x in labels), labels
     # no level drawn at the diverged baseline's 30 dB (only its legend entry)
     assert not [line for line in ax.get_lines() if 30.0 in list(line.get_ydata())]
+
+
+def _anon_cell(group: str, seed: int, anonymizer: str, reid: float, acc: float,
+               status: str = "finished") -> SimpleNamespace:
+    return SimpleNamespace(group=group, seed=seed, label=f"{group}, seed={seed}",
+                           status=status, result={
+                               "final": {"accuracy": acc}, "diverged": None,
+                               "anonymization": {"anonymizer": anonymizer,
+                                                 "mean": {"reid-top1": reid}}})
+
+
+def test_a_seeded_anonymization_sweep_draws_one_point_per_setting_and_its_front_of_means():
+    from experiments.sweep.plots import _anonymization_plots
+
+    cells = [_anon_cell("anonymizer=ksame, k=2", 1, "ksame", 0.50, 0.84),
+             _anon_cell("anonymizer=ksame, k=2", 2, "ksame", 0.48, 0.86),
+             _anon_cell("anonymizer=ksame, k=10", 1, "ksame", 0.08, 0.78),
+             _anon_cell("anonymizer=ksame, k=10", 2, "ksame", 0.08, 0.80),
+             # one seed of k=20 alone would be on the front; their mean is not
+             _anon_cell("anonymizer=ksame, k=20", 1, "ksame", 0.04, 0.95),
+             _anon_cell("anonymizer=ksame, k=20", 2, "ksame", 0.04, 0.55),
+             _anon_cell("anonymizer=ksame, k=50", 1, "ksame", 0.01, 0.9, status="failed")]
+    fig = _anonymization_plots("t", cells)["reid_accuracy.png"]
+    ax = fig.axes[0]
+    (front,) = [line for line in ax.get_lines() if line.get_label().startswith("Pareto")]
+    assert list(front.get_xdata()) == [0.04, 0.08, 0.49]
+    assert [round(y, 6) for y in front.get_ydata()] == [0.75, 0.79, 0.85]
+    (points,) = [c for c in ax.collections if c.get_label() == "ksame"]
+    assert len(points.get_offsets()) == 3  # one per setting, not per seed
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "anonymizer=ksame, k=50, seed=1 (failed; not on the front)" in labels, labels

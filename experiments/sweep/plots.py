@@ -288,39 +288,59 @@ def _short(label: str) -> str:
 
 
 def _anonymization_plots(title: str, cells: Sequence[Any]) -> dict[str, Figure]:
+    """Accuracy against re-identification and against membership inference, one point per
+    setting: the mean over its seeds with 95% intervals on both axes (a single seed: the
+    cell itself), the Pareto front drawn through the means; failed or diverged cells are
+    red crosses, never on the front."""
     from matplotlib import colormaps
 
     rows = [(c, c.result.get("anonymization") or {}) for c in cells if c.result.get("final")]
     rows = [(c, a) for c, a in rows if a]
     names = sorted({a["anonymizer"] for _, a in rows})
     colour = {n: colormaps["tab20"](i % 20) for i, n in enumerate(names)}
+    seeded = any(c.seed is not None for c, _ in rows)
     figs = {}
     for key, fname, xlabel in (
             ("reid-top1", "reid_accuracy.png", "re-identification, top-1 (mean over clients)"),
             ("mia-auc", "mia_accuracy.png", "membership-inference AUC (mean over clients)")):
-        every = [(a["mean"][key], c.result["final"]["accuracy"], c.label, a["anonymizer"],
-                  trouble(c)) for c, a in rows if a.get("mean", {}).get(key) is not None]
+        every = [(c, a) for c, a in rows if a.get("mean", {}).get(key) is not None]
         if not every:
             continue
-        pts = [p[:4] for p in every if p[4] is None]  # only sound cells make the front
+        groups: dict[str, list[tuple[float, float]]] = {}
+        anonymizer: dict[str, str] = {}
         fig = Figure(figsize=(7.2, 4.8))
         ax = fig.subplots()
-        for x, y, label, _, why in every:
-            if why is not None:
+        for c, a in every:
+            x, y = a["mean"][key], c.result["final"]["accuracy"]
+            if (why := trouble(c)) is not None:
                 ax.scatter([x], [y], marker="x", color="tab:red", s=30, zorder=3,
-                           label=named(label, f"{why}; not on the front"))
+                           label=named(c.label, f"{why}; not on the front"))
+                continue
+            groups.setdefault(c.group, []).append((x, y))
+            anonymizer[c.group] = a["anonymizer"]
+        pts = []  # (x mean, y mean, x half-width, y half-width, group)
+        for group, xy in groups.items():
+            (mx, hx), (my, hy) = (mean_ci([p[0] for p in xy]), mean_ci([p[1] for p in xy]))
+            pts.append((mx, my, 0.0 if math.isnan(hx) else hx, 0.0 if math.isnan(hy) else hy,
+                        group))
         for n in names:
-            mine = [p for p in pts if p[3] == n]
-            if mine:
-                ax.scatter([p[0] for p in mine], [p[1] for p in mine], color=colour[n], s=22,
-                           label=n, zorder=3)
+            mine = [p for p in pts if anonymizer[p[4]] == n]
+            if not mine:
+                continue
+            ax.scatter([p[0] for p in mine], [p[1] for p in mine], color=colour[n], s=22,
+                       label=n, zorder=3)
+            if seeded:
+                ax.errorbar([p[0] for p in mine], [p[1] for p in mine],
+                            xerr=[p[2] for p in mine], yerr=[p[3] for p in mine],
+                            fmt="none", ecolor=colour[n], elinewidth=0.8, capsize=2, zorder=2)
         front = [pts[i] for i in pareto_front([(p[0], p[1]) for p in pts])]
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black",
-                lw=0.8, label="Pareto front", zorder=2)
+                lw=0.8, label="Pareto front" + (" (of the means)" if seeded else ""),
+                zorder=2)
         if key == "reid-top1":
             ax.set_xscale("log")
-        label_points(ax, [(_short(label), (x, y)) for x, y, label, _ in front if _short(label)])
-        ax.set_xlabel(xlabel)
+        label_points(ax, [(_short(p[4]), (p[0], p[1])) for p in front if _short(p[4])])
+        ax.set_xlabel(xlabel + ("; means over seeds, bars: 95% intervals" if seeded else ""))
         ax.set_ylabel("final test accuracy (real test embeddings)")
         ax.grid(alpha=0.3, which="both")
         place_legend(ax, fontsize=6, ncols=1 if len(names) < 12 else 2)
