@@ -509,9 +509,14 @@ def _launch_attempts(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: 
         if not lost or attempt == MAX_RESTARTS:
             break
         from server.checkpoint import FOLDER as CHECKPOINT  # Flower: only when needed
-        from server.checkpoint import SERVER_FILE, Checkpoint
+        from server.checkpoint import SERVER_FILE, Checkpoint, cannot_resume
 
         if not (run_dir / CHECKPOINT / SERVER_FILE).is_file():
+            break
+        why = cannot_resume(cfg, read_run_info(run_dir))
+        if why is not None:  # what --resume would refuse, an automatic restart does not do
+            echo(f"{outcome.error.removeprefix('WorkerLost: ')}; not restarting the "
+                 f"simulation: {why}")
             break
         rounds = Checkpoint.load(run_dir).round
         echo(f"{outcome.error.removeprefix('WorkerLost: ')}; restarting the simulation from "

@@ -166,27 +166,32 @@ def resumable(run_dir: str | Path) -> tuple[Path, RunConfig]:
             "from. Start it again as a new run.")
     saved = read_saved_config(path, f"--resume {str(path)!r}")
     cfg = validate({**saved, "run-dir": str(path), "resume": True})
-    if needs_client_state(cfg) and not info.get("client-state"):
-        raise ConfigError(
-            f"--resume {str(path)!r}: its clients' state (DP-SGD ledgers or CVAE) was not "
-            "kept (the run used real SuperNodes without a state-dir), so resuming would "
-            "reset their epsilon. Start it again as a new run.")
-    p = cfg.privacy
-    correlated = p.central_mechanism in ("tree", "blt") or (
-        p.central_mechanism == "banded-mf" and (p.mf_bands or p.cyclic_groups) > 1)
-    if p.dp == "central" and correlated and p.secure_rng:
-        raise ConfigError(
-            f"--resume {str(path)!r}: its {p.central_mechanism} noise is correlated across "
-            "rounds and was drawn from OS entropy (secure-rng), so the noise still owed to "
-            "the rounds already released cannot be rebuilt: a resume would break the "
-            "factorization's schedule and its epsilon. Start it again as a new run (or run "
-            "without secure-rng to be able to resume).")
+    why = cannot_resume(cfg, info)
+    if why is not None:
+        raise ConfigError(f"--resume {str(path)!r}: {why}. Start it again as a new run.")
     checkpoint = Checkpoint.load(path)
     _agree(path, cfg, info, checkpoint)
     check_model(path, cfg, checkpoint)
     _check_client_state(path, cfg, info, checkpoint)
     check_room(path, f"--resume {str(path)!r}")
     return path, cfg
+
+
+def cannot_resume(cfg: RunConfig, info: dict[str, Any]) -> str | None:
+    """Why a run with this config and run.json can never be resumed, whatever its files
+    (None when it can): a resume would reset or break what its epsilon depends on."""
+    if needs_client_state(cfg) and not info.get("client-state"):
+        return ("its clients' state (DP-SGD ledgers or CVAE) was not kept (the run used "
+                "real SuperNodes without a state-dir), so resuming would reset their epsilon")
+    p = cfg.privacy
+    correlated = p.central_mechanism in ("tree", "blt") or (
+        p.central_mechanism == "banded-mf" and (p.mf_bands or p.cyclic_groups) > 1)
+    if p.dp == "central" and correlated and p.secure_rng:
+        return (f"its {p.central_mechanism} noise is correlated across rounds and was drawn "
+                "from OS entropy (secure-rng), so the noise still owed to the rounds already "
+                "released cannot be rebuilt: a resume would break the factorization's "
+                "schedule and its epsilon (run without secure-rng to be able to resume)")
+    return None
 
 
 def _check_info(path: Path, info: dict[str, Any]) -> None:

@@ -231,12 +231,38 @@ def outcome_lines(info: RunInfo, res: Mapping[str, Any],
     return lines + markdown_table(head, rows, ["right"] * len(head))
 
 
+def spent_so_far(records: Sequence[RoundRecord]) -> list[str]:
+    """For a run that stopped before its privacy report: the epsilon its ledger holds for
+    the last round it finished (local: the largest over clients; central: client-level)."""
+    last = next((r for r in reversed(records) if headline_epsilon(r.privacy) is not None),
+                None)
+    if last is None:
+        return []
+    p = last.privacy
+    delta = p.get("delta-max", p.get("delta"))
+    return [f"- privacy: {p.get('mode')} DP, epsilon **{headline_epsilon(p):.3f}**"
+            + (f" at delta {delta:.2g}" if isinstance(delta, (int, float)) else "")
+            + f" spent by round {last.round}, the last it finished (the run stopped before "
+            "its full privacy report)"]
+
+
 def resume_hint(run_dir: Path) -> str:
-    """How an unfinished run goes on: from its last checkpointed round, or from the start."""
-    if (run_dir / "checkpoint" / "server.npz").is_file():
-        return (f"continue it from its last finished round with `fedpriv run --resume "
-                f"{run_dir}` (Python: `fedpriv.resume({str(run_dir)!r})`)")
-    return "it kept no checkpoint to resume from; run it again"
+    """How an unfinished run goes on: from its last checkpointed round, or from the start
+    when it kept no checkpoint or can never be resumed (:func:`cannot_resume`)."""
+    if not (run_dir / "checkpoint" / "server.npz").is_file():
+        return "it kept no checkpoint to resume from; run it again"
+    from server.checkpoint import cannot_resume  # Flower: only when a run stopped
+    from tasks.config import validate
+    from tasks.results.folder import read_run_info, read_saved_config
+
+    try:
+        why = cannot_resume(validate(read_saved_config(run_dir, "")), read_run_info(run_dir))
+    except Exception:  # an unreadable file: --resume itself says what is wrong
+        why = None
+    if why is not None:
+        return f"it cannot be resumed: {why}; run it again"
+    return (f"continue it from its last finished round with `fedpriv run --resume "
+            f"{run_dir}` (Python: `fedpriv.resume({str(run_dir)!r})`)")
 
 
 def write_unfinished_summary(run_dir: Path, cfg: RunConfig) -> bool:
@@ -279,7 +305,8 @@ def write_summary(run: RunFolder, cfg: RunConfig, info: RunInfo,
         + f", batch {t.batch_size}, lr {t.lr}, seed {t.seed}",
         f"- model: `{info.model}` ({info.parameters or 0:,} parameters)",
     ]
-    lines += privacy_lines(info.privacy or {}, info.aggregation or {}, cfg)
+    lines += (privacy_lines(info.privacy, info.aggregation or {}, cfg) if info.privacy
+              else spent_so_far(records))
     lines += canary_audit_lines(run.path)
     lines += exposure_lines(run.path)
     if info.anonymization:
