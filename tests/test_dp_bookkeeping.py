@@ -10,13 +10,13 @@ from tasks.models import build_model
 from tasks.training import make_loader, sgd
 
 
-def _private(name, mode, noise, clip, batch, momentum=0.0):
+def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None):
     torch.manual_seed(0)
     model = build_model(name, (1, 28, 28), 10)
     x, y = torch.randn(4 * batch, 1, 28, 28), torch.randint(0, 10, (4 * batch,))
     return make_private(model, sgd(model, 0.1, momentum), make_loader(x, y, batch, 0),
                         noise_multiplier=noise, max_grad_norm=clip, grad_sample_mode=mode,
-                        seed=0)
+                        seed=0, noise_seed=noise_seed)
 
 
 def _clipped_sums(private, x, y):
@@ -27,11 +27,43 @@ def _clipped_sums(private, x, y):
     return [p.summed_grad.detach().clone() for p in private.optimizer.params]
 
 
+@pytest.mark.parametrize("shape", [
+    (16, 32, 4, 2, 0, 13, 1),  # the small CNN's second layer: unfolded channels-last
+    (1, 16, 8, 2, 3, 28, 1),  # its first, padded
+    (3, 8, 3, 1, "same", 9, 2),  # string padding, dilated
+    (4, 6, (3, 2), (2, 1), (1, 0), 11, 1),  # rectangular kernel, stride and padding
+    (32, 64, 5, 1, 2, 14, 1)])  # the McMahan CNN's second: a grouped convolution
+@pytest.mark.parametrize("way", ["unfolded", "grouped"])
+def test_each_way_to_per_sample_conv_gradients_is_autograd_per_example(shape, way,
+                                                                       monkeypatch):
+    from privacy.dp import bookkeeping
+    from privacy.dp.bookkeeping import _conv_grad_sample
+
+    default = bookkeeping.UNFOLD_MAX_ELEMENTS
+    monkeypatch.setattr(bookkeeping, "UNFOLD_MAX_ELEMENTS", 10**12 if way == "unfolded" else 0)
+    cin, cout, k, stride, pad, size, dilation = shape
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=pad, dilation=dilation)
+    a = torch.randn(5, cin, size, size)
+    if cin > 1:  # as the layer after a channels-last max-pool receives it
+        a = a.contiguous(memory_format=torch.channels_last)
+    g = torch.randn_like(conv(a))
+    grads = _conv_grad_sample(conv, a, g)
+    assert grads.shape == (5, *conv.weight.shape)
+    for i in range(5):  # each example's own weight gradient, by autograd
+        conv.zero_grad()
+        (conv(a[i:i + 1]) * g[i:i + 1]).sum().backward()
+        torch.testing.assert_close(grads[i], conv.weight.grad, rtol=1e-4, atol=1e-4)
+    unfolded = 32 * g.shape[2] * g.shape[3] * conv.weight[0].numel()  # at the default batch
+    assert (unfolded <= default) == (cin != 32)  # which way the default picks
+
+
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
 def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name):
-    # torch.func's vmap of each convolution's weight backward and the ghost norms of the
-    # dense layers give the same clipped sum as Opacus' materialized per-sample gradients;
-    # a clip of 0.05 clips every example, so the factors themselves are compared.
+    # each convolution's per-sample weight gradients (unfolded or vmap'd) and the ghost
+    # norms of the dense layers give the same clipped sum as Opacus' materialized
+    # per-sample gradients; a clip of 0.05 clips every example, so the factors themselves
+    # are compared.
     torch.manual_seed(5)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     hooks = _clipped_sums(_private(name, "hooks", 0.0, 0.05, 16), x, y)
@@ -74,21 +106,31 @@ def test_noise_std_is_sigma_c_over_the_expected_batch(name):
     assert private.history() == [(sigma, 0.25, 3)]
 
 
-def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step():
-    # The noise is drawn in place into a buffer kept across steps: with momentum (which
+@pytest.mark.parametrize("noise_seed", [None, 7])
+def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step(noise_seed):
+    # The noise is drawn in place into buffers kept across steps: with momentum (which
     # keeps a copy of past gradients) an epoch still equals Opacus' hooks, draws included.
+    # With a noise generator of its own (as every client has), book-keeping draws the next
+    # step's noise ahead on a worker thread: the same draws, in the same order.
     def trained(mode):
-        private = _private("small-cnn", mode, 1.0, 0.5, 8, momentum=0.5)
+        private = _private("small-cnn", mode, 1.0, 0.5, 8, momentum=0.5,
+                           noise_seed=noise_seed)
         torch.manual_seed(1)
         for xb, yb in private.loader:
             private.optimizer.zero_grad(set_to_none=True)
             private.criterion(private.model(xb), yb).backward()
             private.optimizer.step()
+        ahead = getattr(private.optimizer, "_ahead", None)
+        assert (ahead is not None) == (mode == "bookkeeping" and noise_seed is not None)
         return private.module().state_dict()
 
     a, b = trained("hooks"), trained("bookkeeping")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+    if noise_seed is not None:  # and the noise is the seed's: another seed trains otherwise
+        noise_seed += 1
+        c = trained("bookkeeping")
+        assert any(not torch.allclose(c[k], a[k], atol=1e-3) for k in a)
 
 
 def test_rdp_epsilon_is_opacus_to_the_bit():

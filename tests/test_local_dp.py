@@ -43,6 +43,26 @@ def test_ledger_epsilon_equals_a_fresh_accountant_over_the_whole_history(kind):
     assert fresh_epsilon([(1.1, 1 / 13, 13)], 1e-4, kind) < 0.7 * expected
 
 
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_pld_epsilon_is_dp_accountings_accountant_to_the_bit(relation):
+    # each entry's one-step PLD is built once per process and self-composed, as
+    # dp-accounting's PLDAccountant composes PoissonSampledDpEvent(q, Gaussian) x steps
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
+    from dp_accounting.pld import PLDAccountant
+
+    from privacy.dp.accounting import _pld_epsilon, _rdp_epsilon, dp_relation, pld_interval
+
+    for history in [((1.0, 1 / 13, 13),), ((1.1, 0.125, 40), (0.9, 0.02, 300)),
+                    ((0.8, 1.0, 5),), ((1.3, 0.05, 100), (1.3, 1.0, 3))]:
+        rough = _rdp_epsilon(history, 1e-5) * (2 if relation == "replace-one" else 1)
+        acc = PLDAccountant(dp_relation(relation),
+                            value_discretization_interval=pld_interval(rough))
+        for sigma, q, steps in history:
+            event = GaussianDpEvent(sigma)
+            acc.compose(PoissonSampledDpEvent(q, event) if q < 1 else event, steps)
+        assert _pld_epsilon(history, 1e-5, relation) == float(acc.get_epsilon(1e-5))
+
+
 def test_the_default_claim_is_dp_accountings_pld_and_tighter_than_rdp():
     # the audit's Poisson setting (q 0.1, 30 steps): PLD 6.90 where RDP says 8.00
     assert ClientLedger(1.0, 0.1, 1e-5).accountant == "pld"

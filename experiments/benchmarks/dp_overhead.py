@@ -67,7 +67,9 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             criterion = None
             if mode != "none":
                 p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
-                                 grad_sample_mode=mode, seed=r, secure=variant != mode)
+                                 grad_sample_mode=mode, seed=r, secure=variant != mode,
+                                 noise_seed=r + 1,  # a generator of its own, as a client's
+                                 device=device)
                 model, opt, loader, criterion = p.model, p.optimizer, p.loader, p.criterion
             t0 = time.perf_counter()
             train_epochs(model, loader, opt, 1, device, criterion=criterion,

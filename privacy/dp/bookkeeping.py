@@ -11,9 +11,11 @@ per-sample norms and the clipped sum from them:
 * ``Linear`` (2-d input): the per-sample weight gradient ``g_i a_i^T`` has norm
   ``|g_i| |a_i|`` (the ghost norm, Goodfellow 2015) and the clipped sum is
   ``(c * g)^T a``, one matrix product, never B copies of the weight;
-* ``Conv2d``: per-sample weight gradients (conv weights are small) from ``torch.func``'s
-  ``vmap`` of the convolution's weight backward (one grouped convolution; 2.6x faster
-  than Opacus' unfold and batched product on the McMahan CNN), then the clipped sum.
+* ``Conv2d``: per-sample weight gradients (conv weights are small), by the cheaper exact
+  way for the layer's shape: the unfolded input times the output gradients for a small
+  output, otherwise ``torch.func``'s ``vmap`` of the convolution's weight backward (one
+  grouped convolution; 2.6x faster than unfolding on the McMahan CNN); the clipped sum
+  is then their weighted sum.
 
 The layers' own parameters do not require gradients during the pass (autograd computes
 only what flows between layers; the first layer's output is the pass's leaf, so no
@@ -27,7 +29,8 @@ parameters all belong to ``Linear`` and ungrouped ``Conv2d`` layers are supporte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -53,26 +56,70 @@ def supports(model: nn.Module) -> bool:
     return convs_ok and not mixed and all(id(p) in covered for p in trained)
 
 
-def _conv_grad_sample(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Per-sample weight gradients [B, *weight.shape] of ``m`` from its inputs ``a`` and
-    output gradients ``g``: ``torch.func.vmap`` of the convolution's weight backward,
-    whose batching rule runs one grouped convolution (2.6x faster on the McMahan CNN's
-    second layer than unfolding the input and a batched product, measured)."""
+# The largest input unfolded per batch (elements: batch x output positions x kernel size
+# x input channels) for which the unfolded product beats the grouped convolution
+# (measured, one thread, batch 32: the small CNN's layers, 0.4M and 0.2M elements, 0.42 /
+# 0.16 ms against 1.25 / 1.87 ms grouped; the McMahan CNN's, 0.6M and 5M, tie).
+UNFOLD_MAX_ELEMENTS = 2_000_000
+
+
+def _conv_grads(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor
+                ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Per-sample weight gradients of ``m`` from its inputs ``a`` and output gradients
+    ``g``, as ``[B, out_channels, K]`` in the layer's own order, and the map from a sum of
+    them (``[out_channels, K]``) to the weight's shape. By the cheaper exact way for the
+    layer's shape: the input unfolded channels-last (a strided view, copied once: the
+    channels are the contiguous runs) times the output gradients, one batched product;
+    or, for a large unfolded input, ``torch.func.vmap`` of the convolution's weight
+    backward, whose batching rule runs one grouped convolution."""
+    shape = m.weight.shape
     if a.shape[0] == 0:  # an empty Poisson batch: no example, no gradient
-        return a.new_zeros(0, *m.weight.shape)
-    if isinstance(m.padding, str):  # 'same' or 'valid'
-        unfolded = F.unfold(a, m.kernel_size, dilation=m.dilation,
-                            padding=_padding(m), stride=m.stride)
-        grads = torch.einsum("bol,bkl->bok", g.flatten(2), unfolded)
-        return grads.reshape(a.shape[0], *m.weight.shape)
+        return a.new_zeros(0, shape[0], shape[1:].numel()), lambda s: s.reshape(shape)
+    kh, kw = m.kernel_size
+    positions = g.shape[2] * g.shape[3]
+    if a.shape[0] * positions * kh * kw * a.shape[1] <= UNFOLD_MAX_ELEMENTS:
+        unfolded = _unfold_channels_last(m, a, g.shape[2], g.shape[3])
+        grads = torch.bmm(g.flatten(2), unfolded)  # [B, out, kh * kw * in]
+        return grads, lambda s: s.view(shape[0], kh, kw, shape[1]).permute(0, 3, 1, 2)
     weight = m.weight.detach()
+    padding = _padding(m)
+    padding = list(padding) if isinstance(padding, tuple) else [padding, padding]
 
     def one(ai: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten.convolution_backward(
-            gi[None], ai[None], weight, None, list(m.stride), list(m.padding),
+            gi[None], ai[None], weight, None, list(m.stride), padding,
             list(m.dilation), False, [0, 0], m.groups, [False, True, False])[1]
 
-    return vmap(one)(a, g)
+    return vmap(one)(a, g).flatten(2), lambda s: s.reshape(shape)
+
+
+def _unfold_channels_last(m: nn.Conv2d, a: torch.Tensor, out_h: int, out_w: int
+                          ) -> torch.Tensor:
+    """``[B, out_h * out_w, kh * kw * in]``: each output position's receptive field,
+    channels innermost (what ``F.unfold`` gives, transposed and in another order, at a
+    fraction of its cost on small inputs)."""
+    ph, pw = _pair(_padding(m))
+    x = a.contiguous(memory_format=torch.channels_last)
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph)).contiguous(memory_format=torch.channels_last)
+    x = x.permute(0, 2, 3, 1)  # [B, H, W, C], contiguous
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    b, _, _, c = x.shape
+    st = x.stride()
+    view = x.as_strided((b, out_h, out_w, kh, kw, c),
+                        (st[0], st[1] * sh, st[2] * sw, st[1] * dh, st[2] * dw, st[3]))
+    return view.reshape(b, out_h * out_w, kh * kw * c)
+
+
+def _conv_grad_sample(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight gradients ``[B, *weight.shape]`` (a view of :func:`_conv_grads`)."""
+    grads, to_weight = _conv_grads(m, a, g)
+    return torch.stack([to_weight(x) for x in grads]) if len(grads) else \
+        grads.reshape(0, *m.weight.shape)
+
+
+def _pair(p: tuple[int, ...] | int) -> tuple[int, int]:
+    return (p, p) if isinstance(p, int) else (p[0], p[1])
 
 
 def _padding(m: nn.Conv2d) -> tuple[int, ...] | int:
@@ -98,6 +145,8 @@ class BookKeeping(nn.Module):
         self.params = [p for m in self.layers for p in m.parameters(recurse=False)
                        if p.requires_grad]
         self.saved: dict[nn.Module, list[torch.Tensor]] = {}
+        # per convolution: its per-sample gradients' order -> the weight's shape
+        self._to_weight: dict[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._handles = [m.register_forward_hook(self._record) for m in self.layers]
         for p in self.params:
             p.requires_grad_(False)
@@ -152,15 +201,15 @@ class BookKeeping(nn.Module):
             g_sq = g.pow(2).sum(1)
             sq = a.pow(2).sum(1) * g_sq + (g_sq if m.bias is not None else 0)
             return a, sq, g
-        grads = _conv_grad_sample(m, a, g).flatten(2)  # per-sample weight gradients
+        grads, to_weight = _conv_grads(m, a, g)  # per-sample weight gradients
+        self._to_weight[m] = to_weight
         g = g.flatten(2)  # (an empty batch cannot be reshaped with -1)
         sq = grads.pow(2).sum((1, 2))
         if m.bias is not None:
             sq = sq + g.sum(2).pow(2).sum(1)
         return grads, sq, g
 
-    @staticmethod
-    def _clipped(m: nn.Module, a: torch.Tensor, g: torch.Tensor, clip: torch.Tensor
+    def _clipped(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, clip: torch.Tensor
                  ) -> list[torch.Tensor]:
         out = []
         if isinstance(m, nn.Linear):
@@ -169,7 +218,7 @@ class BookKeeping(nn.Module):
             if m.bias is not None:
                 out.append(weighted.sum(0))
         else:
-            out.append(torch.einsum("b,bok->ok", clip, a).reshape(m.weight.shape))
+            out.append(self._to_weight[m](torch.einsum("b,bok->ok", clip, a)).contiguous())
             if m.bias is not None:
                 out.append(torch.einsum("b,bo->o", clip, g.sum(2)))
         return out
@@ -191,7 +240,6 @@ def make_optimizer_class(base: type) -> type:
         def __init__(self, optimizer: torch.optim.Optimizer, *, bookkeeping: BookKeeping,
                      **kwargs: Any) -> None:
             self.bookkeeping = bookkeeping
-            self._noise_buffers: dict[nn.Parameter, torch.Tensor] = {}
             super().__init__(optimizer, **kwargs)
 
         @property
@@ -214,26 +262,49 @@ def make_optimizer_class(base: type) -> type:
 
         def add_noise(self) -> None:
             """Opacus' ``add_noise`` (the same draws, to the bit) without its three fresh
-            tensors a step: the noise is drawn in place into a buffer kept per parameter
-            (on the McMahan CNN's 1.66M weights the allocations cost as much as the draw)."""
+            tensors a step: the noise is drawn in place into buffers kept per parameter
+            (on the McMahan CNN's 1.66M weights the allocations cost as much as the draw).
+            With a generator of its own, the next step's noise is drawn ahead on a worker
+            thread while this step trains (:func:`_draw_ahead`)."""
             if self.secure_mode:  # Opacus' four-draw sampling, unchanged
                 super().add_noise()
                 return
             from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
             std = self.noise_multiplier * self.max_grad_norm
-            for p in self.params:
-                summed = p.summed_grad
-                _check_processed_flag(summed)
-                buf = self._noise_buffers.get(p)
-                if buf is None or buf.shape != summed.shape or buf.dtype != summed.dtype:
-                    buf = self._noise_buffers[p] = torch.empty_like(summed)
-                if std == 0:
-                    buf.zero_()
-                else:  # torch.normal(0, std, size) of Opacus' _generate_noise, in place
-                    buf.normal_(0, std, generator=self.generator)
-                p.grad = buf.add_(summed).view_as(p)
-                _mark_as_processed(summed)
+            summed = [p.summed_grad for p in self.params]
+            for s in summed:
+                _check_processed_flag(s)
+            noise = self._noise_for(summed, std)
+            for p, s, buf in zip(self.params, summed, noise, strict=True):
+                p.grad = buf.add_(s).view_as(p)
+                _mark_as_processed(s)
+
+        def _noise_for(self, summed: list[torch.Tensor], std: float) -> list[torch.Tensor]:
+            """This step's noise, one buffer per parameter: ``normal_(0, std)`` into each in
+            the parameters' order (what Opacus' ``_generate_noise`` draws)."""
+            shapes = [(s.shape, s.dtype, s.device) for s in summed]
+            ahead = getattr(self, "_ahead", None)
+            if ahead is not None and ahead[0] == (shapes, std):
+                noise = ahead[1].result()  # drawn while this step trained
+            else:
+                if ahead is not None:  # never: the shapes and std are fixed for a training
+                    raise RuntimeError("DP-SGD's noise was drawn ahead for another shape or "
+                                       "noise level; the draws would no longer be Opacus'")
+                noise = _draw(self._buffers(summed, 0), std, self.generator)
+            if self.generator is not None and std > 0:  # the stream is this training's own
+                spare = self._buffers(summed, 1 if noise is self._sets[0] else 0)
+                self._ahead = ((shapes, std), _draw_ahead(spare, std, self.generator))
+            return noise
+
+        def _buffers(self, summed: list[torch.Tensor], which: int) -> list[torch.Tensor]:
+            """Buffer set ``which`` (two: one in use, one being drawn into ahead)."""
+            sets = self.__dict__.setdefault("_sets", [None, None])
+            bufs = sets[which]
+            if bufs is None or any(b.shape != s.shape or b.dtype != s.dtype
+                                   for b, s in zip(bufs, summed, strict=True)):
+                bufs = sets[which] = [torch.empty_like(s) for s in summed]
+            return bufs
 
         def pre_step(self, closure: Any = None) -> bool:
             self.clip_and_accumulate()
@@ -248,3 +319,31 @@ def make_optimizer_class(base: type) -> type:
             return True
 
     return BookKeepingOptimizer
+
+
+def _draw(buffers: list[torch.Tensor], std: float, generator: torch.Generator | None
+          ) -> list[torch.Tensor]:
+    """``torch.normal(0, std, size)`` of Opacus' ``_generate_noise`` into each buffer, in
+    order (zeros when ``std`` is 0, as Opacus returns then)."""
+    for buf in buffers:
+        if std == 0:
+            buf.zero_()
+        else:
+            buf.normal_(0, std, generator=generator)
+    return buffers
+
+
+_WORKER: ThreadPoolExecutor | None = None
+
+
+def _draw_ahead(buffers: list[torch.Tensor], std: float, generator: torch.Generator
+                ) -> Future:
+    """Draw the next step's noise on a worker thread (torch releases the GIL: it runs on
+    another core while this step's forward and backward pass run here). Only for a
+    generator of the training's own, which nothing else draws from, so the draws are the
+    ones the step would make itself, in the same order; a training's last step leaves
+    one set drawn and unused."""
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-noise")
+    return _WORKER.submit(_draw, buffers, std, generator)
