@@ -169,6 +169,8 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     if private.steps_per_epoch != per_epoch or drift > 1e-12:
         raise RuntimeError(f"Opacus sampled {private.steps_per_epoch} batches at rate "
                            f"{private.sample_rate}, expected {per_epoch} at {ledger.sample_rate}")
+    if not replay:  # the epsilon this round will report, computed while it trains
+        ledger.epsilon_ahead(planned)
     result = train_epochs(private.model, private.loader, private.optimizer, t.local_epochs,
                           device, criterion=private.criterion, canaries=canaries,
                           max_steps=t.local_steps)

@@ -63,6 +63,15 @@ def test_pld_epsilon_is_dp_accountings_accountant_to_the_bit(relation):
         assert _pld_epsilon(history, 1e-5, relation) == float(acc.get_epsilon(1e-5))
 
 
+def test_the_epsilon_computed_ahead_while_a_round_trains_is_the_one_reported():
+    ledger = ClientLedger(noise_multiplier=1.07, sample_rate=1 / 11, delta=1e-5)
+    ledger.record(11)
+    ledger.epsilon_ahead(11)  # on a worker thread, as the round starts training
+    ledger.record(11)
+    assert ledger.epsilon() == pytest.approx(
+        fresh_epsilon([(1.07, 1 / 11, 22)], 1e-5, "pld"), rel=1e-9)
+
+
 def test_the_default_claim_is_dp_accountings_pld_and_tighter_than_rdp():
     # the audit's Poisson setting (q 0.1, 30 steps): PLD 6.90 where RDP says 8.00
     assert ClientLedger(1.0, 0.1, 1e-5).accountant == "pld"

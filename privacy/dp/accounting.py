@@ -22,6 +22,7 @@ import math
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +187,16 @@ def epsilon(history: Iterable[Entry], delta: float, accountant: str = "pld",
 
 
 _COMPUTING = threading.Lock()
+_WORKER: ThreadPoolExecutor | None = None
+
+
+def _ahead(history: Iterable[Entry], delta: float, accountant: str, relation: str) -> None:
+    """:func:`epsilon` on a worker thread, its value left in the cache (an error is left
+    for the caller's own call to raise)."""
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-accounting")
+    _WORKER.submit(epsilon, list(history), delta, accountant, relation)
 
 
 def way_out(floor: float, accountant: str) -> str:
@@ -294,6 +305,12 @@ class ClientLedger:
         if extra_steps:
             entries.append((self.noise_multiplier, self.sample_rate, extra_steps))
         return epsilon(entries, self.delta, self.accountant, self.relation)
+
+    def epsilon_ahead(self, extra_steps: int) -> None:
+        """Start computing :meth:`epsilon` after ``extra_steps`` more steps on a worker
+        thread (the round's training runs meanwhile); the later call finds it cached."""
+        entries = [*self.history, (self.noise_multiplier, self.sample_rate, extra_steps)]
+        _ahead(entries, self.delta, self.accountant, self.relation)
 
     def would_exceed(self, steps: int) -> bool:
         return self.budget > 0 and self.epsilon(steps) > self.budget * (1 + 1e-9)
