@@ -181,5 +181,9 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
                            f"({ledger.noise_multiplier}, {ledger.sample_rate})")
     if not replay:
         ledger.record(planned, server_round, digest)
+        # the next round's epsilon, if it trains as this one did: started now, it has a
+        # whole round of the federation's time to finish (exact either way: a round that
+        # trains otherwise computes its own)
+        ledger.epsilon_ahead(planned)
     save_ledger(context, ledger)
     return DPRound(ledger, result, private.module())
