@@ -155,3 +155,25 @@ def test_an_empty_poisson_batch_is_a_noise_only_step_on_the_cnns(name):
     delta = torch.cat([(after[k] - before[k]).flatten() for k in before])
     assert float(delta.std()) == pytest.approx(0.1, rel=0.05)
     assert private.history() == [(1.0, 0.25, 1)]
+
+
+def test_a_forked_child_draws_noise_ahead_on_a_worker_of_its_own():
+    # the parent's worker thread does not exist in a forked child; a child that reused its
+    # executor would wait forever for its first draw
+    import os
+
+    from privacy.dp import bookkeeping
+
+    bookkeeping._draw_ahead([torch.empty(10)], 1.0, torch.Generator().manual_seed(0)).result()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit status
+        code = 3
+        try:
+            fresh = bookkeeping._WORKER is None
+            bookkeeping._draw_ahead([torch.empty(10)], 1.0,
+                                    torch.Generator().manual_seed(1)).result(timeout=30)
+            code = 0 if fresh else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
@@ -188,6 +189,15 @@ def epsilon(history: Iterable[Entry], delta: float, accountant: str = "pld",
 
 _COMPUTING = threading.Lock()
 _WORKER: ThreadPoolExecutor | None = None
+
+
+def _forget_worker() -> None:
+    """In a forked child the worker thread does not exist: start a new one when needed."""
+    global _WORKER
+    _WORKER = None
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 def _ahead(history: Iterable[Entry], delta: float, accountant: str, relation: str) -> None:

@@ -29,6 +29,7 @@ parameters all belong to ``Linear`` and ungrouped ``Conv2d`` layers are supporte
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -334,6 +335,15 @@ def _draw(buffers: list[torch.Tensor], std: float, generator: torch.Generator | 
 
 
 _WORKER: ThreadPoolExecutor | None = None
+
+
+def _forget_worker() -> None:
+    """In a forked child the worker thread does not exist: start a new one when needed."""
+    global _WORKER
+    _WORKER = None
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 def _draw_ahead(buffers: list[torch.Tensor], std: float, generator: torch.Generator
