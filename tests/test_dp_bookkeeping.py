@@ -162,14 +162,15 @@ def test_a_forked_child_draws_noise_ahead_on_a_worker_of_its_own():
     # executor would wait forever for its first draw
     import os
 
-    from privacy.dp import bookkeeping
+    from privacy.dp import background, bookkeeping
 
     bookkeeping._draw_ahead([torch.empty(10)], 1.0, torch.Generator().manual_seed(0)).result()
+    assert "noise" in background._WORKERS
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports by its exit status
         code = 3
         try:
-            fresh = bookkeeping._WORKER is None
+            fresh = not background._WORKERS
             bookkeeping._draw_ahead([torch.empty(10)], 1.0,
                                     torch.Generator().manual_seed(1)).result(timeout=30)
             code = 0 if fresh else 4

@@ -12,13 +12,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import ipykernel  # noqa: F401  (a dev dependency: the kernel this test starts)
 import pytest
-
-jupyter_client = pytest.importorskip("jupyter_client")
-pytest.importorskip("ipykernel")
-
-from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
-from jupyter_client.manager import KernelManager  # noqa: E402
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -79,6 +79,8 @@ class InProcessGrid(Grid):
                  *, node_ids: Iterable[int] | None = None, simulated: bool = True,
                  node_config: Callable[[int], dict[str, Any]] | None = None) -> None:
         self.client_app = client_app
+        # while a push delivers: content -> its protobuf, serialized once for every node
+        self._sent_protos: dict[int, tuple[RecordDict, Any]] = {}
         self.together = False  # train a round's clients as one program (train-together)
         self.workers = 1  # clients answering at once, where the message allows it
         self.parallel: Callable[[Message], bool] = lambda msg: False
@@ -121,7 +123,7 @@ class InProcessGrid(Grid):
         thread, and the clients train as one batched program
         (:mod:`clients.together`)."""
         messages = list(messages)
-        self._sent_protos = {}  # content -> its protobuf, serialized once for every node
+        self._sent_protos = {}
         if self.together and len(messages) > 1 and all(
                 m.metadata.message_type == FIT for m in messages):
             replies = self._together(messages)
@@ -138,9 +140,7 @@ class InProcessGrid(Grid):
     def _copy_in(self, content: RecordDict) -> RecordDict:
         """:func:`_copy` of a message's content, serialized once when the server sends the
         same content to many nodes (a round's broadcast of the global model)."""
-        memo = getattr(self, "_sent_protos", None)
-        if memo is None:
-            return _copy(content)
+        memo = self._sent_protos
         hit = memo.get(id(content))
         if hit is None or hit[0] is not content:
             hit = memo[id(content)] = (content, recorddict_to_proto(content))

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import background
 
 ACCOUNTANTS = ("pld", "rdp", "prv")
 # add-remove: D' is D with one record more or less; replace-one: one record changed
@@ -188,25 +188,10 @@ def epsilon(history: Iterable[Entry], delta: float, accountant: str = "pld",
 
 
 _COMPUTING = threading.Lock()
-_WORKER: ThreadPoolExecutor | None = None
-
-
-def _forget_worker() -> None:
-    """In a forked child the worker thread does not exist: start a new one when needed."""
-    global _WORKER
-    _WORKER = None
-
-
-os.register_at_fork(after_in_child=_forget_worker)
-
-
 def _ahead(history: Iterable[Entry], delta: float, accountant: str, relation: str) -> None:
     """:func:`epsilon` on a worker thread, its value left in the cache (an error is left
     for the caller's own call to raise)."""
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-accounting")
-    _WORKER.submit(epsilon, list(history), delta, accountant, relation)
+    background.submit("accounting", epsilon, list(history), delta, accountant, relation)
 
 
 def way_out(floor: float, accountant: str) -> str:

@@ -29,15 +29,16 @@ parameters all belong to ``Linear`` and ungrouped ``Conv2d`` layers are supporte
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import vmap
 from torch.nn import functional as F
+
+from . import background
 
 
 def _layers(model: nn.Module) -> Iterator[nn.Module]:
@@ -241,6 +242,10 @@ def make_optimizer_class(base: type) -> type:
         def __init__(self, optimizer: torch.optim.Optimizer, *, bookkeeping: BookKeeping,
                      **kwargs: Any) -> None:
             self.bookkeeping = bookkeeping
+            # the noise's two buffer sets (one in use, one drawn into ahead) and the draw
+            # ahead: ((shapes, std) it was drawn for, its future)
+            self._sets: list[list[torch.Tensor] | None] = [None, None]
+            self._ahead: tuple[Any, Future] | None = None
             super().__init__(optimizer, **kwargs)
 
         @property
@@ -285,7 +290,7 @@ def make_optimizer_class(base: type) -> type:
             """This step's noise, one buffer per parameter: ``normal_(0, std)`` into each in
             the parameters' order (what Opacus' ``_generate_noise`` draws)."""
             shapes = [(s.shape, s.dtype, s.device) for s in summed]
-            ahead = getattr(self, "_ahead", None)
+            ahead = self._ahead
             if ahead is not None and ahead[0] == (shapes, std):
                 noise = ahead[1].result()  # drawn while this step trained
             else:
@@ -300,7 +305,7 @@ def make_optimizer_class(base: type) -> type:
 
         def _buffers(self, summed: list[torch.Tensor], which: int) -> list[torch.Tensor]:
             """Buffer set ``which`` (two: one in use, one being drawn into ahead)."""
-            sets = self.__dict__.setdefault("_sets", [None, None])
+            sets = self._sets
             bufs = sets[which]
             if bufs is None or any(b.shape != s.shape or b.dtype != s.dtype
                                    for b, s in zip(bufs, summed, strict=True)):
@@ -334,18 +339,6 @@ def _draw(buffers: list[torch.Tensor], std: float, generator: torch.Generator | 
     return buffers
 
 
-_WORKER: ThreadPoolExecutor | None = None
-
-
-def _forget_worker() -> None:
-    """In a forked child the worker thread does not exist: start a new one when needed."""
-    global _WORKER
-    _WORKER = None
-
-
-os.register_at_fork(after_in_child=_forget_worker)
-
-
 def _draw_ahead(buffers: list[torch.Tensor], std: float, generator: torch.Generator
                 ) -> Future:
     """Draw the next step's noise on a worker thread (torch releases the GIL: it runs on
@@ -353,7 +346,4 @@ def _draw_ahead(buffers: list[torch.Tensor], std: float, generator: torch.Genera
     generator of the training's own, which nothing else draws from, so the draws are the
     ones the step would make itself, in the same order; a training's last step leaves
     one set drawn and unused."""
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dp-noise")
-    return _WORKER.submit(_draw, buffers, std, generator)
+    return background.submit("noise", _draw, buffers, std, generator)

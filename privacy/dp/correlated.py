@@ -27,6 +27,7 @@ it knows nothing of Flower.
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -226,7 +227,7 @@ def sensitivity(strategy: np.ndarray, participations: Iterable[Sequence[int]]) -
     return best
 
 
-class _StreamedNoise:
+class _StreamedNoise(ABC):
     """A noise source with state carried from round to round: each round's ``z_t ~ N(0,
     std^2)`` comes from that round's generator (:func:`privacy.dp.noise.noise_rng`), so
     a source started late (a resume) rebuilds its state exactly by drawing the earlier
@@ -239,8 +240,9 @@ class _StreamedNoise:
         self.shapes, self.std, self.seed, self.secure = list(shapes), std, seed, secure
         self.rounds = 0
 
+    @abstractmethod
     def _step(self, draws: list[np.ndarray]) -> list[np.ndarray]:
-        raise NotImplementedError
+        """This round's noise ``(C^-1 z)_t`` from its draws ``z_t``, updating the state."""
 
     def next(self, server_round: int) -> list[np.ndarray]:
         """The noise to add to round ``server_round``'s sum (rounds must come in order)."""
