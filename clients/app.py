@@ -38,11 +38,12 @@ from flwr.common import (
 
 from privacy.dp import distributed
 from privacy.dp.disclosure import policy
-from tasks import messages
+from tasks import messages, model_pool
 from tasks.config import validate
 from tasks.distributed_dp import plan_for
 from tasks.encrypted_updates import cohort_of
 from tasks.encrypted_updates import from_record as signed_updates
+from tasks.records import array_record, state_dict
 from tasks.training import evaluate, resolve_device
 
 from . import contributions, encrypted, secagg_guard
@@ -219,9 +220,9 @@ def state_check(msg: Message, context: Context) -> Message:
 def fit(msg: Message, context: Context) -> Message:
     """A plain training round: the global model in, the client's new model out."""
     client = Client.of(context)
-    state = msg.content["arrays"].to_torch_state_dict()
+    state = state_dict(msg.content["arrays"])
     new_state, metrics = local_update(client, context, state, msg.content["config"])
-    return _reply(msg, metrics, None if new_state is None else ArrayRecord(new_state))
+    return _reply(msg, metrics, None if new_state is None else array_record(new_state))
 
 
 def secagg_guard_mod(msg: Message, context: Context, call_next: ClientAppCallable
@@ -383,10 +384,10 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the global model on this client's own data (a personalization view): its
     own test split where the dataset has one (natural clients), else its training rows."""
     client = Client.of(context)
-    model = client.model(msg.content["arrays"].to_torch_state_dict())
     cfg = client.cfg
     data = client.evaluation_data()
-    loss, acc = evaluate(model, client.features(data.x), data.y,
-                         cfg.training.eval_batch_size, resolve_device(cfg.resources.device))
+    with model_pool.borrowed(cfg, state_dict(msg.content["arrays"])) as model:
+        loss, acc = evaluate(model, client.features(data.x), data.y,
+                             cfg.training.eval_batch_size, resolve_device(cfg.resources.device))
     return _reply(msg, {"num-examples": len(data), "partition-id": client.partition_id,
                         "eval-loss": loss, "eval-accuracy": acc})

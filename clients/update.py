@@ -17,6 +17,7 @@ from flwr.app import Context
 
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
 from privacy.screening import screen
+from tasks import model_pool
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
@@ -78,9 +79,8 @@ class Client:
         return list(model_for(self.cfg)[0].state_dict())
 
     def model(self, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-        model, _ = model_for(self.cfg)
-        model.load_state_dict(state)
-        return model
+        """The run's model holding ``state`` (from this process's idle models, if any)."""
+        return model_pool.take(self.cfg, state)
 
     def public_records(self) -> int:
         """N, the public record count local DP-SGD's schedule comes from under add/remove
@@ -213,13 +213,12 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     server_round = int(round_config["server-round"])
     device = resolve_device(cfg.resources.device)
     seed = client.round_seed(server_round) if secret_seed is None else secret_seed
+    model = client.model(state)  # built or reused: seeded after, so the same either way
     # the CPU generator (torch.manual_seed would also queue a seed for every lazily
     # initialized device, formatting a stack trace each time: 1 ms a message)
     torch.random.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-
-    model = client.model(state)
     if screen(cfg.privacy.client_screen, model) is not None:
         # the weights look like a trap: no training, no update (the screen's reason is a
         # function of the weights, which the server holds)
@@ -263,7 +262,11 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     metrics.update({"train-loss": result.loss, "train-accuracy": result.accuracy,
                     "train-steps": result.steps,
                     "train-time-s": time.perf_counter() - start})
-    new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    # copies: the model goes back to the pool for the next message
+    new_state = {k: v.detach().clone() if v.device.type == "cpu" else v.detach().cpu()
+                 for k, v in model.state_dict().items()}
+    if cfg.privacy.dp != "local":  # DP-SGD's model is Opacus-wrapped: not reusable
+        model_pool.give(cfg, model)
     for step in update_steps(cfg, round_config):  # pruning, client-side clipping
         new_state = step.apply(state, new_state, metrics)
     return new_state, metrics

@@ -9,6 +9,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 
 from privacy.dp.disclosure import declined
+from tasks.records import ndarray
 
 from .grid import FederationGrid
 
@@ -37,7 +38,7 @@ def update_problem(received: ArrayRecord | None, sent: ArrayRecord) -> str | Non
                 np.dtype(got.dtype).kind != np.dtype(want.dtype).kind:
             return (f"{key}: shape {tuple(got.shape)} {got.dtype}, expected "
                     f"{tuple(want.shape)} {want.dtype}")
-        values = got.numpy()
+        values = ndarray(got)
         if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
             return f"{key} holds NaN or Inf"
     return None

@@ -59,9 +59,8 @@ class DatasetMeta:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
         t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return (t - mean) / std
+        mean, std = _moments(self.mean, self.std)
+        return t.sub_(mean).div_(std)
 
     def raw_shape(self) -> tuple[int, ...]:
         """One example as stored: ``(H, W)`` for one channel, ``(H, W, C)``, or ``(D,)``."""
@@ -69,6 +68,12 @@ class DatasetMeta:
             return self.input_shape
         c, h, w = self.input_shape
         return (h, w) if c == 1 else (h, w, c)
+
+
+@functools.lru_cache(maxsize=64)
+def _moments(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalization's mean and std as broadcastable tensors, made once (read only)."""
+    return torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
 
 
 @dataclass(frozen=True)

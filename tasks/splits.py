@@ -101,11 +101,16 @@ def model_inputs(cfg: RunConfig, x: torch.Tensor) -> torch.Tensor:
     return x if transform is None else torch.from_numpy(transform(x.numpy()))
 
 
+def model_args(cfg: RunConfig) -> tuple[str, tuple[int, ...], int, tuple[int, ...]]:
+    """What decides the model's structure: the architecture, input shape, classes, widths."""
+    return (model_name(cfg), feature_shape(cfg), dataset_meta(cfg.data.dataset).num_classes,
+            tuple(cfg.training.hidden))
+
+
 def model_for(cfg: RunConfig) -> tuple[nn.Module, str]:
     """The model a run config asks for, sized for what the clients train on."""
-    name = model_name(cfg)
-    return (build_model(name, feature_shape(cfg), dataset_meta(cfg.data.dataset).num_classes,
-                        cfg.training.hidden), name)
+    name, shape, classes, hidden = model_args(cfg)
+    return build_model(name, shape, classes, hidden), name
 
 
 def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
