@@ -455,3 +455,28 @@ def test_adamw_survives_opacus_swapping_in_its_recurrent_layers():
     assert inner.defaults["lr"] == 0.003 and inner.defaults["weight_decay"] == 0.01
     train_epochs(private.model, private.loader, private.optimizer, 1, torch.device("cpu"),
                  criterion=private.criterion)
+
+
+def test_a_runs_pld_grid_holds_while_its_epsilon_grows_past_ten():
+    """Above epsilon 10 the grid is coarser in proportion, rounded up to a power of two:
+    never finer than the proportional grid (memory), at most twice as coarse, and the same
+    for every round until epsilon doubles, so the one-step PLD (2 s) is built once."""
+    from privacy.dp.accounting import _one_step_pld, _rdp_epsilon, pld_interval
+
+    for eps in (0.5, 10.0, 10.01, 13.0, 20.0, 20.5, 77.0, 1e4):
+        step = pld_interval(eps)
+        proportional = 1e-4 * max(1.0, eps / 10)
+        assert proportional <= step < 2 * proportional + 1e-15
+    sigma, q, per_round = 0.9, 0.1, 10
+    rounds = [r for r in range(1, 60)
+              if 10 < _rdp_epsilon(((sigma, q, r * per_round),), 1e-5) <= 20][:4]
+    assert len(rounds) == 4  # several rounds in one octave of epsilon
+    assert len({pld_interval(_rdp_epsilon(((sigma, q, r * per_round),), 1e-5))
+                for r in rounds}) == 1
+    before = _one_step_pld.cache_info().misses
+    ledger = ClientLedger(noise_multiplier=sigma, sample_rate=q, delta=1e-5)
+    ledger.record(rounds[0] * per_round)
+    for _ in rounds:
+        ledger.epsilon()
+        ledger.record(per_round)
+    assert _one_step_pld.cache_info().misses - before <= 1

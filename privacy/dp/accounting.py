@@ -99,13 +99,17 @@ def check_accountant(accountant: str, relation: str) -> None:
 
 def pld_interval(rough_epsilon: float, interval: float = 1e-4) -> float:
     """The PLD's value discretization for a mechanism whose epsilon is about
-    ``rough_epsilon``: dp-accounting's default 1e-4 up to epsilon 10, then proportionally
-    coarser. The privacy loss of a Gaussian with multiplier sigma spans about 1/sigma^2,
-    so at sigma 0.01 the default grid needs 10^8 points (the process is killed for
-    memory); the pessimistic estimate stays an upper bound on any grid."""
+    ``rough_epsilon``: dp-accounting's default 1e-4 up to epsilon 10, then coarser in
+    proportion, rounded up to a power of two times 1e-4. The privacy loss of a Gaussian
+    with multiplier sigma spans about 1/sigma^2, so at sigma 0.01 the default grid needs
+    10^8 points (the process is killed for memory); the pessimistic estimate stays an
+    upper bound on any grid. The powers of two keep a run's grid, and the one-step PLD
+    built on it (2 s), the same from round to round while its epsilon grows past 10."""
     if not math.isfinite(rough_epsilon):
         return 1.0
-    return interval * max(1.0, rough_epsilon / 10)
+    if rough_epsilon <= 10:
+        return interval
+    return interval * 2.0 ** math.ceil(math.log2(rough_epsilon / 10))
 
 
 @functools.lru_cache(maxsize=1024)
