@@ -55,7 +55,7 @@ class InProcessGrid(inprocess.InProcessGrid):
                  node_config: Callable[[int], dict] | None = None) -> None:
         super().__init__(client_app.app, cfg.flat(),
                          num_clients or cfg.federation.num_clients, node_ids=node_ids,
-                         simulated=simulated, node_config=node_config)
+                         simulated=simulated, node_config=node_config, keep_sent=True)
 
     def deliver(self, msg: Message) -> Message:
         # a simulated federation's nodes trust the server's assignment, as Flower's Ray

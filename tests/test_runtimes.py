@@ -69,6 +69,17 @@ def test_inprocess_messages_are_copied_and_state_persists(_task_identity):  # no
     assert _send(grid, other)[1].content.config_records["metrics"]["seen"] == 1  # per node
 
 
+def test_a_run_keeps_no_delivered_message_unless_asked(_task_identity):  # noqa: F811
+    """A run's grid holds no message once its reply is pulled (a 1,000-client round would
+    otherwise keep every client's copy of the model); tests ask for ``sent``."""
+    for keep in (False, True):
+        grid = InProcessGrid(_counting_app(), {}, 2, keep_sent=keep)
+        for node in grid.get_node_ids():
+            _send(grid, node)
+        assert len(grid.sent) == (2 if keep else 0)
+        assert not grid._replies
+
+
 def test_a_raising_clientapp_gives_an_error_reply_and_keeps_its_old_context(
         _task_identity):  # noqa: F811
     grid = InProcessGrid(_counting_app(), {}, 1)

@@ -68,16 +68,19 @@ class InProcessGrid(Grid):
     """Flower's Grid over nodes whose ClientApp answers in this process, in order.
 
     ``node_config(i)`` adds to node i's ``node_config`` what a host's ``--node-config``
-    would (tests use it for hosts' own data paths); ``sent`` keeps each message as
-    delivered.
+    would (tests use it for hosts' own data paths); with ``keep_sent`` (tests), ``sent``
+    keeps each message as delivered (a run keeps none: a 1,000-client round would add
+    every client's copy of the model).
     """
 
     RUNTIME = "inprocess"
 
     def __init__(self, client_app: ClientApp, run_config: Mapping[str, Any], num_nodes: int,
                  *, node_ids: Iterable[int] | None = None, simulated: bool = True,
-                 node_config: Callable[[int], dict[str, Any]] | None = None) -> None:
+                 node_config: Callable[[int], dict[str, Any]] | None = None,
+                 keep_sent: bool = False) -> None:
         self.client_app = client_app
+        self.keep_sent = keep_sent
         self.together = False  # train a round's clients as one program (train-together)
         self.workers = 1  # clients answering at once, where the message allows it
         self.parallel: Callable[[Message], bool] = lambda msg: False
@@ -179,7 +182,8 @@ class InProcessGrid(Grid):
         else:
             delivered = msg
             delivered.content = _copy(msg.content)
-            self.sent.append(delivered)
+            if self.keep_sent:
+                self.sent.append(delivered)
             # the node works on a copy of its Context, kept only if the ClientApp succeeds
             context = _copy_context(self.contexts[node])
             try:
