@@ -170,7 +170,7 @@ def main() -> None:
                 print(f"fedpriv run {r + 1}/{args.federated_repeats}, dp {name} ...",
                       flush=True)
                 with tempfile.TemporaryDirectory() as tmp:
-                    res = bench_fedpriv(common + extra, Path(tmp))
+                    res = bench_fedpriv(common + extra, Path(tmp), memory=False)
                 rounds[name] += res["rounds-s"][1:]  # steady state: after the first round
         report["round-s"] = {name: statistics.median(ts) for name, ts in rounds.items()}
         base = report["round-s"]["none"]

@@ -6,9 +6,10 @@ For one workload (default: 10 clients, 5 rounds, 1 local epoch, embedded MNIST) 
 2. :mod:`experiments.benchmarks.plain_fedavg` (one process, same data, seeds and SGD),
 3. optionally a bare Flower app whose clients do nothing (Flower's own start-up floor),
 
-sampling the summed memory of each process tree, and prints total time, steady-state
-round time (rounds 2..R), fixed start-up (total minus rounds), peak memory and the
-ratios fedpriv / plain. Both runs must reach the same test accuracy: the plain loop
+each ``--repeat`` times in turns, then once more each sampling the summed memory of its
+process tree (untimed: sampling slows the process sampled), and prints total time,
+steady-state round time (rounds 2..R), fixed start-up (total minus rounds), peak memory
+and the ratios fedpriv / plain. Both runs must reach the same test accuracy: the plain loop
 replays fedpriv's arithmetic exactly, so equal numbers show the work was identical.
 
     python -m experiments.benchmarks.fedavg_overhead                       # MNIST, small-cnn
@@ -58,16 +59,21 @@ def _mem(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-def measured(cmd: list[str], cwd: Path | None = None) -> tuple[float, int, int, str]:
-    """Run ``cmd``; return wall seconds, peak summed RSS and PSS of its tree, and its stdout."""
+def measured(cmd: list[str], cwd: Path | None = None, memory: bool = True
+             ) -> tuple[float, int, int, str]:
+    """Run ``cmd``; return wall seconds, peak summed RSS and PSS of its tree (0 without
+    ``memory``), and its stdout. Sampling the memory reads every process's page tables
+    four times a second under its memory-map lock, which stalls a process that maps and
+    unmaps buffers (a 1,000-client round: up to 25% slower), so timed runs leave it out."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, text=True)
         peak_rss = peak_pss = 0
         while proc.poll() is None:
-            rss, pss = _mem([proc.pid])
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-            time.sleep(0.25)
+            if memory:
+                rss, pss = _mem([proc.pid])
+                peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            time.sleep(0.25 if memory else 0.02)
         wall = time.perf_counter() - t0
         out.seek(0)
         text = out.read()
@@ -76,9 +82,9 @@ def measured(cmd: list[str], cwd: Path | None = None) -> tuple[float, int, int, 
     return wall, peak_rss, peak_pss, text
 
 
-def bench_fedpriv(args: list[str], results: Path) -> dict:
+def bench_fedpriv(args: list[str], results: Path, memory: bool = True) -> dict:
     wall, rss, pss, _ = measured([sys.executable, "-m", "experiments.cli", "run", *args,
-                                  "--set", f"results-dir={results}"])
+                                  "--set", f"results-dir={results}"], memory=memory)
     run = max(results.iterdir(), key=lambda p: p.stat().st_mtime)
     recs = read_ledger(run)
     info = read_run_info(run)
@@ -89,9 +95,9 @@ def bench_fedpriv(args: list[str], results: Path) -> dict:
             "run-dir": str(run)}
 
 
-def bench_plain(args: list[str]) -> dict:
+def bench_plain(args: list[str], memory: bool = True) -> dict:
     wall, rss, pss, out = measured([sys.executable, "-m", "experiments.benchmarks.plain_fedavg",
-                                    *args])
+                                    *args], memory=memory)
     res = json.loads(out.strip().splitlines()[-1])
     return {"total-s": wall, "rounds-s": [r["round-s"] for r in res["rounds"]],
             "accuracy": [r["accuracy"] for r in res["rounds"]],
@@ -169,16 +175,18 @@ def _gib(b: int) -> str:
     return f"{b / 2**30:.2f} GiB"
 
 
-def _merge(runs: list[dict]) -> dict:
-    """Medians over repeated runs (peaks: the maximum); rounds pooled."""
+def _merge(runs: list[dict], memory: list[dict]) -> dict:
+    """Medians over repeated runs, rounds pooled; peaks: the maximum over the ``memory``
+    runs (sampled, not timed)."""
     out = {"total-s": statistics.median(r["total-s"] for r in runs),
            "steady-round-s": statistics.median(x for r in runs for x in r["rounds-s"][1:]
                                                or r["rounds-s"]),
            "first-round-s": statistics.median(r["rounds-s"][0] for r in runs),
            "rounds-total-s": statistics.median(sum(r["rounds-s"]) for r in runs),
-           "peak-rss": max(r["peak-rss"] for r in runs),
-           "peak-pss": max(r["peak-pss"] for r in runs),
-           "accuracy": runs[-1]["accuracy"], "loss": runs[-1]["loss"], "runs": runs}
+           "peak-rss": max((r["peak-rss"] for r in memory), default=0),
+           "peak-pss": max((r["peak-pss"] for r in memory), default=0),
+           "accuracy": runs[-1]["accuracy"], "loss": runs[-1]["loss"], "runs": runs,
+           "memory-runs": memory}
     out["fixed-s"] = out["total-s"] - out["rounds-total-s"]
     return out
 
@@ -194,22 +202,27 @@ def main() -> None:
     parser.add_argument("--skip-plain", action="store_true")
     parser.add_argument("--bare-flower", action="store_true",
                         help="also time a bare Flower app of the same size (start-up floor)")
+    parser.add_argument("--skip-memory", action="store_true",
+                        help="no extra sitting for the peak memory (the timed runs never "
+                             "sample it: sampling slows the process sampled)")
     parser.add_argument("--json", type=Path, help="write all figures to this file")
     args = parser.parse_args()
     sets = args.set if args.config else DEFAULT_SET + args.set  # a preset brings its own
     common = (["--config", args.config] if args.config else []) + \
         [a for s in sets for a in ("--set", s)]
     report: dict = {"args": common, "repeat": args.repeat}
-    fps, pls = [], []
-    for i in range(args.repeat):
+    fps, pls, fp_mem, pl_mem = [], [], [], []
+    sittings = [False] * args.repeat + ([] if args.skip_memory else [True])
+    for i, memory in enumerate(sittings):
+        what = "peak memory, untimed" if memory else f"{i + 1}/{args.repeat}"
         with tempfile.TemporaryDirectory() as tmp:
-            print(f"[{i + 1}/{args.repeat}] fedpriv run ...", flush=True)
-            fps.append(bench_fedpriv(common, Path(tmp)))
+            print(f"[{what}] fedpriv run ...", flush=True)
+            (fp_mem if memory else fps).append(bench_fedpriv(common, Path(tmp), memory))
         if not args.skip_plain:
-            print(f"[{i + 1}/{args.repeat}] plain PyTorch loop ...", flush=True)
-            pls.append(bench_plain(common))
-    report["fedpriv"] = _merge(fps)
-    report["plain"] = _merge(pls) if pls else None
+            print(f"[{what}] plain PyTorch loop ...", flush=True)
+            (pl_mem if memory else pls).append(bench_plain(common, memory))
+    report["fedpriv"] = _merge(fps, fp_mem)
+    report["plain"] = _merge(pls, pl_mem) if pls else None
     if args.bare_flower:
         cfg = resolve(args.config, sets)
         print("bare Flower app ...", flush=True)
@@ -239,9 +252,9 @@ def _rows(report: dict) -> list[tuple[str, ...]]:
             ("first round (s)", *col("first-round-s", "{:.2f}"), ""),
             ("fixed start-up + shutdown (s)", *col("fixed-s", "{:.1f}"), ""),
             ("peak memory, RSS sum", _gib(fp["peak-rss"]), _gib(pl["peak-rss"]) if pl else "",
-             ratio("peak-rss")),
+             ratio("peak-rss") if fp["peak-rss"] else ""),
             ("peak memory, PSS sum", _gib(fp["peak-pss"]), _gib(pl["peak-pss"]) if pl else "",
-             ratio("peak-pss"))]
+             ratio("peak-pss") if fp["peak-pss"] else "")]
     if pl:
         worst = max(abs(a - b) for a, b in zip(fp["loss"], pl["loss"], strict=True))
         same = "bit-identical" if fp["loss"] == pl["loss"] else f"max |d loss| {worst:.1e}"
