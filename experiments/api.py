@@ -546,9 +546,11 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
     fed = cfg.federation
     runtime = choose(cfg, cuda=pre.cuda, supernodes=supernodes)
     if runtime.name == "inprocess":
+        where = ("worker processes" if cfg.resources.client_workers == "processes"
+                 else "threads")
         echo(f"in-process runtime ({runtime.why}): the ServerApp and {fed.num_clients} "
-             "ClientApps in one process, no SuperLink or Ray (runtime = 'ray' for Flower's "
-             "simulation runtime)")
+             f"ClientApps, a round's clients in {where} beside it, no SuperLink or Ray "
+             "(runtime = 'ray' for Flower's simulation runtime)")
         return execute(inprocess, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                        echo=echo, label_counts=pre.label_counts)
     nodes = fed.num_clients if supernodes else 0

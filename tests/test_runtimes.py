@@ -8,6 +8,7 @@ protocol. Runtimes that cannot serve a run are refused before any work.
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -17,6 +18,7 @@ from flwr.common.constant import ErrorCode
 
 import fedpriv
 from experiments.runtime.choice import choose
+from experiments.runtime.client_workers import WorkerPool
 from experiments.runtime.inprocess import InProcessGrid
 from tasks.config import ConfigError, validate
 from tasks.results.folder import read_run_info
@@ -288,10 +290,26 @@ train-together = [false, true]
                                                               abs=0.03)
 
 
-def _run_in_threads(tmp_path, name: str, workers: int, **keys) -> tuple[list[dict], int]:
+class _PidNoting:
+    """The ClientApp, noting in ``path`` the process that answered each message."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __call__(self, msg, context):
+        import clients.app as client_app
+
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return client_app.app(msg, context)
+
+
+def _run_in_threads(tmp_path, name: str, workers: int, processes: bool = False,
+                    **keys) -> tuple[list[dict], int]:
     """One real run of the ServerApp on the in-process grid with ``workers`` clients
     answering at once; its ledger (without timings) and the most messages that were being
-    answered at once."""
+    answered at once (with ``processes``: in worker processes, and how many of them
+    other than this one answered training messages)."""
     import threading
 
     from flwr.app import RecordDict
@@ -320,8 +338,18 @@ def _run_in_threads(tmp_path, name: str, workers: int, **keys) -> tuple[list[dic
                 busy[0] -= 1
 
     grid.deliver = counted
-    run_one(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                          run_config=cfg.flat()), cfg)
+    answered_in = tmp_path / f"{name}.pids"
+    if processes:
+        grid.pool = WorkerPool(_PidNoting(answered_in), workers)
+    try:
+        run_one(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                              run_config=cfg.flat()), cfg)
+    finally:
+        if grid.pool is not None:
+            grid.pool.close()
+    if processes:
+        pids = set(answered_in.read_text().split())
+        most[0] = len(pids - {str(os.getpid())})
     timeless = [{**{k: v for k, v in r.items() if k != "time"},
                  "clients": [{k: v for k, v in c.items() if not k.endswith("-s")}
                              for c in r["clients"]]}
@@ -329,15 +357,20 @@ def _run_in_threads(tmp_path, name: str, workers: int, **keys) -> tuple[list[dic
     return timeless, most[0]
 
 
-def test_clients_answering_in_threads_give_the_same_bits(tmp_path, _task_identity):  # noqa: F811
-    """A plain round's clients train in threads (as many at once as the cores allow, as
-    on Ray) with the ledger of one after another, digit for digit: each has one torch
-    thread and generators of its own (batches; DP-SGD's noise). An anonymizer, fitted
-    on first use from the global generators, is answered one at a time."""
+def test_clients_answering_in_threads_or_worker_processes_give_the_same_bits(
+        tmp_path, _task_identity):  # noqa: F811
+    """A plain round's clients train in threads or forked worker processes (as many at
+    once as the cores allow, as on Ray) with the ledger of one after another, digit for
+    digit: each has one torch thread and generators of its own (batches; DP-SGD's noise).
+    An anonymizer, fitted on first use from the global generators, is answered one at a
+    time."""
     for name, keys in (("plain", {}), ("dp", {"dp": "local", "noise-multiplier": 1.0})):
         alone, one = _run_in_threads(tmp_path, f"{name}-alone", 1, **keys)
         threaded, most = _run_in_threads(tmp_path, f"{name}-threads", 2, **keys)
         assert one == 1 and most == 2  # the clients really did train at the same time
         assert len(alone) == 2 and threaded == alone, name
+        forked, workers = _run_in_threads(tmp_path, f"{name}-processes", 2, processes=True,
+                                          **keys)
+        assert workers == 2 and forked == alone, name  # in two worker processes
     _, most = _run_in_threads(tmp_path, "gaussian", 2, anonymizer="gaussian")
     assert most == 1

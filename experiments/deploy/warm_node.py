@@ -44,7 +44,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..runtime.procs import _die_with_parent
+from ..runtime.procs import die_with_parent
 
 WORKER = "experiments.deploy.clientapp_worker"
 EXECUTORS = ("worker", "superexec")
@@ -133,7 +133,7 @@ class WorkerKeeper:
     def _spawn(self) -> None:
         self.starts += 1
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
 
     def _run(self) -> None:
         # The parent-death signal is bound to the thread that started the child: the main

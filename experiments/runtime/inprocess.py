@@ -1,4 +1,5 @@
-"""Flower's apps in one process: the real ServerApp and ClientApp, no SuperLink, no Ray.
+"""Flower's apps in one process (and its client workers): the real ServerApp and ClientApp,
+no SuperLink, no Ray.
 
 ``python -m experiments.runtime.inprocess PARENT_PID`` imports what a run needs, then
 reads the run from stdin and runs the ServerApp's main with an :class:`InProcessGrid` of
@@ -9,12 +10,15 @@ message is delivered as Flower's simulation runtime delivers it: given an id, co
 changes nothing else), answered by the ClientApp with its mods, the reply copied back; a
 ClientApp that raises gives an error reply (code 2, ``CLIENT_APP_RAISED_EXCEPTION``) and leaves the
 node's Context as it was, as Ray's backend does. A plain or local-DP round's training
-messages are answered in threads, a client per ``client-cpus`` of the cores at once, as
-Ray's workers answer them, each client on its ``client-threads`` torch threads and its
-own generators (so the bits are the same); every other message (anonymizers, SecAgg+,
-HE, the CVAE phase) one at a time (:func:`clients.app.answers_in_parallel`). What is
-skipped is only transport: Ray actors, the SuperLink's message store and its polling
-(``runtime = "ray"`` keeps them, for process isolation, GPU shares and Ray clusters).
+messages are answered side by side, a client per ``client-cpus`` of the cores at once, as
+Ray's workers answer them: in worker processes forked when the runtime starts
+(``client-workers = "processes"``, :mod:`.client_workers`; the node's Context travels
+with the message and comes back with the reply) or in threads of this process; each
+client on its ``client-threads`` torch threads and its own generators (so the bits are
+the same); every other message (anonymizers, SecAgg+, HE, the CVAE phase) one at a
+time, here (:func:`clients.app.answers_in_parallel`). What is skipped is only
+transport: Ray actors, the SuperLink's message store and its polling (``runtime =
+"ray"`` keeps them, for process isolation, GPU shares and Ray clusters).
 
 :class:`experiments.runtime.inprocess_link.InProcessLink` runs this child for the CLI.
 """
@@ -23,11 +27,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from logging import ERROR
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -35,13 +40,15 @@ from uuid import uuid4
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from privacy.dp.shared_memo import MEMO_ENV
 from tasks.messages import FIT
 from tasks.records import copy_records
+
+from .client_workers import WorkerPool, answer
 
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
 RUN_ID = 1
@@ -84,6 +91,7 @@ class InProcessGrid(Grid):
         self.together = False  # train a round's clients as one program (train-together)
         self.workers = 1  # clients answering at once, where the message allows it
         self.parallel: Callable[[Message], bool] = lambda msg: False
+        self.pool: WorkerPool | None = None  # worker processes answering parallel messages
         # simulated nodes serve the partition the server pairs them with
         # (server.discovery.simulated); otherwise each keeps its own node_config's
         self.assigns_partitions = simulated
@@ -151,15 +159,34 @@ class InProcessGrid(Grid):
                 return list(pool.map(one, messages))
 
     def _parallel(self, messages: list[Message]) -> list[Message]:
-        """Each message answered in one of ``workers`` threads (torch runs its kernels
-        without the GIL), the replies in the messages' order: as Ray's workers answer a
-        round, with the same bits (every client trains on ``client-threads`` threads of its
-        own, from its own generators)."""
-        from concurrent.futures import ThreadPoolExecutor
+        """Each message answered beside the others, the replies in the messages' order: in
+        the worker processes when the runtime has them (:mod:`.client_workers`), else in
+        ``workers`` threads (torch runs its kernels without the GIL); as Ray's workers
+        answer a round, with the same bits (every client trains on ``client-threads``
+        threads of its own, from its own generators)."""
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(min(self.workers, len(messages)),
-                                thread_name_prefix="client") as pool:
-            return list(pool.map(self.deliver, messages))
+            with ThreadPoolExecutor(min(self.workers, len(messages)),
+                                    thread_name_prefix="client") as pool:
+                return list(pool.map(self.deliver, messages))
+        nodes = [self._stamp(m) for m in messages]
+        known = [(m, self.contexts[n]) for m, n in zip(messages, nodes, strict=True)
+                 if n in self.contexts]
+        if self.keep_sent:
+            self.sent += [m for m, _ in known]
+        answers = iter(self.pool.answer(known))  # pickled there and back: copies
+        replies = []
+        for msg, node in zip(messages, nodes, strict=True):
+            if node not in self.contexts:
+                reply = self._unknown(msg)
+            else:
+                reply, context = next(answers)
+                if context is not None:
+                    self.contexts[node] = context
+            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            replies.append(reply)
+        return replies
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
@@ -171,38 +198,42 @@ class InProcessGrid(Grid):
 
     def deliver(self, msg: Message) -> Message:
         """One message to its node's ClientApp, as Flower's simulation worker does it."""
-        md = msg.metadata
-        md.__dict__["_message_id"] = str(uuid4())
-        md.__dict__["_run_id"] = self._run.run_id
-        md.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
-        node = md.dst_node_id
+        node = self._stamp(msg)
         if node not in self.contexts:
-            reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
-                                  reason=f"no node {node} in this federation"), reply_to=msg)
+            reply = self._unknown(msg)
         else:
             delivered = msg
             delivered.content = _copy(msg.content)
             if self.keep_sent:
                 self.sent.append(delivered)
             # the node works on a copy of its Context, kept only if the ClientApp succeeds
-            context = _copy_context(self.contexts[node])
-            try:
-                reply = self.client_app(delivered, context)
-                reply.content = _copy(reply.content) if not reply.has_error() else reply.content
+            reply, context = answer(self.client_app, delivered, _copy_context(self.contexts[node]))
+            if context is not None:
+                reply.content = _copy(reply.content)
                 self.contexts[node] = context
-            except Exception as exc:  # reported to the server as an error reply, as Flower
-                log(ERROR, exc)
-                log(ERROR, traceback.format_exc())
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                      reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         return reply
+
+    def _stamp(self, msg: Message) -> int:
+        """Give ``msg`` what the SuperLink would (an id, the run, the sender); its node."""
+        md = msg.metadata
+        md.__dict__["_message_id"] = str(uuid4())
+        md.__dict__["_run_id"] = self._run.run_id
+        md.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        return md.dst_node_id
+
+    @staticmethod
+    def _unknown(msg: Message) -> Message:
+        return Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
+                             reason=f"no node {msg.metadata.dst_node_id} in this federation"),
+                       reply_to=msg)
 
 
 def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     """Run the ServerApp's main on an in-process federation of ``num_nodes``."""
     import clients.app as client_app
     from server.app import app as server_app
+    from tasks.config import validate
 
     client_app.serve_in_process()
     # who is sending, as Flower's runtime tells a ServerApp process (flwr.supercore)
@@ -212,9 +243,26 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     grid.together = bool(run_config.get("train-together", False))
     grid.workers = workers(run_config)
     grid.parallel = lambda msg: client_app.answers_in_parallel(msg, run_config)
+    own_memo = None
+    if grid.workers > 1 and not grid.together and \
+            validate(dict(run_config)).resources.client_workers == "processes":
+        # the workers share each epsilon (privacy.dp.shared_memo) in a folder private to
+        # this user: the link's (it removes it), or one of our own
+        if os.environ.get(MEMO_ENV):
+            Path(os.environ[MEMO_ENV]).mkdir(mode=0o700, exist_ok=True)
+        else:
+            own_memo = os.environ[MEMO_ENV] = tempfile.mkdtemp(prefix="fedpriv-epsilon-")
+        grid.pool = WorkerPool(client_app.app, grid.workers)  # before any torch kernel
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                       state=RecordDict(), run_config=dict(run_config))
-    server_app(grid, context)
+    try:
+        server_app(grid, context)
+    finally:
+        if grid.pool is not None:
+            grid.pool.close()
+        if own_memo is not None:
+            os.environ.pop(MEMO_ENV, None)
+            shutil.rmtree(own_memo, ignore_errors=True)
 
 
 def workers(run_config: Mapping[str, Any]) -> int:

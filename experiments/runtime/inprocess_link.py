@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from privacy.dp.shared_memo import MEMO_ENV
+
 from . import procs
 from .superlink import HOME_PREFIX, OWNER_FILE, remove_stale_homes
 
@@ -62,9 +64,11 @@ class InProcessLink:
         """Start the child (if it is not waiting already); it waits for :meth:`submit`."""
         if self.proc is None:
             t0 = time.perf_counter()
+            # the run's epsilons, shared by its client workers, in our private folder
+            memo = {MEMO_ENV: str(self.home / "epsilon")} if self.home is not None else {}
             self.proc = procs.start_child(
                 [sys.executable, "-m", "experiments.runtime.inprocess", str(os.getpid())],
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.PIPE,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **memo}, stdin=subprocess.PIPE,
                 death_signal=signal.SIGUSR1)  # inprocess.PARENT_DIED (no torch import here)
             self.started_s = time.perf_counter() - t0
         return self

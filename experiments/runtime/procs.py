@@ -144,7 +144,7 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     return predicate()
 
 
-def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """In the child, before exec: ask Linux to send it ``sig`` (SIGTERM) when its parent
     dies (even by SIGKILL), so a child fedpriv started never outlives it."""
     try:
@@ -184,7 +184,7 @@ def start_child(cmd: list[str], env: dict[str, str] | None = None,
     must tell that from our own SIGTERM asks for another one), its output piped."""
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=stdin, text=True, bufsize=1, errors="replace",
-                            preexec_fn=functools.partial(_die_with_parent, death_signal),
+                            preexec_fn=functools.partial(die_with_parent, death_signal),
                             start_new_session=True)
 
 
@@ -250,7 +250,7 @@ class Foreground:
         """Start ``cmd``; its lines are passed on while :meth:`pump` runs."""
         proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                bufsize=1, errors="replace", preexec_fn=_die_with_parent,
+                                bufsize=1, errors="replace", preexec_fn=die_with_parent,
                                 start_new_session=True)
         self.children.append(proc)
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import background
+from . import background, shared_memo
 
 ACCOUNTANTS = ("pld", "rdp", "prv")
 # add-remove: D' is D with one record more or less; replace-one: one record changed
@@ -164,6 +164,12 @@ def _epsilon(history: tuple[Entry, ...], delta: float, accountant: str,
     if not history:
         return 0.0
     check_accountant(accountant, relation)
+    return shared_memo.shared(("epsilon", history, delta, accountant, relation),
+                              lambda: _compute(history, delta, accountant, relation))
+
+
+def _compute(history: tuple[Entry, ...], delta: float, accountant: str,
+             relation: str) -> float:
     if accountant == "pld":
         return _pld_epsilon(history, delta, relation)
     if accountant == "rdp":
