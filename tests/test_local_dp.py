@@ -63,6 +63,25 @@ def test_pld_epsilon_is_dp_accountings_accountant_to_the_bit(relation):
         assert _pld_epsilon(history, 1e-5, relation) == float(acc.get_epsilon(1e-5))
 
 
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_the_self_composition_with_cached_bounds_is_dp_accountings_to_the_bit(relation):
+    # the Chernoff bounds' log-MGFs are computed once per one-step PLD; every PMF the
+    # round's self-composition gives is still dp-accounting's own, array for array
+    import numpy as np
+
+    from privacy.dp.accounting import _one_step_pld, _self_composed
+
+    for sigma, q in ((1.0, 0.08), (0.7, 0.01), (2.0, 0.25)):
+        one = _one_step_pld(sigma, q, 1e-3, relation)
+        for steps in (1, 13, 65, 260, 13):  # the last again: from the cache
+            ours, theirs = _self_composed(one, steps), one.self_compose(steps)
+            for a, b in ((ours._pmf_remove, theirs._pmf_remove),
+                         (ours._pmf_add, theirs._pmf_add)):
+                assert (a._lower_loss, a._infinity_mass) == (b._lower_loss, b._infinity_mass)
+                assert np.array_equal(a._probs, b._probs)
+            assert ours.get_epsilon_for_delta(1e-5) == theirs.get_epsilon_for_delta(1e-5)
+
+
 def test_the_epsilon_computed_ahead_while_a_round_trains_is_the_one_reported():
     ledger = ClientLedger(noise_multiplier=1.07, sample_rate=1 / 11, delta=1e-5)
     ledger.record(11)

@@ -241,7 +241,7 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
         RUN_ID, SUPERLINK_NODE_ID, 1)
     grid = InProcessGrid(client_app.app, run_config, num_nodes)
     grid.together = bool(run_config.get("train-together", False))
-    grid.workers = workers(run_config)
+    grid.workers = min(workers(run_config), num_nodes)  # no idle worker processes
     grid.parallel = lambda msg: client_app.answers_in_parallel(msg, run_config)
     own_memo = None
     if grid.workers > 1 and not grid.together and \
