@@ -12,7 +12,7 @@ import os
 import subprocess
 
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -44,6 +44,8 @@ def _counting_app() -> ClientApp:
         msg.content.config_records["config"]["scribbled"] = True
         if msg.content.config_records["config"].get("fail"):
             raise RuntimeError("asked to fail")
+        if msg.content.config_records["config"].get("refuse"):  # an error reply, not raised
+            return Message(Error(code=ErrorCode.UNKNOWN, reason="refused"), reply_to=msg)
         return Message(RecordDict({"metrics": ConfigRecord({"seen": seen})}), reply_to=msg)
 
     return app
@@ -92,6 +94,39 @@ def test_a_raising_clientapp_gives_an_error_reply_and_keeps_its_old_context(
     assert "asked to fail" in failed.error.reason
     # the failed message's count was not kept, as Ray's backend drops a failed Context
     assert _send(grid, node)[1].content.config_records["metrics"]["seen"] == 2
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_round_answered_side_by_side_keeps_each_nodes_context_as_alone(
+        _task_identity, processes):  # noqa: F811
+    """Messages answered at once, in threads or worker processes: replies in order, each
+    node's Context kept when its ClientApp returned (an error reply included) and not when
+    it raised, what the server sent untouched, an unknown node answered unavailable."""
+    grid = InProcessGrid(_counting_app(), {}, 3)
+    grid.workers, grid.parallel = 2, lambda msg: True
+    if processes:
+        grid.pool = WorkerPool(grid.client_app, 2)
+    try:
+        nodes = list(grid.get_node_ids())
+        for _ in range(2):
+            sent = [Message(RecordDict({"config": ConfigRecord(dict(c))}), dst_node_id=n,
+                            message_type="train")
+                    for n, c in zip([*nodes, 999], [{}, {"fail": True}, {"refuse": True}, {}],
+                                    strict=True)]
+            kept = sent[0].content.config_records["config"]  # the server's own record
+            replies = list(grid.send_and_receive(sent))
+        assert [r.metadata.reply_to_message_id for r in replies] == \
+            [m.metadata.message_id for m in sent]
+        assert replies[0].content.config_records["metrics"]["seen"] == 2
+        assert replies[1].error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+        assert replies[2].error.reason == "refused"
+        assert replies[3].error.code == ErrorCode.NODE_UNAVAILABLE
+        assert "scribbled" not in kept
+        counts = [grid.contexts[n].state.config_records.get("n") for n in nodes]
+        assert [c["n"] if c else 0 for c in counts] == [2, 0, 2]
+    finally:
+        if grid.pool is not None:
+            grid.pool.close()
 
 
 def test_a_message_to_an_unknown_node_is_answered_unavailable(_task_identity):  # noqa: F811

@@ -209,7 +209,8 @@ class InProcessGrid(Grid):
             # the node works on a copy of its Context, kept only if the ClientApp succeeds
             reply, context = answer(self.client_app, delivered, _copy_context(self.contexts[node]))
             if context is not None:
-                reply.content = _copy(reply.content)
+                if not reply.has_error():  # (a ClientApp may return an error reply)
+                    reply.content = _copy(reply.content)
                 self.contexts[node] = context
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         return reply
