@@ -4,6 +4,7 @@ waited for, and no worker outlives the runtime, even when the runtime is SIGKILL
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -74,6 +75,8 @@ def test_workers_die_with_a_sigkilled_runtime(tmp_path):
                             text=True)
     pids: list[int] = []
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)  # a generous bound
+        assert ready, "the pool did not start"
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
         os.kill(proc.pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ import pytest
 
 from privacy.dp import accounting, shared_memo
 
+from .conftest import ledger_json, only_run, run_cli
 from .test_strategies import _task_identity  # noqa: F401  (fixture)
 
 
@@ -94,3 +95,48 @@ class _NoPool:
 
     def close(self) -> None:
         pass
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_a_local_dp_run_reports_its_epsilons_whoever_answers_the_clients(tmp_path, workers):
+    # the CLI names the memo folder for its runtime either way; the clients in threads of
+    # the runtime's own process use it too
+    res = run_cli("run", "--set", "dp=local", "--set", "noise-multiplier=1.0", "--set",
+                  f"client-workers={workers}", "--set", "num-clients=2", "--set",
+                  "num-server-rounds=2", "--set", f"results-dir={tmp_path}")
+    assert res.returncode == 0, res.stdout + res.stderr
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent
+    from dp_accounting.pld import PLDAccountant
+
+    for record in ledger_json(only_run(tmp_path)):
+        for client in record["clients"]:  # dp-accounting's own accountant, directly
+            acc = PLDAccountant()
+            acc.compose(PoissonSampledDpEvent(client["sample-rate"], GaussianDpEvent(1.0)),
+                        client["dp-steps"])
+            assert client["epsilon"] == float(acc.get_epsilon(client["delta"]))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user")
+def test_another_local_user_cannot_plant_an_epsilon(tmp_path, monkeypatch):
+    # the adversary: another account on the machine, writing the value a run's clients
+    # would read for their next epsilon into the runtime's memo folder
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="fedpriv-epsilon-", dir=tmp_path)  # as serve() does
+    os.chmod(tmp_path, 0o755)  # the adversary can reach the folder's parent
+    key = ("epsilon", ((1.0, 0.08, 13),), 1e-5, "pld", "add-remove")
+    name = shared_memo._path(folder, key).name
+    pid = os.fork()
+    if pid == 0:  # the other user: nobody
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with open(os.path.join(folder, name), "w") as f:
+                f.write('{"value": 0.001}')
+            os._exit(0)  # planted
+        except OSError:
+            os._exit(1)  # refused
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    monkeypatch.setenv(shared_memo.MEMO_ENV, folder)
+    assert shared_memo.shared(key, lambda: 2.5) == 2.5

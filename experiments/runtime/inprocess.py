@@ -244,14 +244,15 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     grid.together = bool(run_config.get("train-together", False))
     grid.workers = min(workers(run_config), num_nodes)  # no idle worker processes
     grid.parallel = lambda msg: client_app.answers_in_parallel(msg, run_config)
+    # the run's epsilons are shared (privacy.dp.shared_memo) in a folder private to this
+    # user: the one the link names (it removes it), whoever answers the clients; or, for
+    # worker processes, one of our own
     own_memo = None
+    if os.environ.get(MEMO_ENV):
+        Path(os.environ[MEMO_ENV]).mkdir(mode=0o700, exist_ok=True)
     if grid.workers > 1 and not grid.together and \
             validate(dict(run_config)).resources.client_workers == "processes":
-        # the workers share each epsilon (privacy.dp.shared_memo) in a folder private to
-        # this user: the link's (it removes it), or one of our own
-        if os.environ.get(MEMO_ENV):
-            Path(os.environ[MEMO_ENV]).mkdir(mode=0o700, exist_ok=True)
-        else:
+        if not os.environ.get(MEMO_ENV):
             own_memo = os.environ[MEMO_ENV] = tempfile.mkdtemp(prefix="fedpriv-epsilon-")
         grid.pool = WorkerPool(client_app.app, grid.workers)  # before any torch kernel
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},

@@ -31,7 +31,7 @@ def shared(key: Hashable, compute: Callable[[], float]) -> float:
         return compute()
     import fcntl
 
-    path = Path(folder) / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:40]}.json"
+    path = _path(folder, key)
     with open(path.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one computes; the others wait, then read it
         if path.exists():
@@ -41,3 +41,8 @@ def shared(key: Hashable, compute: Callable[[], float]) -> float:
         partial.write_text(json.dumps({"key": repr(key), "value": value}))
         partial.replace(path)
         return value
+
+
+def _path(folder: str, key: Hashable) -> Path:
+    """Where ``key``'s value is kept in ``folder``."""
+    return Path(folder) / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:40]}.json"
