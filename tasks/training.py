@@ -25,6 +25,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class _Rows(TensorDataset):
+    """A TensorDataset that gives a batch's rows with one indexing per tensor: the
+    DataLoader's row-by-row fetch and stack cost about 8% of a small CNN's step on 400
+    examples. The same values in the same order (the sampler is the DataLoader's own)."""
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        index = torch.tensor(indices, dtype=torch.long)
+        return [t[index] for t in self.tensors]
+
+
+def _as_given(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    return batch
+
+
 def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
                 ids: torch.Tensor | None = None) -> DataLoader:
     """A shuffling loader whose order depends only on ``seed``; with ``ids`` (-1 for a
@@ -32,8 +46,8 @@ def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
     them as a third tensor."""
     gen = torch.Generator().manual_seed(seed)
     tensors = (x, y) if ids is None else (x, y, ids)
-    return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=True,
-                      generator=gen)
+    return DataLoader(_Rows(*tensors), batch_size=batch_size, shuffle=True, generator=gen,
+                      collate_fn=_as_given)
 
 
 def sgd(model: nn.Module, lr: float, momentum: float = 0.0,

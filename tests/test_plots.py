@@ -354,3 +354,28 @@ def test_a_factorial_sweep_draws_its_design_and_curves_start_at_round_0(tmp_path
     assert all(xs[0] == 0 and ys[0] == 0.1 and xs[1:] == [1, 2] for xs, ys in series.values())
     assert drawn[cells[0].label]["marker"] == marks[16]
     assert factor_styles({"a": {"lr": 0.1}, "b": {"lr": 0.2}}) == {}  # one factor: the cycle
+
+
+def test_runs_showing_the_same_label_plot_share_one_drawing_and_each_gets_a_copy(tmp_path):
+    """A sweep's cells on one partition (lr and seed are not in the plot's title) draw it
+    once; closing one cell's plot leaves the others' intact; another partition is drawn
+    on its own."""
+    from experiments.runtime.runner import GroundTruthPlot
+
+    counts = [[3, 1], [2, 2]]
+    cfgs = [validate({"lr": lr}) for lr in (0.05, 0.1)]
+    a, b = (GroundTruthPlot(c, counts) for c in cfgs)
+    other = GroundTruthPlot(cfgs[0], [[1, 3], [2, 2]])
+    assert a.drawing is b.drawing and other.drawing is not a.drawing
+    folder = a.drawing.path.parent
+    a.place(tmp_path / "a" / "label_distribution.png")
+    a.close()
+    a.close()  # twice is harmless, as a sweep's finally may
+    b.place(tmp_path / "b" / "label_distribution.png")
+    other.place(tmp_path / "c" / "label_distribution.png")
+    for plot in (b, other):
+        plot.close()
+    for name in ("label_distribution.png", "label_distribution.pdf"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes()
+    assert not folder.exists() and not GroundTruthPlot._drawings

@@ -54,3 +54,25 @@ def test_evaluate_counts_correct_predictions():
     y = torch.tensor([0, 1, 1, 1])
     loss, acc = evaluate(model, x, y, 3, CPU)
     assert acc == 0.75 and loss > 0
+
+
+def test_loader_gives_the_batches_of_a_plain_tensor_dataloader_epoch_after_epoch():
+    """Rows fetched a batch at a time: the same tensors, in the same order, as the
+    DataLoader over a TensorDataset with the same generator (across epochs of one loader,
+    a last short batch, and the canary ids' third tensor)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = torch.randn(77, 1, 4, 4), torch.randint(0, 10, (77,))
+    ids = torch.full((77,), -1)
+    ids[5] = 0
+    for tensors, batch, seed in (((x, y), 32, 3), ((x, y, ids), 10, 11), ((x, y), 100, 5)):
+        ours = make_loader(*tensors[:2], batch, seed, *tensors[2:])
+        plain = DataLoader(TensorDataset(*tensors), batch_size=batch, shuffle=True,
+                           generator=torch.Generator().manual_seed(seed))
+        for _ in range(3):
+            pairs = list(zip(ours, plain, strict=True))
+            for a, b in pairs:
+                assert len(a) == len(b) == len(tensors)
+                for u, v in zip(a, b, strict=True):
+                    assert u.dtype == v.dtype and u.is_contiguous()
+                    assert torch.equal(u, v)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -17,7 +16,7 @@ from typing import Any, TextIO
 
 from server.console import PREFIX
 from tasks.config import RunConfig
-from tasks.files import explain
+from tasks.files import explain, write_atomic
 from tasks.progress import Relay
 from tasks.results.folder import RunFolder, read_run_info, run_identity, settings_title
 
@@ -123,55 +122,85 @@ def attack_run(run_dir: Path, echo: Callable[[str], None] = print) -> bool:
     return code == 0
 
 
-class GroundTruthPlot:
-    """The partitioner's label plot (ground truth the server never sees), drawn by the CLI
-    in a thread while the run goes, so matplotlib's import and the drawing (0.6 s) add
-    nothing to the run's end; :meth:`place` puts it among the run's plots. One thread
-    draws every such plot in turn (matplotlib's state is not made for two at once)."""
+class _Drawing:
+    """One label plot being drawn, shared by the runs whose plot is the same (a sweep's
+    cells on one partition: the title names the split, not lr or seed)."""
 
-    _drawer: ThreadPoolExecutor | None = None
-
-    def __init__(self, cfg: RunConfig, label_counts: list[list[int]]) -> None:
-        self.cfg = cfg
-        self.label_counts = label_counts
+    def __init__(self, draw: Callable[[Path], None]) -> None:
         self.folder = tempfile.TemporaryDirectory(prefix="fedpriv-labels-")
-        if GroundTruthPlot._drawer is None:
-            GroundTruthPlot._drawer = ThreadPoolExecutor(1, thread_name_prefix="label-plot")
-        self.future = GroundTruthPlot._drawer.submit(self._draw)
+        self.users = 0
+        self.future = GroundTruthPlot.drawer().submit(draw, self.path)
 
     @property
-    def drawn(self) -> Path:
+    def path(self) -> Path:
         return Path(self.folder.name) / "label_distribution.png"
 
-    def _draw(self) -> None:
-        from tasks.results.plots import plot_label_distribution
 
-        cfg = self.cfg
-        plot_label_distribution(self.drawn, [{"partition-id": i, "label-counts": c}
-                                             for i, c in enumerate(self.label_counts)],
-                                f"label distribution · {cfg.data.dataset} · "
-                                f"{cfg.federation.num_clients} clients · "
-                                f"{settings_title(cfg)} · ground truth from the "
-                                "partitioner, not sent to the server")
+class GroundTruthPlot:
+    """The partitioner's label plot (ground truth the server never sees), drawn by the CLI
+    in a thread while the run goes, so matplotlib's import and the drawing (0.4 s) add
+    nothing to the run's end; :meth:`place` puts a copy among the run's plots. One thread
+    draws every such plot in turn (matplotlib's state is not made for two at once), each
+    distinct plot once however many runs show it."""
+
+    _drawer: ThreadPoolExecutor | None = None
+    _drawings: dict[tuple[Any, ...], _Drawing] = {}
+
+    @classmethod
+    def drawer(cls) -> ThreadPoolExecutor:
+        if cls._drawer is None:
+            cls._drawer = ThreadPoolExecutor(1, thread_name_prefix="label-plot")
+        return cls._drawer
+
+    def __init__(self, cfg: RunConfig, label_counts: list[list[int]]) -> None:
+        title = (f"label distribution · {cfg.data.dataset} · {cfg.federation.num_clients} "
+                 f"clients · {settings_title(cfg)} · ground truth from the partitioner, "
+                 "not sent to the server")
+        counts = [{"partition-id": i, "label-counts": c} for i, c in enumerate(label_counts)]
+        self.key = (title, tuple(map(tuple, label_counts)))
+        drawing = GroundTruthPlot._drawings.get(self.key)
+        if drawing is None:
+            drawing = _Drawing(lambda path: _plot_labels(path, counts, title))
+            GroundTruthPlot._drawings[self.key] = drawing
+        drawing.users += 1
+        self.drawing: _Drawing | None = drawing
+        self.future = drawing.future
 
     def place(self, plot: Path) -> None:
-        """Move the drawn plot to ``plot`` (dated now: it is part of what the run adds);
+        """Copy the drawn plot to ``plot`` (dated now: it is part of what the run adds);
         the drawing's error, if it failed, is raised here."""
         self.future.result()
+        assert self.drawing is not None, "placed after close()"
         plot.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()  # as given: the file system's own clock may lag time.time()
-        for drawn, placed in ((self.drawn, plot),  # the PNG and the PDF beside it
-                              (self.drawn.with_suffix(".pdf"), plot.with_suffix(".pdf"))):
-            if drawn.exists():
-                shutil.move(drawn, placed)
+        drawn = self.drawing.path
+        for source, placed in ((drawn, plot),  # the PNG and the PDF beside it
+                               (drawn.with_suffix(".pdf"), plot.with_suffix(".pdf"))):
+            if source.exists():  # whole or not at all, as every plot
+                data = source.read_bytes()
+                write_atomic(placed, lambda f, data=data: f.write(data))
                 os.utime(placed, (now, now))
 
     def close(self) -> None:
-        """Drop it: not drawn if it has not started, its folder removed."""
-        if not self.future.cancel():
+        """Drop it: the drawing, when no other run shows it, is not drawn if it has not
+        started, and its folder is removed."""
+        drawing, self.drawing = self.drawing, None
+        if drawing is None:
+            return
+        drawing.users -= 1
+        if drawing.users > 0:
+            return
+        del GroundTruthPlot._drawings[self.key]
+        if not drawing.future.cancel():
             with contextlib.suppress(Exception):
-                self.future.result()
-        self.folder.cleanup()
+                drawing.future.result()
+        drawing.folder.cleanup()
+
+
+def _plot_labels(path: Path, partitions: list[dict[str, Any]], title: str) -> None:
+    from tasks.results.plots import plot_label_distribution
+
+    plot_label_distribution(path, partitions, title)
 
 
 def execute(link: LocalSuperLink, app: Path, cfg: RunConfig, run_dir: Path, *,
