@@ -5,7 +5,7 @@ protocol (:data:`strategies.protocols.PROTOCOLS`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -19,7 +19,6 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
-from privacy.attacks.canary_clients import CanaryClientAudit
 from privacy.dp.dpfedavg import DPFedAvgParams
 from tasks.config import FederationConfig, RunConfig
 from tasks.seeding import derive_seed
@@ -30,6 +29,9 @@ from .grid import FederationGrid
 from .protocols import PROTOCOLS
 from .registry import STRATEGIES
 from .runner import RoundRunner
+
+if TYPE_CHECKING:  # imported by the runs that audit (scipy: half a second)
+    from privacy.attacks.canary_clients import CanaryClientAudit
 
 WEIGHT_KEY = "num-examples"
 
@@ -99,6 +101,9 @@ def canary_audit(cfg: RunConfig, params: DPFedAvgParams, num_parameters: int
         return None
     if num_parameters <= 0:
         raise ValueError("canary-clients needs the model's parameter count (num_parameters)")
+    # the audit's statistics (scipy, half a second) are imported by the runs that audit
+    from privacy.attacks.canary_clients import CanaryClientAudit
+
     return CanaryClientAudit.for_run(params, count, count, num_parameters,
                                      derive_seed(cfg.training.seed, CANARY_SEED))
 

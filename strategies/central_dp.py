@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from privacy.attacks.canary_clients import CanaryClientAudit, released_rounds
 from privacy.dp.accounting import clients_per_round
 from privacy.dp.dpfedavg import (
     CLIP_KEY,
@@ -43,6 +42,9 @@ from tasks.seeding import sample_cohort
 
 from .aggregation import Collected, State, with_arrays
 from .replies import metrics_of
+
+if TYPE_CHECKING:  # imported by the runs that audit (scipy: half a second)
+    from privacy.attacks.canary_clients import CanaryClientAudit
 
 
 def central_params(cfg: RunConfig, num_clients: int,
@@ -251,4 +253,6 @@ class CentralDPAggregation:
             if start:
                 self.canaries.restore(audit, start)
             else:
+                from privacy.attacks.canary_clients import released_rounds
+
                 self.canaries.released_rounds = released_rounds(audit)

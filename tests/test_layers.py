@@ -134,6 +134,24 @@ def test_the_schema_loads_without_torch_or_flower():
     assert out.strip() == "[]"
 
 
+def test_what_every_run_starts_with_leaves_the_heavy_extras_to_the_runs_using_them():
+    # The runtime's and the pre-flight check's imports, and a sweep's CLI before its
+    # runtime starts, are on every run's critical path: scipy's statistics (half a
+    # second) serve audits and malicious-server tables, matplotlib the CLI's plots.
+    code = ("import sys, experiments.runtime.inprocess as r, experiments.preflight.checks, "
+            "experiments.cli.main, experiments.sweep.run; r.warm_up(); "
+            "print(sorted(m for m in ('scipy.stats', 'scipy.optimize', 'sklearn') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+    code = ("import sys, experiments.cli.main, experiments.sweep.run; "
+            "print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 

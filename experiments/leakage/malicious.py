@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import binomtest
-
 from tasks.markdown import markdown_table
 from tasks.results.ledger import headline_epsilon, read_ledger
 
@@ -105,6 +103,8 @@ def _interval(share: float | None, records: int) -> str | None:
     """95% Clopper-Pearson interval on the share of ``records`` recovered."""
     if share is None or not records:
         return None
+    from scipy.stats import binomtest  # only for malicious-server cells (half a second)
+
     ci = binomtest(round(share * records), records).proportion_ci(0.95)
     return f"{ci.low:.2f}-{ci.high:.2f}"
 

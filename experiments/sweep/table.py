@@ -14,7 +14,6 @@ from tasks.files import damaged, read_text, write_atomic
 from tasks.markdown import drop_empty_columns, markdown_table
 from tasks.results.ledger import headline_epsilon
 
-from .memorization import exposure_text
 from .settings import effective
 from .spec import Cell, SweepSpec
 from .stats import fmt_ci
@@ -74,6 +73,9 @@ def _neighbours(privacy: dict[str, Any]) -> str:
 def comparison(out: Path, spec: SweepSpec, cells: Sequence[Cell]
                ) -> tuple[list[str], list[list[Any]]]:
     """The sweep's table, one row per run: the head and the rows (run-dir and error last)."""
+    # with matplotlib (0.3 s): imported here, not before a sweep's runtime starts
+    from .memorization import exposure_text
+
     keys = spec.keys + (["seed"] if spec.seeds else [])
     head = ["cell", *keys, "status", "final-acc", "best-acc", "best-round", "rounds",
             "target-round", "epsilon", "delta", "neighbours", "accountant", "server-sees",
