@@ -419,7 +419,7 @@ def _warm(cfg: RunConfig, supernodes: bool) -> Iterator[InProcessLink]:
         likely = False
     with InProcessLink() as link:
         if likely:
-            link.start()
+            link.start([cfg])
         yield link
 
 

@@ -409,3 +409,26 @@ def test_clients_answering_in_threads_or_worker_processes_give_the_same_bits(
         assert workers == 2 and forked == alone, name  # in two worker processes
     _, most = _run_in_threads(tmp_path, "gaussian", 2, anonymizer="gaussian")
     assert most == 1
+
+
+def test_the_runtime_child_imports_what_its_runs_need_before_its_workers_fork(tmp_path):
+    """Opacus for local DP (and a DP-trained CVAE), named by the CLI when it starts the
+    child, so the workers inherit it instead of each importing it in its first round;
+    nothing extra for a plain run; an unknown name is ignored."""
+    import sys
+
+    from experiments.runtime import preload
+    from experiments.runtime.inprocess_link import InProcessLink
+
+    assert preload.needed([validate({})]) == []
+    assert preload.needed([validate({}), validate({"dp": "local"})]) == ["opacus"]
+    assert preload.needed([validate({"anonymizer": "cvae", "cvae-epsilon": 8.0,
+                                      "features": "embeddings"})]) == ["opacus"]
+    with InProcessLink() as link:
+        link.start([validate({"dp": "local"})])
+        assert link.proc is not None and link.proc.args[-1] == "opacus"
+    code = ("import sys; from experiments.runtime import preload; "
+            "preload.load(['nothing-known', 'opacus']); print('opacus' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "True"

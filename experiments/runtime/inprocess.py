@@ -48,6 +48,7 @@ from privacy.dp.shared_memo import MEMO_ENV
 from tasks.messages import FIT
 from tasks.records import copy_records
 
+from . import preload
 from .client_workers import WorkerPool, answer
 
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
@@ -250,6 +251,8 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     own_memo = None
     if os.environ.get(MEMO_ENV):
         Path(os.environ[MEMO_ENV]).mkdir(mode=0o700, exist_ok=True)
+    # what the run's clients import beyond the apps, once here, not in each worker
+    preload.load(preload.needed(validate(dict(c)) for c in _configs(run_config)))
     if grid.workers > 1 and not grid.together and \
             validate(dict(run_config)).resources.client_workers == "processes":
         if not os.environ.get(MEMO_ENV):
@@ -283,13 +286,17 @@ def workers(run_config: Mapping[str, Any]) -> int:
     return max(1, cores // max(r.client_cpus, r.client_threads))
 
 
-def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
-    """The run folders this child writes: the run's, or every sweep cell's."""
+def _configs(run_config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The run's config, or every sweep cell's."""
     cells = str(run_config.get("sweep-cells") or "")
     if cells:
-        plan = json.loads(Path(cells).read_text())["cells"]
-        return [Path(str(c["config"]["run-dir"])) for c in plan]
-    return [Path(str(run_config["run-dir"]))] if run_config.get("run-dir") else []
+        return [c["config"] for c in json.loads(Path(cells).read_text())["cells"]]
+    return [run_config]
+
+
+def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
+    """The run folders this child writes: the run's, or every sweep cell's."""
+    return [Path(str(c["run-dir"])) for c in _configs(run_config) if c.get("run-dir")]
 
 
 def main(argv: list[str]) -> int:
@@ -311,6 +318,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(PARENT_DIED, orphaned)
     warm_up()
+    preload.load(argv[1:])  # what the CLI expects the run to need (Opacus for local DP)
     line = sys.stdin.readline()
     if not line.strip():
         return 0

@@ -18,15 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from privacy.dp.shared_memo import MEMO_ENV
+from tasks.config import RunConfig
 
-from . import procs
+from . import preload, procs
 from .superlink import HOME_PREFIX, OWNER_FILE, remove_stale_homes
 
 
@@ -60,14 +61,17 @@ class InProcessLink:
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
 
-    def start(self) -> InProcessLink:
-        """Start the child (if it is not waiting already); it waits for :meth:`submit`."""
+    def start(self, configs: Iterable[RunConfig] = ()) -> InProcessLink:
+        """Start the child (if it is not waiting already); it waits for :meth:`submit`,
+        meanwhile importing what ``configs`` (the runs it will likely get) need beyond every
+        run's apps (:mod:`experiments.runtime.preload`)."""
         if self.proc is None:
             t0 = time.perf_counter()
             # the run's epsilons, shared by its client workers, in our private folder
             memo = {MEMO_ENV: str(self.home / "epsilon")} if self.home is not None else {}
             self.proc = procs.start_child(
-                [sys.executable, "-m", "experiments.runtime.inprocess", str(os.getpid())],
+                [sys.executable, "-m", "experiments.runtime.inprocess", str(os.getpid()),
+                 *preload.needed(configs)],
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **memo}, stdin=subprocess.PIPE,
                 death_signal=signal.SIGUSR1)  # inprocess.PARENT_DIED (no torch import here)
             self.started_s = time.perf_counter() - t0

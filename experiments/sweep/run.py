@@ -276,8 +276,9 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
     """Every cell inside one simulation (one per distinct client resources): the
     ServerApp runs them in turn on the largest cell's federation."""
     print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
-    if any(_likely_inprocess(c) for c in cells):  # it imports torch and the apps meanwhile
-        runtimes.link("inprocess").start()
+    likely = [c.config for c in cells if _likely_inprocess(c)]
+    if likely:  # it imports torch, the apps and what the cells need meanwhile
+        runtimes.link("inprocess").start(likely)
     checks = preflight_many([c.config for c in cells])
     ready = {c.index: pre for c, raw in zip(cells, checks, strict=True)
              if (pre := _checked(c, raw)) is not None}
