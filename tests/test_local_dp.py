@@ -549,7 +549,7 @@ def test_the_composition_and_epsilon_without_python_loops_are_dp_accountings_to_
             mine = outcome(acc._epsilon_for_delta, pld, delta)
             theirs = outcome(pmf.get_epsilon_for_delta, delta)
             assert mine == theirs
-        for tail in (1e-15, 1e-3, 0.1):
+        for tail in (0.0, 1e-15, 1e-3, 0.1):
             for pessimistic in (True, False):
                 a = pld_pmf._truncate_tails(probs.copy(), tail, pessimistic)
                 b = acc._truncated(probs.copy(), tail, pessimistic)

@@ -411,10 +411,11 @@ def test_clients_answering_in_threads_or_worker_processes_give_the_same_bits(
     assert most == 1
 
 
-def test_the_runtime_child_imports_what_its_runs_need_before_its_workers_fork(tmp_path):
-    """Opacus for local DP (and a DP-trained CVAE), named by the CLI when it starts the
-    child, so the workers inherit it instead of each importing it in its first round;
-    nothing extra for a plain run; an unknown name is ignored."""
+def test_the_cli_names_what_its_runs_need_when_it_starts_the_runtime_child(tmp_path):
+    """Opacus for local DP (and a DP-trained CVAE) goes on the child's command line, which
+    imports it while the pre-flight check runs (serve() loads the same from the run's
+    configs before its workers fork); nothing extra for a plain run; an unknown name is
+    ignored."""
     import sys
 
     from experiments.runtime import preload

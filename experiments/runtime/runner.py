@@ -164,13 +164,12 @@ class GroundTruthPlot:
             GroundTruthPlot._drawings[self.key] = drawing
         drawing.users += 1
         self.drawing: _Drawing | None = drawing
-        self.future = drawing.future
 
     def place(self, plot: Path) -> None:
         """Copy the drawn plot to ``plot`` (dated now: it is part of what the run adds);
         the drawing's error, if it failed, is raised here."""
-        self.future.result()
         assert self.drawing is not None, "placed after close()"
+        self.drawing.future.result()
         plot.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()  # as given: the file system's own clock may lag time.time()
         drawn = self.drawing.path

@@ -202,6 +202,8 @@ def _truncated(probs: Any, tail: float, pessimistic: bool) -> tuple[int, Any, fl
     on the pessimistic side, the mass that goes to infinity)."""
     import numpy as np
 
+    if tail == 0:
+        return 0, probs, 0
     left = _prefix_within(probs, tail / 2)
     right = max(len(probs) - _prefix_within(np.flip(probs), tail / 2), left + 1)
     left_mass, right_mass = np.sum(probs[:left]), np.sum(probs[right:])
