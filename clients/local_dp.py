@@ -156,7 +156,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
-    optimizer = client_optimizer(model, t)
+    optimizer = client_optimizer(model, t, for_opacus=True)
     mode = ("hooks" if canaries is not None
             else resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg)))
     private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),

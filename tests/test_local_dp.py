@@ -286,7 +286,8 @@ def test_bookkeeping_takes_the_same_dp_sgd_steps_as_opacus_hooks(name, optimizer
         torch.manual_seed(0)
         x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
         model = build_model(name, (1, 28, 28), 10)
-        private = make_private(model, client_optimizer(model, t), make_loader(x, y, 8, 3),
+        private = make_private(model, client_optimizer(model, t, for_opacus=True),
+                               make_loader(x, y, 8, 3),
                                noise_multiplier=noise, max_grad_norm=0.5,
                                grad_sample_mode=mode, seed=3)
         torch.manual_seed(1)
@@ -466,7 +467,8 @@ def test_adamw_survives_opacus_swapping_in_its_recurrent_layers():
     model = build_model("char-gru", (80,), 80)
     t = SimpleNamespace(client_optimizer="adamw", lr=0.003, momentum=0.0, weight_decay=0.01)
     x, y = torch.randint(0, 80, (16, 80)), torch.randint(0, 80, (16,))
-    private = make_private(model, client_optimizer(model, t), make_loader(x, y, 4, 1),
+    private = make_private(model, client_optimizer(model, t, for_opacus=True),
+                           make_loader(x, y, 4, 1),
                            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="hooks",
                            seed=1)
     inner = private.optimizer.original_optimizer

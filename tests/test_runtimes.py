@@ -412,22 +412,25 @@ def test_clients_answering_in_threads_or_worker_processes_give_the_same_bits(
 
 
 def test_the_cli_names_what_its_runs_need_when_it_starts_the_runtime_child(tmp_path):
-    """Opacus for local DP (and a DP-trained CVAE) goes on the child's command line, which
-    imports it while the pre-flight check runs (serve() loads the same from the run's
-    configs before its workers fork); nothing extra for a plain run; an unknown name is
-    ignored."""
+    """Opacus for local DP (and a DP-trained CVAE), torch's optimizers where one is built,
+    go on the child's command line, which imports them while the pre-flight check runs
+    (serve() loads the same from the run's configs before its workers fork); nothing
+    extra for a plain run; an unknown name is ignored."""
     import sys
 
     from experiments.runtime import preload
     from experiments.runtime.inprocess_link import InProcessLink
 
     assert preload.needed([validate({})]) == []
-    assert preload.needed([validate({}), validate({"dp": "local"})]) == ["opacus"]
+    assert preload.needed([validate({}), validate({"dp": "local"})]) == [
+        "opacus", "torch-optimizers"]
     assert preload.needed([validate({"anonymizer": "cvae", "cvae-epsilon": 8.0,
-                                      "features": "embeddings"})]) == ["opacus"]
+                                      "features": "embeddings"})]) == [
+        "opacus", "torch-optimizers"]
+    assert preload.needed([validate({"client-optimizer": "adam"})]) == ["torch-optimizers"]
     with InProcessLink() as link:
         link.start([validate({"dp": "local"})])
-        assert link.proc is not None and link.proc.args[-1] == "opacus"
+        assert link.proc is not None and link.proc.args[-2:] == ["opacus", "torch-optimizers"]
     code = ("import sys; from experiments.runtime import preload; "
             "preload.load(['nothing-known', 'opacus']); print('opacus' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -76,3 +76,67 @@ def test_loader_gives_the_batches_of_a_plain_tensor_dataloader_epoch_after_epoch
                 for u, v in zip(a, b, strict=True):
                     assert u.dtype == v.dtype and u.is_contiguous()
                     assert torch.equal(u, v)
+
+
+def test_functional_sgd_takes_torch_sgds_steps_bit_for_bit():
+    """A plain client's SGD (no torch Optimizer) against torch.optim.SGD: the same
+    weights after three epochs, with and without momentum and weight decay, a frozen
+    layer (no gradient), a layer that gets a gradient only from the second epoch on
+    (its momentum starts then, as torch's does) and gradients zeroed in place."""
+    from types import SimpleNamespace
+
+    from tasks.training import FunctionalSGD, client_optimizer
+
+    x, y = torch.randn(90, 1, 28, 28), torch.randint(0, 10, (90,))
+    for name, momentum, decay, in_place in (("small-cnn", 0.0, 0.0, False),
+                                            ("small-cnn", 0.5, 0.0, False),
+                                            ("mlp", 0.9, 1e-3, True)):
+        torch.manual_seed(0)
+        ours = build_model(name, (1, 28, 28), 10)
+        theirs = build_model(name, (1, 28, 28), 10)
+        theirs.load_state_dict(ours.state_dict())
+        frozen = [list(m.parameters())[0] for m in (ours, theirs)]
+        late = [list(m.parameters())[-1] for m in (ours, theirs)]
+        for p in frozen:
+            p.requires_grad_(False)
+        start = late[0].detach().clone()
+        t = SimpleNamespace(client_optimizer="sgd", lr=0.05, momentum=momentum,
+                            weight_decay=decay)
+        opt = client_optimizer(ours, t)
+        assert isinstance(opt, FunctionalSGD)
+        ref = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=momentum,
+                              weight_decay=decay)
+        for epoch in range(3):
+            for p in late:
+                p.requires_grad_(epoch > 0)
+            for model, o in ((ours, opt), (theirs, ref)):
+                for xb, yb in make_loader(x, y, 32, epoch):
+                    o.zero_grad(set_to_none=not in_place)
+                    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                    o.step()
+        for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(),
+                        strict=True):
+            assert torch.equal(a, b), name
+        assert not torch.equal(late[0], start)  # it did train, from the second epoch
+    t = SimpleNamespace(client_optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0)
+    assert isinstance(client_optimizer(ours, t, for_opacus=True), torch.optim.SGD)
+
+
+def test_a_plain_clients_training_builds_no_torch_optimizer():
+    """torch.optim.Optimizer's constructor imports torch._dynamo (1.3 s of CPU in each
+    process that builds one): a plain client's round must not."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch; from types import SimpleNamespace; "
+            "from tasks.models import build_model; "
+            "from tasks.training import client_optimizer, make_loader, train_epochs; "
+            "m = build_model('small-cnn', (1, 28, 28), 10); "
+            "t = SimpleNamespace(client_optimizer='sgd', lr=0.1, momentum=0.5, weight_decay=0); "
+            "train_epochs(m, make_loader(torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,)), "
+            "8, 0), client_optimizer(m, t), 1, torch.device('cpu')); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -333,10 +333,8 @@ def main(argv: list[str]) -> int:
 
 
 def warm_up() -> None:
-    """Import what every run needs before it is asked for: the apps (torch, Flower) and
-    what torch imports on the first optimizer (torch._dynamo, about 2 s)."""
-    import torch._dynamo  # noqa: F401  (lazy in torch: the first Optimizer imports it)
-
+    """Import what every run needs before it is asked for: the apps (torch, Flower); what
+    only some runs need is in :mod:`.preload`."""
     import clients.app  # noqa: F401
     import server.app  # noqa: F401
 
