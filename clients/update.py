@@ -30,7 +30,13 @@ from tasks.splits import (
     own_split,
     own_test_split,
 )
-from tasks.training import client_optimizer, make_loader, resolve_device, train_epochs
+from tasks.training import (
+    client_optimizer,
+    convolutions_channels_last,
+    make_loader,
+    resolve_device,
+    train_epochs,
+)
 
 from . import together
 from .anonymized import federated_cvae_release, holdout_split, online_sample, released_data
@@ -255,7 +261,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         loader = OnlineSamples(client, server_round, seed) \
             if cfg.anonymization.anonymizer == "cvae-online" else \
             make_loader(x, y, t.batch_size, seed, ids)
-        optimizer = client_optimizer(model, t)
+        optimizer = client_optimizer(convolutions_channels_last(model, device), t)
         result = train_epochs(model, loader, optimizer, t.local_epochs, device,
                               proximal_mu=float(round_config.get("proximal-mu", 0.0)),
                               canaries=hook, max_steps=t.local_steps)

@@ -39,9 +39,12 @@ def take(cfg: RunConfig, state: Mapping[str, torch.Tensor]) -> nn.Module:
 
 
 def give(cfg: RunConfig, model: nn.Module) -> None:
-    """Keep ``model`` (whose weights the caller no longer reads) for the next ``take``."""
+    """Keep ``model`` (whose weights the caller no longer reads) for the next ``take``, in
+    the layout it was built in (plain training switches its convolutions to channels-last:
+    :func:`tasks.training.convolutions_channels_last`)."""
     for p in model.parameters():
         p.grad = None
+    model.to(memory_format=torch.contiguous_format)
     model.train()
     with _LOCK:
         _IDLE.setdefault(model_args(cfg), []).append(model)

@@ -11,7 +11,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from tasks import model_pool, records
 from tasks.config import validate
 from tasks.splits import client_split, model_for
-from tasks.training import client_optimizer, make_loader, train_epochs
+from tasks.training import (
+    client_optimizer,
+    convolutions_channels_last,
+    make_loader,
+    train_epochs,
+)
 
 ARRAYS = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(2.5),
           np.array([1, -2, 3], dtype=np.int64), np.array([[True, False]]),
@@ -88,12 +93,14 @@ def test_a_reused_model_trains_to_the_same_bits() -> None:
         return {k: v.clone() for k, v in model.state_dict().items()}
 
     used = model_pool.take(cfg, start)
-    trained(used)  # leaves gradients and moved weights behind
-    used.eval()
+    trained(convolutions_channels_last(used, torch.device("cpu")))  # as a plain client
+    assert used.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    used.eval()  # gradients, moved weights and channels-last layout left behind
     model_pool.give(cfg, used)
     again = model_pool.take(cfg, start)
     assert again is used and again.training
     assert all(p.grad is None for p in again.parameters())
+    assert all(v.is_contiguous() for v in again.state_dict().values())  # as built
     fresh, _ = model_for(cfg)
     fresh.load_state_dict(start)
     a, b = trained(again), trained(fresh)

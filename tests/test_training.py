@@ -1,7 +1,13 @@
 import torch
 
 from tasks.models import build_model
-from tasks.training import evaluate, make_loader, sgd, train_epochs
+from tasks.training import (
+    convolutions_channels_last,
+    evaluate,
+    make_loader,
+    sgd,
+    train_epochs,
+)
 
 CPU = torch.device("cpu")
 
@@ -140,3 +146,31 @@ def test_a_plain_clients_training_builds_no_torch_optimizer():
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_plain_training_in_channels_last_is_the_same_sgd_summed_in_another_order():
+    """Convolutions in channels-last layout (a plain client's CPU step): the same
+    parameters, names and shapes, weights within float rounding of NCHW training's after
+    two epochs, and the state dict reads the same whichever layout holds it; models
+    without convolutions are left as they are."""
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    for name in ("small-cnn", "cnn"):
+        torch.manual_seed(0)
+        nchw = build_model(name, (1, 28, 28), 10)
+        fast = build_model(name, (1, 28, 28), 10)
+        fast.load_state_dict(nchw.state_dict())
+        assert convolutions_channels_last(fast, CPU) is fast
+        convs = [m.weight for m in fast.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+        assert not convs[-1].is_contiguous()  # (the first, one channel in, is both)
+        for model in (nchw, fast):
+            train_epochs(model, make_loader(x, y, 16, 1), sgd(model, 0.05, 0.5), 2, CPU)
+        a, b = nchw.state_dict(), fast.state_dict()
+        assert list(a) == list(b)
+        for k in a:
+            assert a[k].shape == b[k].shape
+            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+            assert torch.equal(b[k].contiguous(), b[k])  # values, not layout
+    mlp = build_model("mlp", (1, 28, 28), 10)
+    before = [p.stride() for p in mlp.parameters()]
+    assert [p.stride() for p in convolutions_channels_last(mlp, CPU).parameters()] == before

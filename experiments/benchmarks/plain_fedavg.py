@@ -22,7 +22,14 @@ from privacy.dp.accounting import clients_per_round
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed, sample_cohort, sampling_rng
 from tasks.splits import client_split, heldout_split, model_for
-from tasks.training import client_optimizer, evaluate, make_loader, resolve_device, train_epochs
+from tasks.training import (
+    client_optimizer,
+    convolutions_channels_last,
+    evaluate,
+    make_loader,
+    resolve_device,
+    train_epochs,
+)
 
 
 def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
@@ -53,7 +60,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
             client_seed = derive_seed(seed, rnd, pid)
             torch.manual_seed(client_seed)
             model.load_state_dict(global_state)
-            opt = client_optimizer(model, t)
+            opt = client_optimizer(convolutions_channels_last(model, device), t)
             train_epochs(model, make_loader(split.x, split.y, t.batch_size, client_seed), opt,
                          t.local_epochs, device, max_steps=t.local_steps)
             updates.append((len(split), {k: v.detach().cpu().numpy().copy()
@@ -65,6 +72,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
             for k, v in state.items():
                 mean[k] = v * (w / total) if k not in mean else mean[k] + v * (w / total)
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in mean.items()})
+        model.to(memory_format=torch.contiguous_format)  # as the server evaluates it
         loss, acc = evaluate(model, test.x, test.y, t.eval_batch_size, device)
         rounds.append({"round": rnd, "round-s": time.perf_counter() - start, "accuracy": acc,
                        "loss": loss})
