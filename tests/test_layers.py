@@ -150,6 +150,12 @@ def test_what_every_run_starts_with_leaves_the_heavy_extras_to_the_runs_using_th
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "False"
+    # a sweep's tables and plots, at its end: its intervals need scipy's t quantile only
+    code = ("import sys, experiments.sweep.plots, experiments.sweep.table; "
+            "print('scipy.stats' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

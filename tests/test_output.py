@@ -196,6 +196,26 @@ def test_student_t_interval_matches_the_table_value():
     assert math.isnan(mean_ci([0.7])[1]) and fmt_ci([0.7, None]) == "0.7000 (n=1)"
 
 
+def test_t_intervals_are_scipy_stats_intervals():
+    """The sweep tables' and the leakage spread's intervals (scipy.special's quantile)
+    against scipy.stats.t.interval with scipy.stats.sem, over sizes and levels."""
+    import numpy as np
+    from scipy import stats
+
+    from experiments.leakage.spread import mean_interval
+    from experiments.sweep.stats import mean_ci
+
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5, 30):
+        xs = rng.normal(20.0, 4.0, n)
+        for level in (0.9, 0.95, 0.99):
+            lo, hi = stats.t.interval(level, n - 1, loc=xs.mean(), scale=stats.sem(xs))
+            mean, half = mean_ci(list(xs), level)
+            assert mean == pytest.approx(xs.mean(), rel=1e-12)
+            assert half == pytest.approx((hi - lo) / 2, rel=1e-9)
+            assert mean_interval(list(xs), level)["ci95"] == pytest.approx([lo, hi], rel=1e-12)
+
+
 def test_flower_config_files_quote_what_toml_needs(tmp_path):
     from experiments.deploy.connection import Connection
     from experiments.runtime.superlink import flower_config

@@ -3,8 +3,9 @@ per-update spread, in a run (many observed clients) and across a sweep's seeds.
 
 The unit is one observed update: its reconstruction's PSNR (SSIM) is the mean over the
 images it was made from, and the interval is Student's t interval for the mean of the
-updates (``scipy.stats.t.interval`` with ``scipy.stats.sem``), as gradient-inversion
-papers report their averages over many images (Geiping et al. 2020 over 100 images).
+updates (``scipy.stats.t.interval``'s: :func:`experiments.sweep.stats.t_half_width`), as
+gradient-inversion papers report their averages over many images (Geiping et al. 2020
+over 100 images).
 A single update has no interval: it is reported with n = 1 and says so.
 """
 
@@ -17,9 +18,10 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from scipy import stats
 
 from tasks.results.plots import place_legend, save_figure
+
+from ..sweep.stats import t_half_width
 
 LEVEL = 0.95
 
@@ -33,10 +35,8 @@ def mean_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, An
     mean = float(xs.mean())
     ci = None
     if len(xs) >= 2:
-        sem = float(stats.sem(xs))
-        lo, hi = (mean, mean) if sem == 0 else stats.t.interval(level, len(xs) - 1, loc=mean,
-                                                                  scale=sem)
-        ci = [float(lo), float(hi)]
+        half = t_half_width(float(xs.std(ddof=1)) / np.sqrt(len(xs)), len(xs), level)
+        ci = [mean - half, mean + half]
     return {"mean": mean, "ci95": ci, "n": int(len(xs)),
             "sd": float(xs.std(ddof=1)) if len(xs) >= 2 else None,
             "min": float(xs.min()), "max": float(xs.max())}

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib import colormaps
+from matplotlib import colormaps, rcParams
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
 
 from ..files import write_atomic
 from .ledger import RoundRecord, read_ledger
@@ -29,12 +30,28 @@ VECTOR = ".pdf"  # written beside every PNG a run, sweep or study ends with
 
 def save_figure(fig: Figure, path: Path, vector: bool = True, **kwargs: Any) -> None:
     """``path`` as a PNG at :data:`PNG_DPI` and, with ``vector``, a PDF of the same name
-    beside it (for papers); each written whole or not at all (a full disk: WriteFailed)."""
+    beside it (for papers); each written whole or not at all (a full disk: WriteFailed).
+    The tight crop is laid out once, at the PNG's dpi (the box ``bbox_inches="tight"``
+    finds for the PNG: the same bytes), and the PDF reuses it: one layout pass, not two."""
     options = {"bbox_inches": "tight", **kwargs}
+    if options["bbox_inches"] == "tight":
+        options["bbox_inches"] = _tight_box(fig, options.pop("pad_inches", None))
     write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=PNG_DPI, **options))
     if vector:
         write_atomic(path.with_suffix(VECTOR), lambda f: fig.savefig(f, format="pdf",
                                                                      **options))
+
+
+def _tight_box(fig: Figure, pad: float | None) -> Bbox:
+    """The box, in inches, that ``savefig(dpi=PNG_DPI, bbox_inches="tight")`` crops to."""
+    dpi = fig.dpi
+    fig.set_dpi(PNG_DPI)  # text is laid out at the dpi it is drawn at
+    try:
+        fig.draw_without_rendering()
+        box = fig.get_tightbbox()
+    finally:
+        fig.set_dpi(dpi)
+    return box.padded(rcParams["savefig.pad_inches"] if pad is None else pad)
 
 
 def _save(fig: Figure, path: Path, vector: bool = True) -> None:
