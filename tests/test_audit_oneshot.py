@@ -270,3 +270,29 @@ def test_the_view_counts_only_the_rounds_that_released_a_model():
     assert skipped.noise_multiplier * np.sqrt(2) == pytest.approx(spread)
     assert clients.view(1.0, 5, noise).noise_multiplier * np.sqrt(2) == pytest.approx(
         np.linalg.norm(noise[:5].sum(axis=0)))  # the first 5 rounds, by default
+
+
+def test_gradient_canaries_land_on_their_coordinates_whatever_the_layout():
+    """A plain client's convolutions are channels-last: each canary's gradient lands on
+    the coordinate it names in the model's flat (NCHW) order, as on contiguous weights,
+    and the scores read it back there."""
+    from tasks.models import build_model
+    from tasks.training import convolutions_channels_last
+
+    grads = []
+    for channels_last in (False, True):
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        if channels_last:
+            convolutions_channels_last(model, torch.device("cpu"))
+        params = list(model.parameters())
+        assert channels_last == (not params[2].is_contiguous())  # the second convolution
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        can = GradientCanaries.make(40, sum(p.numel() for p in params), 1.0, 5)
+        ids = torch.tensor([-1, 3, 17, -2, 3, 39])
+        can.inject(params, ids)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in params]))
+    assert torch.equal(grads[0], grads[1])
+    hit = grads[1].nonzero().flatten().numpy()
+    assert sorted(hit) == sorted(set(can.index[[3, 17, 39]]))
+    assert np.isclose(grads[1][can.index[3]].item(), 2 / 6)  # two rows hold canary 3

@@ -32,6 +32,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,7 +41,14 @@ from experiments.configs import resolve
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, make_private
 from tasks.config import RunConfig
 from tasks.splits import client_split, model_for
-from tasks.training import make_loader, resolve_device, sgd, train_epochs
+from tasks.training import (
+    client_optimizer,
+    convolutions_channels_last,
+    make_loader,
+    resolve_device,
+    sgd,
+    train_epochs,
+)
 
 MODES = ("hooks", "ghost", "bookkeeping")
 
@@ -64,11 +72,14 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             torch.manual_seed(r)
             model, _ = model_for(cfg)
             model.to(device)
-            opt = sgd(model, t.lr, t.momentum, t.weight_decay)
+            if mode == "none":  # as a plain client trains (its SGD, channels-last convolutions)
+                opt = client_optimizer(convolutions_channels_last(model, device), t)
+            else:  # Opacus wraps a torch Optimizer; DP-SGD keeps NCHW
+                opt = sgd(model, t.lr, t.momentum, t.weight_decay)
             loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
             if variant == "none+noise":
-                noise_draws(opt, r + 1)
+                noise_draws(opt, list(model.parameters()), r + 1)
             elif mode != "none":
                 p = make_private(model, opt, loader, noise_multiplier=1.0, max_grad_norm=1.0,
                                  grad_sample_mode=mode, seed=r, secure=variant != mode,
@@ -85,7 +96,7 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
     return {v: statistics.median(ts) for v, ts in times.items()}
 
 
-def noise_draws(opt: torch.optim.Optimizer, seed: int) -> None:
+def noise_draws(opt: Any, params: list[torch.Tensor], seed: int) -> None:
     """After each of ``opt``'s steps, draw the Gaussian noise DP-SGD adds to that step (one
     ``normal_`` per parameter, into buffers of its shapes, from a generator of its own, as
     :mod:`privacy.dp.bookkeeping` draws it): plain SGD plus this is the floor of any exact
@@ -93,13 +104,15 @@ def noise_draws(opt: torch.optim.Optimizer, seed: int) -> None:
     every core), whatever the clipping costs; book-keeping draws the next step's noise on
     a spare core when there is one, as in this one-process view."""
     generator = torch.Generator().manual_seed(seed)
-    buffers = [torch.empty_like(p) for group in opt.param_groups for p in group["params"]]
+    buffers = [torch.empty_like(p) for p in params]
+    step = opt.step
 
-    def draw(*_: object) -> None:
+    def step_and_draw() -> None:
+        step()
         for buf in buffers:
             buf.normal_(0, 1.0, generator=generator)
 
-    opt.register_step_post_hook(draw)
+    opt.step = step_and_draw
 
 
 def usable_modes(cfg: RunConfig) -> list[str]:

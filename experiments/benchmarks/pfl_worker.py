@@ -26,6 +26,7 @@ from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
 
 from tasks.models import build_model
+from tasks.training import convolutions_channels_last
 
 
 class Classifier(torch.nn.Module):
@@ -68,6 +69,7 @@ def run(data: dict, spec: dict, run: dict) -> dict:
     np.random.seed(run["seed"])
     n = spec["num_clients"]
     net = build_model(spec["model"], tuple(spec["input_shape"]), spec["num_classes"])
+    convolutions_channels_last(net, torch.device("cpu"))  # the kernels fedpriv's clients use
     model = Classifier(net)
     users = {i: (torch.from_numpy(data[f"x{i}"]), torch.from_numpy(data[f"y{i}"]).long())
              for i in range(n)}

@@ -63,17 +63,20 @@ class GradientCanaries:
         which = np.searchsorted(starts, coords, side="right") - 1
         for i in np.unique(which):  # one indexed write per parameter tensor
             p, mine = params[int(i)], which == i
-            local = torch.from_numpy(coords[mine] - starts[i]).to(p.device)
+            # the coordinate's index in the parameter's shape: right whatever its memory
+            # layout (a plain client's convolutions are channels-last)
+            local = torch.unravel_index(torch.from_numpy(coords[mine] - starts[i]).to(p.device),
+                                        p.shape)
             sample = getattr(p, "grad_sample", None)
             if sample is not None:
                 at = rows[torch.from_numpy(mine)].to(p.device)
-                sample.view(len(sample), -1).index_put_(
-                    (at, local), torch.full((len(at),), self.norm, dtype=sample.dtype,
-                                            device=p.device), accumulate=True)
+                sample.index_put_(
+                    (at, *local), torch.full((len(at),), self.norm, dtype=sample.dtype,
+                                             device=p.device), accumulate=True)
             else:
-                p.grad.view(-1).index_put_(
-                    (local,), torch.full((len(local),), self.norm / len(ids),
-                                         dtype=p.grad.dtype, device=p.device), accumulate=True)
+                p.grad.index_put_(
+                    local, torch.full((len(local[0]),), self.norm / len(ids),
+                                      dtype=p.grad.dtype, device=p.device), accumulate=True)
 
 
 def canary_inclusion(count: int, seed: int) -> np.ndarray:
