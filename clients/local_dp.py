@@ -36,6 +36,7 @@ from tasks.training import (
     CanaryHook,
     TrainResult,
     client_optimizer,
+    convolutions_channels_last,
     make_loader,
     round_steps,
     train_epochs,
@@ -156,7 +157,7 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
-    optimizer = client_optimizer(model, t, for_opacus=True)
+    optimizer = client_optimizer(convolutions_channels_last(model, device), t, for_opacus=True)
     mode = ("hooks" if canaries is not None
             else resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg)))
     private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),

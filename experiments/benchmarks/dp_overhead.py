@@ -46,7 +46,6 @@ from tasks.training import (
     convolutions_channels_last,
     make_loader,
     resolve_device,
-    sgd,
     train_epochs,
 )
 
@@ -71,11 +70,9 @@ def epoch_times(cfg: RunConfig, repeats: int = 5) -> dict[str, float]:
             mode = variant.split("+")[0]
             torch.manual_seed(r)
             model, _ = model_for(cfg)
-            model.to(device)
-            if mode == "none":  # as a plain client trains (its SGD, channels-last convolutions)
-                opt = client_optimizer(convolutions_channels_last(model, device), t)
-            else:  # Opacus wraps a torch Optimizer; DP-SGD keeps NCHW
-                opt = sgd(model, t.lr, t.momentum, t.weight_decay)
+            convolutions_channels_last(model.to(device), device)  # as a client trains
+            # a plain client's SGD; Opacus wraps a torch Optimizer
+            opt = client_optimizer(model, t, for_opacus=mode != "none")
             loader = make_loader(split.x, split.y, t.batch_size, r)
             criterion = None
             if variant == "none+noise":
