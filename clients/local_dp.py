@@ -157,9 +157,11 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
     if not replay and ledger.would_exceed(planned):
         save_ledger(context, ledger)
         return DPRound(ledger, None, None)
-    optimizer = client_optimizer(convolutions_channels_last(model, device), t, for_opacus=True)
     mode = ("hooks" if canaries is not None
             else resolve_mode(cfg.privacy.grad_sample_mode, model_name(cfg)))
+    if mode == "bookkeeping":  # channels-last convolutions: Opacus' own modes misread them
+        convolutions_channels_last(model, device)
+    optimizer = client_optimizer(model, t, for_opacus=True)
     private = make_private(model, optimizer, make_loader(x, y, t.batch_size, seed, ids),
                            noise_multiplier=ledger.noise_multiplier,
                            max_grad_norm=cfg.privacy.max_grad_norm, grad_sample_mode=mode,

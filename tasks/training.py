@@ -31,8 +31,9 @@ def convolutions_channels_last(model: nn.Module, device: torch.device) -> nn.Mod
     15% faster, McMahan's CNN's 14%, a book-keeping DP-SGD epoch 17% (the NCHW kernels
     convert to it and back on every call). The same parameters, names and values'
     meaning; the sums run in another order, so the bits are not the NCHW kernels'. A
-    client's sequential training (plain and DP-SGD) uses it; torch.func has no
-    channels-last, so clients trained together stay NCHW."""
+    client's sequential training uses it, plain or book-keeping DP-SGD (Opacus' own
+    grad samplers misread channels-last: :func:`privacy.dp.dpsgd.make_private` gives
+    them NCHW); torch.func has no channels-last, so clients trained together stay NCHW."""
     if device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules()):
         model.to(memory_format=torch.channels_last)
     return model

@@ -7,12 +7,15 @@ import torch
 from privacy.dp.accounting import epsilon
 from privacy.dp.dpsgd import make_private
 from tasks.models import build_model
-from tasks.training import make_loader, sgd
+from tasks.training import convolutions_channels_last, make_loader, sgd
 
 
-def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None):
+def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None,
+             channels_last=False):
     torch.manual_seed(0)
     model = build_model(name, (1, 28, 28), 10)
+    if channels_last:  # as a client trains on the CPU
+        convolutions_channels_last(model, torch.device("cpu"))
     x, y = torch.randn(4 * batch, 1, 28, 28), torch.randint(0, 10, (4 * batch,))
     return make_private(model, sgd(model, 0.1, momentum), make_loader(x, y, batch, 0),
                         noise_multiplier=noise, max_grad_norm=clip, grad_sample_mode=mode,
@@ -58,16 +61,18 @@ def test_each_way_to_per_sample_conv_gradients_is_autograd_per_example(shape, wa
     assert (unfolded <= default) == (cin != 32)  # which way the default picks
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
-def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name):
+def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name, channels_last):
     # each convolution's per-sample weight gradients (unfolded or vmap'd) and the ghost
     # norms of the dense layers give the same clipped sum as Opacus' materialized
-    # per-sample gradients; a clip of 0.05 clips every example, so the factors themselves
-    # are compared.
+    # per-sample gradients, in either layout of the convolutions; a clip of 0.05 clips
+    # every example, so the factors themselves are compared.
     torch.manual_seed(5)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     hooks = _clipped_sums(_private(name, "hooks", 0.0, 0.05, 16), x, y)
-    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, 0.05, 16), x, y)
+    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, 0.05, 16,
+                                  channels_last=channels_last), x, y)
     assert len(hooks) == len(kept)
     for a, b in zip(hooks, kept, strict=True):
         assert a.shape == b.shape
@@ -106,15 +111,16 @@ def test_noise_std_is_sigma_c_over_the_expected_batch(name):
     assert private.history() == [(sigma, 0.25, 3)]
 
 
-@pytest.mark.parametrize("noise_seed", [None, 7])
-def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step(noise_seed):
+@pytest.mark.parametrize("noise_seed,channels_last", [(None, False), (7, False), (7, True)])
+def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step(noise_seed,
+                                                                      channels_last):
     # The noise is drawn in place into buffers kept across steps: with momentum (which
     # keeps a copy of past gradients) an epoch still equals Opacus' hooks, draws included.
     # With a noise generator of its own (as every client has), book-keeping draws the next
     # step's noise ahead on a worker thread: the same draws, in the same order.
     def trained(mode):
         private = _private("small-cnn", mode, 1.0, 0.5, 8, momentum=0.5,
-                           noise_seed=noise_seed)
+                           noise_seed=noise_seed, channels_last=channels_last)
         torch.manual_seed(1)
         for xb, yb in private.loader:
             private.optimizer.zero_grad(set_to_none=True)
@@ -178,3 +184,36 @@ def test_a_forked_child_draws_noise_ahead_on_a_worker_of_its_own():
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_opacus_modes_get_nchw_convolutions_from_a_channels_last_model(mode):
+    """Opacus' grad samplers misread channels-last convolutions (per-example gradients off
+    by up to 0.1: clipping would not bound an example's contribution). make_private hands
+    its modes the convolutions in NCHW, the same Parameters, and each example's gradient
+    is then autograd's for that example alone."""
+    from types import SimpleNamespace
+
+    from tasks.training import client_optimizer
+
+    torch.manual_seed(0)
+    model = build_model("small-cnn", (1, 28, 28), 10)
+    reference = build_model("small-cnn", (1, 28, 28), 10)
+    reference.load_state_dict(model.state_dict())
+    convolutions_channels_last(model, torch.device("cpu"))
+    weight = model.features[3].weight
+    assert not weight.is_contiguous()
+    t = SimpleNamespace(client_optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0)
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    private = make_private(model, client_optimizer(model, t, for_opacus=True),
+                           make_loader(x, y, 4, 0), noise_multiplier=0.0,
+                           max_grad_norm=1e6, grad_sample_mode=mode, seed=0)
+    assert weight.is_contiguous() and private.optimizer.params[2] is weight
+    if mode == "hooks":
+        private.criterion(private.model(x), y).backward()
+        per = []
+        for i in range(4):
+            reference.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x[i:i + 1]), y[i:i + 1]).backward()
+            per.append(reference.features[3].weight.grad.clone())
+        torch.testing.assert_close(weight.grad_sample, torch.stack(per), rtol=1e-4, atol=1e-6)

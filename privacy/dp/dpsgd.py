@@ -308,6 +308,11 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
                             max_grad_norm=max_grad_norm, seed=seed, accountant=accountant,
                             secure=secure, noise=noise, schedule=schedule)
+    # Opacus' grad samplers misread a channels-last convolution: its per-example gradients
+    # were off by up to 0.1 on the small CNN (tests/test_dp_bookkeeping.py), so the
+    # clipping would not bound what each example adds. Its modes get NCHW convolutions
+    # (the same Parameters: the optimizer is unchanged); book-keeping takes either layout.
+    model.to(memory_format=torch.contiguous_format)
     engine = PrivacyEngine(accountant=_opacus_accountant(accountant))
     if secure:  # Opacus' secure mode without torchcsprng (see secure_generator)
         engine.secure_mode = True
