@@ -201,6 +201,7 @@ noise-multiplier = 0.01
 secure-aggregation = "secagg+"
 [[cells]]
 secure-aggregation = "he"
+lr = 0.02
 """)
     folders = {}
     for runtime in ("inprocess", "ray"):
@@ -222,7 +223,9 @@ secure-aggregation = "he"
             assert _ledger_view(a) == _ledger_view(b), n
             continue
         # CKKS encrypts with fresh randomness (TenSEAL seeds itself from the OS): two runs
-        # of the same seed differ within its precision, whatever the runtime
+        # of the same seed differ within its precision, whatever the runtime (the cell's
+        # gentler lr: at 0.05 one client's second round sat where that 1e-6 noise in the
+        # aggregate tipped its trajectory, 5% in the loss, in-process as on Ray)
         for x, y in zip(ledger_json(a), ledger_json(b), strict=True):
             assert x["sampled"] == y["sampled"]
             assert x["test"]["loss"] == pytest.approx(y["test"]["loss"], rel=1e-3)
