@@ -697,12 +697,14 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
           fixed: Mapping[str, Any] | None = None,
           cells: Sequence[Mapping[str, Any]] | None = None, preset: str | None = None,
           name: str = "python", dry_run: bool = False, verbose: bool = False,
-          repeat: int | None = None, separate: bool = False, echo: Echo | None = print,
+          repeat: int | None = None, separate: bool = False,
+          cells_at_once: int | None = None, echo: Echo | None = print,
           **overrides: Any) -> SweepResult:
     """Run every cell of a sweep (a bundled name or a file; or from Python: ``grid`` of
     lists, ``fixed`` keys, extra ``cells``, a base ``preset``) with keys overridden in
-    every cell, all inside one simulation (``separate``: one each), each once per seed
-    with ``repeat``; a failed cell is recorded and the sweep goes on. Keys with ``_`` or
+    every cell, all inside one simulation (``separate``: one each; ``cells_at_once``:
+    how many side by side in it, None for the default), each once per seed with
+    ``repeat``; a failed cell is recorded and the sweep goes on. Keys with ``_`` or
     ``-``; progress lines go to ``echo`` (None: none). Every argument is checked
     (ConfigError) before anything starts; a full disk stops the sweep with
     :class:`tasks.files.WriteFailed`, its finished cells kept."""
@@ -715,6 +717,7 @@ def sweep(file: str | None = None, *, grid: Mapping[str, Sequence[Any]] | None =
                           "fixed={'target_epsilon': 5}).")
     flags = {k: arg.flag("sweep", k, v) for k, v in
              (("dry_run", dry_run), ("verbose", verbose), ("separate", separate))}
+    flags["at_once"] = arg.cells_at_once(cells_at_once)
     repeat, values = arg.repeat(repeat), arg.run_keys("sweep", overrides)
     lines = arg.echo("sweep", echo)
     if file is not None:

@@ -95,6 +95,17 @@ def repeat(value: Any) -> int | None:
     return value
 
 
+def cells_at_once(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise refused("sweep", "cells_at_once", value, "a whole number of cells from 1 to "
+                       "64, or None for the default (2 in-process on 2 cores or more)",
+                       "E.g. fedpriv.sweep('dp-epsilon-mnist', cells_at_once=1) to run the "
+                       "cells one after another.")
+    return value
+
+
 def run_keys(call: str, values: Any, arg: str = "keyword arguments") -> dict[str, Any]:
     """Run-config keys with ``-`` for ``_``; ConfigError when one key is given twice in two
     spellings (``num_clients`` and ``num-clients``: which would win is not what the user

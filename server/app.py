@@ -8,6 +8,7 @@ updates, evaluate the new global model on the held-out test set, append one reco
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from tasks.results.folder import (
 )
 from tasks.results.info import RunInfo
 
-from .console import say
+from .cells import alone_reason, schedule
+from .console import CELL_TAG, say
 from .federation import run_federation
 
 app = ServerApp()
@@ -80,33 +82,59 @@ def run_one(grid: Grid, context: Context, cfg: RunConfig,
 
 
 def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
-    """Every cell of a sweep, one after another, on this simulation's warm clients.
+    """Every cell of a sweep on this simulation's warm clients: one after another, or
+    with the file's ``at-once`` > 1 that many side by side where the runtime gives each
+    its own nodes and trains clients in worker processes (:mod:`.cells`: the in-process
+    runtime's default).
 
     Each cell has its own config, results folder, model, strategy and privacy state;
     the clients learn the cell from each message (:mod:`strategies.grid`) and keep its
     state apart (:func:`clients.app.assignment_mod`). A failed cell is recorded in its
     run.json and the next one starts.
     """
-    cells = json.loads(cells_file.read_text())["cells"]
+    plan = json.loads(cells_file.read_text())
+    cells = plan["cells"]
+    # side by side only where every cell's clients train in worker processes of their own
+    at_once = int(plan.get("at-once", 1)) if getattr(grid, "pool", None) is not None else 1
     host = dict(context.run_config)
+    started: set[int] = set()
+    lost_in: list[int] = []  # the cell whose clients' worker died
+    advancing = threading.Lock()
     with Bar("sweep: cells done", len(cells), eager=True) as bar:
-        for n, cell in enumerate(cells, 1):
+        def one(cell: dict[str, Any]) -> None:
             values = cell["config"]
-            say(f"cell {cell['index']} ({n}/{len(cells)}): {cell['label']}")
+            started.add(int(cell["index"]))
+            beside = at_once > 1 and not alone(cell)
+            CELL_TAG.set("")
+            say(f"cell {cell['index']} ({len(started)}/{len(cells)}): {cell['label']}")
+            CELL_TAG.set(f"cell {cell['index']}: " if beside else "")  # its lines from here
             differs = {k: v for k, v in values.items() if host.get(k) != v}
             own = Context(run_id=context.run_id, node_id=context.node_id,
                           node_config=dict(context.node_config), state=RecordDict(),
                           run_config=dict(values))
             try:
-                run_one(grid, own, validate(values), {"cell": int(cell["index"]), **differs})
-            except WorkerLost as exc:  # the warm clients are broken: the later cells
-                for rest in cells[n:]:  # cannot run
-                    folder = Path(rest["config"]["run-dir"])
-                    folder.mkdir(parents=True, exist_ok=True)
-                    RunFolder(folder).write_info(RunInfo(
-                        status="failed", finished=now(),
-                        error=f"not run: in cell {cell['index']}, {exc}. Run this cell again."))
+                run_one(grid.cell_view() if beside else grid, own, validate(values),
+                        {"cell": int(cell["index"]), **differs})
+            except WorkerLost:
+                lost_in.append(int(cell["index"]))
                 raise
             except Exception:  # recorded in the cell's run.json; the sweep goes on
                 pass
-            bar.advance()
+            with advancing:
+                bar.advance()
+
+        def alone(cell: dict[str, Any]) -> bool:
+            return alone_reason(validate(cell["config"])) is not None
+
+        try:
+            schedule(cells, at_once, alone, one)
+        except WorkerLost as exc:  # the warm clients are broken: the later cells
+            for rest in cells:  # cannot run
+                if int(rest["index"]) in started:
+                    continue
+                folder = Path(rest["config"]["run-dir"])
+                folder.mkdir(parents=True, exist_ok=True)
+                RunFolder(folder).write_info(RunInfo(
+                    status="failed", finished=now(),
+                    error=f"not run: in cell {lost_in[0]}, {exc}. Run this cell again."))
+            raise

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import io
 import math
+from contextvars import ContextVar
 
 PREFIX = "[fedpriv] "
+# the sweep cell a line is about, when cells run side by side (server.cells): "cell 3: "
+CELL_TAG: ContextVar[str] = ContextVar("cell_tag", default="")
 
 # (header, width): every row of a run has the same columns, so the table stays aligned
 # although it is printed one line at a time
@@ -20,9 +23,11 @@ EPSILON = ("epsilon", 8)
 
 
 def say(text: str) -> None:
-    """Print one progress line (each line of ``text`` gets the prefix)."""
+    """Print one progress line (each line of ``text`` gets the prefix, and the cell's tag
+    when a sweep's cells run side by side)."""
+    tag = CELL_TAG.get()
     for line in str(text).splitlines() or [""]:
-        print(PREFIX + line, flush=True)
+        print(PREFIX + tag + line, flush=True)
 
 
 def shown_by_cli(run_id: str, cell: object | None) -> bool:

@@ -29,6 +29,7 @@ from tasks.results.folder import RunFolder, now, read_run_info
 from tasks.results.info import RunInfo
 from tasks.results.ledger import outcome, read_ledger
 from tasks.results.plots import PlotHook
+from tasks.seeding import GLOBAL_RNG
 from tasks.splits import feature_shape, model_for
 from tasks.version import package_version, source_commit
 
@@ -97,7 +98,8 @@ def run_federation(grid: Grid, context: Context, cfg: RunConfig, run: RunFolder,
     require(cfg)  # tracking's library, before any work (the CLI has asked already)
     checkpoint = Checkpoint.load(run.path) if cfg.results.resume else None
     info = start_info(cfg, run, checkpoint, runtime_of(grid))
-    fed = assemble(grid, context, cfg, run, info, checkpoint, cell)
+    with GLOBAL_RNG:  # seeded, then the model initialised: one cell at a time
+        fed = assemble(grid, context, cfg, run, info, checkpoint, cell)
     info.setup_s = time.perf_counter() - t0
     result = run_rounds(fed.runner, fed.initial, cfg.federation.num_server_rounds,
                         fed.evaluator, fed.recorder, hooks=fed.hooks,

@@ -11,10 +11,16 @@ sampling draws each client independently from the same stream.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+# held while the server seeds and draws from the process' global generators (``random``,
+# numpy's, torch's): a sweep's cells side by side (server.cells) draw in turn, each as
+# it would alone
+GLOBAL_RNG = threading.RLock()
 
 
 def derive_seed(*parts: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,74 @@ seed = 4
         assert [_untimed(x["clients"]) for x in one] == [_untimed(x["clients"]) for x in other]
         assert [x.get("privacy") for x in one] == [x.get("privacy") for x in other]
     assert ledger_json(a / rows[1]["run-dir"])[-1]["privacy"]  # the DP cell kept its ledger
+
+
+def _cell_lines(stdout: str) -> list[tuple[int, str]]:
+    """(cell, text) of the lines a side-by-side sweep tagged with their cell."""
+    return [(int(m.group(1)), m.group(2)) for line in stdout.splitlines()
+            if (m := re.match(r"cell (\d+): (.*)", line))]
+
+
+def test_sweep_cells_side_by_side_equal_one_at_a_time(tmp_path, results):
+    # Three cells share the in-process simulation two at a time: a plain one sampling
+    # half its clients (Flower's sampling draws from the process' `random`), a local-DP
+    # one and a central-DP one; the SecAgg+ cell runs alone. Every cell's ledger must be
+    # the one it gets when the cells run one after another: a cell's server seeds the
+    # global generators and initialises its model under a lock, and its nodes have
+    # Contexts of their own.
+    sweep = tmp_path / "beside.toml"
+    sweep.write_text(f"""
+name = "beside"
+[fixed]
+num-clients = 4
+num-server-rounds = 2
+save-model = false
+results-dir = "{results}"
+[[cells]]
+fraction-train = 0.5
+seed = 3
+[[cells]]
+dp = "local"
+noise-multiplier = 1.0
+batch-size = 64
+fraction-train = 0.5
+seed = 4
+[[cells]]
+secure-aggregation = "secagg+"
+seed = 5
+[[cells]]
+dp = "central"
+noise-multiplier = 0.05
+max-noise-to-signal = 0
+seed = 6
+""")
+    beside = run_cli("sweep", str(sweep), "--cells-at-once", "2", cwd=tmp_path)
+    assert beside.returncode == 0, beside.stdout + beside.stderr
+    assert "4 run(s) in-process on 4 clients, 2 at a time" in beside.stdout
+    lines = _cell_lines(beside.stdout)
+    cells_seen = [c for c, _ in lines]
+    # cells 1 and 2 ran at once: cell 2 said something before cell 1 was done
+    first_done = next(i for i, (c, t) in enumerate(lines) if c == 1 and t.startswith("done"))
+    assert 2 in cells_seen[:first_done]
+    # the SecAgg+ cell ran alone: its lines are untagged, and no tagged line falls between
+    # its start and its end
+    start = beside.stdout.index("cell 3 (3/4)")
+    end = beside.stdout.index("done:", start)
+    assert not re.search(r"^cell \d+: ", beside.stdout[start:end], re.MULTILINE)
+    alone = run_cli("sweep", str(sweep), "--cells-at-once", "1", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "at a time" not in alone.stdout and not _cell_lines(alone.stdout)
+    a, b = sorted((results / "sweeps").iterdir())
+    rows = list(csv.DictReader(open(a / "sweep.csv")))
+    assert [r["status"] for r in rows] == ["finished"] * 4
+    for r in rows:
+        one, other = ledger_json(a / r["run-dir"]), ledger_json(b / r["run-dir"])
+        assert len(one) == 2
+        assert [x["test"] for x in one] == [x["test"] for x in other]
+        assert [x["sampled"] for x in one] == [x["sampled"] for x in other]
+        assert [_untimed(x["clients"]) for x in one] == [_untimed(x["clients"]) for x in other]
+        assert [x.get("privacy") for x in one] == [x.get("privacy") for x in other]
+    assert len(ledger_json(a / rows[0]["run-dir"])[0]["sampled"]) == 2
 
 
 def test_flwr_run_native_uses_the_same_apps(tmp_path):

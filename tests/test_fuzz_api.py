@@ -267,7 +267,7 @@ def fake_runs(monkeypatch):
     accuracy); ``plan["full"]``: a file of the sweep's own that lies on a full disk."""
     plan: dict = {}
 
-    def run_together(runtimes, out, spec, cells, verbose):
+    def run_together(runtimes, out, spec, cells, verbose, at_once=None):
         if "full" in plan:
             os.symlink(FULL, temporary(out / plan["full"]))
         for c in cells:

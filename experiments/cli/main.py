@@ -104,7 +104,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from ..sweep.run import run_sweep
 
     return run_sweep(args.file, args.set, dry_run=args.dry_run, verbose=args.verbose,
-                     separate=args.separate, repeat=args.repeat).exit_code
+                     separate=args.separate, repeat=args.repeat,
+                     at_once=args.cells_at_once).exit_code
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:

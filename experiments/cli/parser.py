@@ -102,7 +102,24 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--separate", action="store_true",
                        help="give each cell a simulation of its own (slower: Flower and Ray "
                             "start once per cell) instead of running all cells in one")
+    sweep.add_argument("--cells-at-once", type=_cells_at_once, metavar="N",
+                       help="in-process, run up to N cells side by side on the shared "
+                            "client workers (default: 2 on 2 cores or more; 1: one after "
+                            "another); cells with secure aggregation, anonymizers, the "
+                            "leakage study, memorization or tracking run alone")
     sweep.add_argument("--verbose", action="store_true", help="show Flower's full log")
+
+
+def _cells_at_once(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of cells from 1 to 64: give e.g. --cells-at-once 1 "
+            "to run the cells one after another, or leave it out for the default")
+    return n
 
 
 def _add_attack(sub: argparse._SubParsersAction) -> None:

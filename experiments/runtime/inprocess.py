@@ -25,6 +25,7 @@ transport: Ray actors, the SuperLink's message store and its polling (``runtime 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -47,6 +49,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from privacy.dp.shared_memo import MEMO_ENV
 from tasks.messages import FIT
 from tasks.records import copy_records
+from tasks.seeding import GLOBAL_RNG
 
 from . import preload
 from .client_workers import WorkerPool, answer
@@ -104,9 +107,29 @@ class InProcessGrid(Grid):
                          node_config={"partition-id": pid, "num-partitions": num_nodes,
                                       **(node_config(pid) if node_config else {})})
             for pid, nid in enumerate(ids)}
+        self._node_configs = {nid: dict(c.node_config) for nid, c in self.contexts.items()}
+        self._run_configs = {nid: dict(c.run_config) for nid, c in self.contexts.items()}
         self._run = Run.create_empty(RUN_ID)
         self._replies: dict[str, Message] = {}
         self.sent: list[Message] = []
+        self._answering_here: AbstractContextManager[Any] = nullcontext()
+
+    def cell_view(self) -> InProcessGrid:
+        """The same nodes, ClientApp and workers, each node with a fresh Context (its
+        node and run config, an empty state), as a run of its own would find them: a
+        sweep's cells that run side by side (:func:`server.app.run_cells`) keep their
+        nodes' states apart. Thread-safe against the other views: the worker pool takes
+        messages from any thread; each view keeps its own Contexts and replies."""
+        view = copy.copy(self)
+        view.contexts = {nid: Context(run_id=c.run_id, node_id=nid, state=RecordDict(),
+                                      run_config=dict(self._run_configs[nid]),
+                                      node_config=dict(self._node_configs[nid]))
+                         for nid, c in self.contexts.items()}
+        view._replies, view.sent = {}, []
+        # a message answered here (not by a worker process: evaluation, a lone client)
+        # runs its ClientApp in this process, which seeds torch's global generator
+        view._answering_here = GLOBAL_RNG
+        return view
 
     @property
     def partition_of(self) -> dict[int, int]:
@@ -208,7 +231,9 @@ class InProcessGrid(Grid):
             if self.keep_sent:
                 self.sent.append(delivered)
             # the node works on a copy of its Context, kept only if the ClientApp succeeds
-            reply, context = answer(self.client_app, delivered, _copy_context(self.contexts[node]))
+            with self._answering_here:
+                reply, context = answer(self.client_app, delivered,
+                                        _copy_context(self.contexts[node]))
             if context is not None:
                 if not reply.has_error():  # (a ClientApp may return an error reply)
                     reply.content = _copy(reply.content)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -83,13 +84,14 @@ def _stopping(exc: BaseException, out: Path) -> WriteFailed | None:
 def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
               values: Mapping[str, Any] | None = None, dry_run: bool = False,
               verbose: bool = False, separate: bool = False,
-              repeat: int | None = None) -> SweepRun:
+              repeat: int | None = None, at_once: int | None = None) -> SweepRun:
     """Run a sweep file (with --set ``overrides`` and typed ``values`` in every cell).
 
     By default every cell runs inside one Flower simulation (one SuperLink, one Ray
     start, warm clients; :func:`server.app.run_cells`); ``separate`` gives each cell a
     simulation of its own, as a fallback. ``repeat`` (or the file's ``seeds``) runs every
-    cell once per seed.
+    cell once per seed. In-process, ``at_once`` cells run side by side in the one
+    simulation (None: :func:`cells_at_once`'s default).
     """
     spec = load_sweep(name, overrides, values, repeat)
     cells = build_cells(spec, {**dict(parse_assignment(t) for t in overrides), **(values or {})})
@@ -116,7 +118,7 @@ def run_sweep(name: str | Mapping[str, Any], overrides: Sequence[str] = (), *,
             if separate:
                 _run_separately(runtimes, out, spec, cells, verbose)
             else:
-                _run_together(runtimes, out, spec, cells, verbose)
+                _run_together(runtimes, out, spec, cells, verbose, at_once)
     except OSError as exc:
         if (stopped := _stopping(exc, out)) is None:
             raise
@@ -271,10 +273,25 @@ def engine_key(cfg: RunConfig, runtime: str) -> tuple[Any, ...]:
     return (runtime, r.client_cpus, r.client_gpus, r.device, r.train_together)
 
 
+def cells_at_once(runtime: str, requested: int | None) -> int:
+    """How many cells run side by side in one simulation: in-process, ``requested`` or,
+    by default, 2 where there are 2 cores or more (one cell's evaluation, aggregation and
+    plots overlap the other's training; :mod:`server.cells`); on Ray, one at a time
+    (Flower's runtime keeps one Context per node for every cell)."""
+    if runtime != "inprocess":
+        return 1
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    return 2 if cores >= 2 else 1
+
+
 def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Cell],
-                  verbose: bool) -> None:
+                  verbose: bool, at_once: int | None = None) -> None:
     """Every cell inside one simulation (one per distinct client resources): the
-    ServerApp runs them in turn on the largest cell's federation."""
+    ServerApp runs them on the largest cell's federation, in turn or side by side
+    (:func:`cells_at_once`)."""
     print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
     likely = [c.config for c in cells if _likely_inprocess(c)]
     if likely:  # it imports torch, the apps and what the cells need meanwhile
@@ -294,7 +311,8 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
             c.run_dir.mkdir(parents=True)
             link.watch_run(c.run_dir)
         plan = out / f"cells-{g}.json"
-        plan.write_text(json.dumps({"cells": [
+        side_by_side = min(cells_at_once(key[0], at_once), len(group))
+        plan.write_text(json.dumps({"at-once": side_by_side, "cells": [
             {"index": c.index, "label": c.label,
              "config": {**c.config.flat(), "run-dir": str(c.run_dir),
                         "run-id": run_identity(c.run_dir, c.config.results)}}
@@ -303,8 +321,9 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
         host = max(group, key=lambda c: c.config.federation.num_clients)
         cuda = any(ready[c.index].cuda for c in group)
         where = "in-process" if key[0] == "inprocess" else "on Flower's simulation runtime (Ray)"
+        beside = f", {side_by_side} at a time" if side_by_side > 1 else ""
         print(f"\nrunning {len(group)} run(s) {where} on "
-              f"{host.config.federation.num_clients} clients...", flush=True)
+              f"{host.config.federation.num_clients} clients{beside}...", flush=True)
         log = LogFilter(out / "flwr.log", verbose, print)
         t0 = time.perf_counter()
         labels = {c.index: GroundTruthPlot(c.config, ready[c.index].label_counts)

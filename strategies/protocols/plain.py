@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import Strategy
 
 from tasks import messages
 from tasks.config import RunConfig
-from tasks.seeding import seed_sampling
+from tasks.seeding import GLOBAL_RNG, seed_sampling
 
 from ..aggregation import Aggregation, Collected
 from ..grid import FederationGrid
@@ -67,9 +67,10 @@ class PlainProtocol:
 
     def collect(self, server_round: int, arrays: ArrayRecord, config: dict[str, Any],
                 aggregation: Aggregation, log: RoundLog) -> Collected:
-        seed_sampling(self.seed, server_round, 0)  # Flower samples with `random`
-        out = list(aggregation.configure(server_round, arrays, ConfigRecord(dict(config)),
-                                         self.grid))
+        with GLOBAL_RNG:  # Flower samples with `random`
+            seed_sampling(self.seed, server_round, 0)
+            out = list(aggregation.configure(server_round, arrays,
+                                             ConfigRecord(dict(config)), self.grid))
         for msg in out:
             msg.metadata.message_type = self.action
         log.sampled = sorted(self._partition(m.metadata.dst_node_id) for m in out)
@@ -84,9 +85,10 @@ class PlainProtocol:
         """Federated evaluation on the clients' own data (when the strategy samples any)."""
         if self.evaluation is None:
             return
-        seed_sampling(self.seed, server_round, 1)
-        out = list(self.evaluation.configure_evaluate(server_round, arrays, ConfigRecord(),
-                                                      self.grid))
+        with GLOBAL_RNG:
+            seed_sampling(self.seed, server_round, 1)
+            out = list(self.evaluation.configure_evaluate(server_round, arrays,
+                                                          ConfigRecord(), self.grid))
         if not out:
             return
         ok, _, failures = split_replies(self.grid, self.partition_of,
