@@ -10,6 +10,7 @@ paper's robustness protocol).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tasks.files import write_atomic
 from tasks.results.ledger import RoundRecord
 from tasks.seeding import derive_seed
 from tasks.splits import Split
-from tasks.training import logits_of
+from tasks.training import convolutions_channels_last, logits_of
 
 
 def auroc(y: np.ndarray, probs: np.ndarray) -> float | None:
@@ -68,14 +69,19 @@ def score(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
 
 
 class CentralEvaluator:
-    """Loads a global model into ``model`` and scores it on the test (and validation) split.
+    """Loads a global model into a copy of ``model`` and scores it on the test (and
+    validation) split.
 
-    After the loop ``model`` holds the last model evaluated: the final global model.
+    The copy's convolutions are channels-last on the CPU (oneDNN's kernels: the small
+    CNN's evaluation on 1,000 images about 1.5x faster; the same values to float
+    rounding), ``model`` itself is left as it is. After the loop ``self.model`` holds the
+    last model evaluated: the final global model (:meth:`state_dict` gives it in
+    contiguous layout).
     """
 
     def __init__(self, model: nn.Module, test: Split, batch_size: int,
                  device: torch.device, validation: Split | None = None) -> None:
-        self.model = model
+        self.model = convolutions_channels_last(copy.deepcopy(model), device)
         self.test = test
         self.validation = validation
         self.batch_size = batch_size
@@ -90,6 +96,10 @@ class CentralEvaluator:
                         self.device)
             out.update({f"validation-{k}": v for k, v in val.items() if v is not None})
         return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model last evaluated, every tensor contiguous (NCHW): what model.pt holds."""
+        return {k: v.contiguous() for k, v in self.model.state_dict().items()}
 
     def robustness(self, arrays: ArrayRecord, sigmas: tuple[float, ...], seed: int
                    ) -> list[dict[str, float | None]]:

@@ -266,7 +266,7 @@ def finish(cfg: RunConfig, run: RunFolder, info: RunInfo, fed: Federation,
         task = fed.task
         torch.save({"model": task.model_name, "input-shape": list(feature_shape(cfg)),
                     "num-classes": task.data.num_classes, "mlp-hidden": cfg.training.mlp_hidden,
-                    "state-dict": fed.evaluator.model.state_dict()}, run.file("model.pt"))
+                    "state-dict": fed.evaluator.state_dict()}, run.file("model.pt"))
     records = read_ledger(run.path)
     target = cfg.federation.target_accuracy
     if target:

@@ -72,7 +72,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
             for k, v in state.items():
                 mean[k] = v * (w / total) if k not in mean else mean[k] + v * (w / total)
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in mean.items()})
-        model.to(memory_format=torch.contiguous_format)  # as the server evaluates it
+        convolutions_channels_last(model, device)  # as the server evaluates it
         loss, acc = evaluate(model, test.x, test.y, t.eval_batch_size, device)
         rounds.append({"round": rnd, "round-s": time.perf_counter() - start, "accuracy": acc,
                        "loss": loss})
