@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import math
+import sys
+import threading
 from contextvars import ContextVar
 
 PREFIX = "[fedpriv] "
@@ -26,8 +28,13 @@ def say(text: str) -> None:
     """Print one progress line (each line of ``text`` gets the prefix, and the cell's tag
     when a sweep's cells run side by side)."""
     tag = CELL_TAG.get()
-    for line in str(text).splitlines() or [""]:
-        print(PREFIX + tag + line, flush=True)
+    lines = "".join(f"{PREFIX}{tag}{line}\n" for line in str(text).splitlines() or [""])
+    with _WRITING:  # whole lines: cells side by side print from two threads
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+
+
+_WRITING = threading.Lock()
 
 
 def shown_by_cli(run_id: str, cell: object | None) -> bool:
