@@ -63,25 +63,30 @@ def test_an_outcome_is_recorded_once(tmp_path):
 
 
 def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
+    import os
     import subprocess
     import sys
 
-    import psutil
-
+    from experiments.runtime.keeper import KEEPER_FILE
+    from experiments.runtime.procs import started
     from experiments.runtime.superlink import OWNER_FILE, remove_stale_homes
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(gone.pid).create_time()
+    when = started(gone.pid)
     gone.wait()
-    me = psutil.Process()
-    for name, owner in (("fp-dead", {"pid": gone.pid, "started": started}),
-                        ("fp-live", {"pid": me.pid, "started": me.create_time()}),
-                        ("fp-unknown", None)):
+    dead = {"pid": gone.pid, "started": when}
+    me = {"pid": os.getpid(), "started": started(os.getpid())}
+    for name, owner, its_keeper in (("fp-dead", dead, None), ("fp-live", me, None),
+                                    ("fp-kept", dead, me), ("fp-both-dead", dead, dead),
+                                    ("fp-unknown", None, None)):
         (tmp_path / name).mkdir()
         if owner:
             (tmp_path / name / OWNER_FILE).write_text(json.dumps(owner))
-    assert remove_stale_homes(tmp_path) == [tmp_path / "fp-dead"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp-live", "fp-unknown"]
+        if its_keeper:
+            (tmp_path / name / KEEPER_FILE).write_text(json.dumps(its_keeper))
+    assert sorted(remove_stale_homes(tmp_path)) == [tmp_path / "fp-both-dead",
+                                                    tmp_path / "fp-dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp-kept", "fp-live", "fp-unknown"]
 
 
 def test_run_info_round_trips_run_json_and_keeps_keys_it_does_not_know():

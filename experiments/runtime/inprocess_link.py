@@ -22,13 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from privacy.dp.shared_memo import MEMO_ENV
 from tasks.config import RunConfig
 
 from . import preload, procs
-from .superlink import HOME_PREFIX, OWNER_FILE, remove_stale_homes
+from .superlink import HOME_PREFIX, remove_stale_homes, write_owner
 
 
 class InProcessLink:
@@ -51,9 +49,7 @@ class InProcessLink:
     def __enter__(self) -> InProcessLink:
         remove_stale_homes()
         self.home = Path(tempfile.mkdtemp(prefix=f"{HOME_PREFIX}inprocess-"))
-        me = psutil.Process()  # whose folder it is: removed by a later run if we are killed
-        (self.home / OWNER_FILE).write_text(json.dumps({"pid": me.pid,
-                                                        "started": me.create_time()}))
+        write_owner(self.home)  # whose folder it is: removed by a later run if we are killed
         return self
 
     def __exit__(self, *exc: object) -> None:

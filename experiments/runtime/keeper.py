@@ -10,13 +10,17 @@ does not. When the owner is gone (even SIGKILLed, which no cleanup code in it
 survives), the keeper terminates every recorded process still alive — by PID, each
 checked against its recorded start time so a reused PID is never touched — kills what
 is left after a grace period, marks the owner's runs that were still ``running`` as
-``crashed`` (``RECORD.runs`` lists their folders), removes the owner's private folder,
-and exits. The owner
-stops the keeper itself (by PID) after its own cleanup, which reads the same record.
+``crashed`` (``RECORD.runs`` lists their folders; read as they are listed, so a folder
+removed early loses none), removes the owner's private folder, and exits. It names
+itself in ``keeper.json`` there, so another fedpriv cleaning up the folders of dead
+owners leaves this one until the keeper is done. The owner stops the keeper itself (by
+PID) after its own cleanup, which reads the same record. Processes are told apart by
+:func:`~experiments.runtime.procs.started`, never the wall clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,14 +30,15 @@ from pathlib import Path
 
 import psutil
 
-from experiments.runtime.procs import terminate_then_kill
+from experiments.runtime.procs import same_process, started, terminate_then_kill
 
 INTERVAL = 0.5
 GRACE = 5.0
+KEEPER_FILE = "keeper.json"  # {"pid", "started"} of the keeper, in the owner's folder
 
 
 def read_record(path: Path) -> dict[int, float]:
-    """The processes recorded so far: PID -> start time."""
+    """The processes recorded so far: PID -> :func:`started`."""
     try:
         return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
     except (OSError, ValueError):
@@ -41,12 +46,12 @@ def read_record(path: Path) -> dict[int, float]:
 
 
 def live(record: dict[int, float]) -> list[psutil.Process]:
-    """The recorded processes still running (same PID *and* start time)."""
+    """The recorded processes still running (same PID *and* start)."""
     out = []
-    for pid, started in record.items():
+    for pid, when in record.items():
         try:
             p = psutil.Process(pid)
-            if abs(p.create_time() - started) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE:
+            if same_process(pid, when) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.Error:
             continue
@@ -69,7 +74,7 @@ def _snapshot(roots: list[psutil.Process], record: dict[int, float]) -> bool:
         for p in procs:
             try:
                 if p.pid not in record:
-                    record[p.pid] = p.create_time()
+                    record[p.pid] = started(p.pid)
                     added = True
             except psutil.Error:
                 continue
@@ -77,7 +82,7 @@ def _snapshot(roots: list[psutil.Process], record: dict[int, float]) -> bool:
 
 
 def _roots(path: Path) -> dict[int, float]:
-    """The roots the owner listed, with their start times (PIDs that are gone: left out)."""
+    """The roots the owner listed, with their starts (PIDs that are gone: left out)."""
     out = {}
     try:
         pids = [int(x) for x in path.read_text().split()]
@@ -85,55 +90,54 @@ def _roots(path: Path) -> dict[int, float]:
         return out
     for pid in pids:
         try:
-            out[pid] = psutil.Process(pid).create_time()
-        except psutil.Error:
+            out[pid] = started(pid)
+        except (psutil.Error, OSError, ValueError, IndexError):
             continue
     return out
 
 
-def _owner_alive(pid: int, started: float) -> bool:
+def _listed(path: Path) -> list[str]:
+    """The run folders the owner listed so far (none while the file is missing)."""
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 1e-3
-    except psutil.Error:
-        return False
+        return [line for line in path.read_text().splitlines() if line]
+    except OSError:
+        return []
 
 
 def main(argv: list[str]) -> int:
     path, owner = Path(argv[0]), int(argv[1])
     home = path.parent
     try:
-        owner_started = psutil.Process(owner).create_time()
-    except psutil.Error:
+        owner_started = started(owner)
+    except (psutil.Error, OSError, ValueError, IndexError):
         owner_started = -1.0
+    me = os.getpid()
+    (home / KEEPER_FILE).write_text(json.dumps({"pid": me, "started": started(me)}))
     record: dict[int, float] = {}
-    roots_file = path.with_suffix(".roots")
-    while _owner_alive(owner, owner_started):
+    runs: dict[str, None] = {}  # in order, each once
+    roots_file, runs_file = path.with_suffix(".roots"), path.with_suffix(".runs")
+    while same_process(owner, owner_started):
+        runs.update(dict.fromkeys(_listed(runs_file)))
         before = len(record)
-        for pid, started in _roots(roots_file).items():
-            record.setdefault(pid, started)
+        for pid, when in _roots(roots_file).items():
+            record.setdefault(pid, when)
         # every recorded process still running is walked: a child outlives its parent
         _snapshot(live(record), record)
         if len(record) != before:
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, path)
+            with contextlib.suppress(OSError):  # the folder removed: it is kept in memory
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, path)
         time.sleep(INTERVAL)
+    runs.update(dict.fromkeys(_listed(runs_file)))
+    folders = [Path(r) for r in runs]
     # the outcome first: a ServerApp stopped below must not record its own ending; and
     # again after: one that finished a round meanwhile wrote run.json as still running
-    mark_orphaned_runs(path.with_suffix(".runs"), owner)
+    mark_orphaned(folders, owner)
     stop_recorded(record)
-    mark_orphaned_runs(path.with_suffix(".runs"), owner)
+    mark_orphaned(folders, owner)
     shutil.rmtree(home, ignore_errors=True)
     return 0
-
-
-def mark_orphaned_runs(runs_file: Path, owner: int) -> None:
-    """:func:`mark_orphaned` for the run folders listed in ``runs_file``."""
-    try:
-        folders = [Path(line) for line in runs_file.read_text().splitlines() if line]
-    except OSError:
-        return
-    mark_orphaned(folders, owner)
 
 
 def mark_orphaned(folders: list[Path], owner: int) -> None:

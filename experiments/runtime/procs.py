@@ -17,6 +17,42 @@ from typing import Any
 
 import psutil
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PROC_STAT = os.path.exists("/proc/self/stat")
+
+
+def started(pid: int) -> float:
+    """When process ``pid`` started, in seconds since boot (Linux's /proc/PID/stat): fixed
+    for the process' life, so an equal value means the same process and not a reused PID.
+    psutil's create_time adds the boot time read anew each call, which moves with the wall
+    clock (NTP) and could make a live process look gone. NoSuchProcess when it is gone."""
+    if not PROC_STAT:  # not Linux: psutil's wall-clock start
+        return psutil.Process(pid).create_time()
+    return _stat(pid)[1]
+
+
+def _stat(pid: int) -> tuple[str, float]:
+    """(state letter, start in seconds since boot) of ``pid`` from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    return fields[0].decode(), int(fields[19]) / CLOCK_TICKS  # fields 3 and 22
+
+
+def same_process(pid: int, when: float) -> bool:
+    """``pid`` is alive (not a zombie) and is the process that :func:`started` at
+    ``when``."""
+    try:
+        if not PROC_STAT:
+            p = psutil.Process(pid)
+            return abs(p.create_time() - when) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE
+        state, start = _stat(pid)
+        return state != "Z" and abs(start - when) < 1e-6
+    except (psutil.Error, OSError, ValueError, IndexError):
+        return False
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into the same unwinding as Ctrl-C (cleanup runs), told apart."""

@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
 import tomli_w
 
 from tasks.config import plugin_roots, to_toml
@@ -47,21 +46,35 @@ def flower_config(default: str, connections: Mapping[str, Mapping[str, Any]]) ->
 
 def remove_stale_homes(root: Path | None = None) -> list[Path]:
     """Remove private Flower folders whose owning fedpriv process is gone (a crash that
-    even the keeper did not survive); folders without an owner file are left alone."""
+    even the keeper did not survive); folders without an owner file are left alone, and so
+    is one whose keeper is still at work (it reads the folder to record the owner's runs
+    as crashed, then removes it itself)."""
     removed = []
     for home in Path(root or tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
         try:
             owner = json.loads((home / OWNER_FILE).read_text())
-            alive = abs(psutil.Process(int(owner["pid"])).create_time()
-                        - float(owner["started"])) < 1e-3
-        except psutil.Error:
-            alive = False
+            alive = procs.same_process(int(owner["pid"]), float(owner["started"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not alive:
-            shutil.rmtree(home, ignore_errors=True)
-            removed.append(home)
+        if alive or _keeper_at_work(home):
+            continue
+        shutil.rmtree(home, ignore_errors=True)
+        removed.append(home)
     return removed
+
+
+def _keeper_at_work(home: Path) -> bool:
+    try:
+        me = json.loads((home / keeper.KEEPER_FILE).read_text())
+        return procs.same_process(int(me["pid"]), float(me["started"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def write_owner(home: Path) -> None:
+    """Name this process as ``home``'s owner (:func:`remove_stale_homes` reads it)."""
+    (home / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(),
+                                               "started": procs.started(os.getpid())}))
 
 
 class SuperLinkError(RuntimeError):
@@ -177,9 +190,7 @@ class LocalSuperLink:
         t0 = time.perf_counter()
         remove_stale_homes()
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
-        me = psutil.Process()
-        (self.home / OWNER_FILE).write_text(json.dumps({"pid": me.pid,
-                                                        "started": me.create_time()}))
+        write_owner(self.home)
         (self.home / "ray").mkdir()
         self.port = free_port()
         (self.home / "config.toml").write_text(flower_config(
