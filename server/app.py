@@ -7,8 +7,10 @@ updates, evaluate the new global model on the held-out test set, append one reco
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +129,8 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
             return alone_reason(validate(cell["config"])) is not None
 
         try:
-            schedule(cells, at_once, alone, one)
+            with _server_threads(1 if at_once > 1 else None):
+                schedule(cells, at_once, alone, one)
         except WorkerLost as exc:  # the warm clients are broken: the later cells
             for rest in cells:  # cannot run
                 if int(rest["index"]) in started:
@@ -138,3 +141,22 @@ def run_cells(grid: Grid, context: Context, cells_file: Path) -> None:
                     status="failed", finished=now(),
                     error=f"not run: in cell {lost_in[0]}, {exc}. Run this cell again."))
             raise
+
+
+@contextlib.contextmanager
+def _server_threads(n: int | None) -> Iterator[None]:
+    """The server's torch threads set to ``n`` for the block (None: as they are). Cells
+    side by side evaluate while the other cells' clients train on every core: a team of
+    threads per evaluation then spins against them (the 8-cell sweep 3% slower)."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
