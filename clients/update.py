@@ -18,6 +18,7 @@ from flwr.app import Context
 from privacy.attacks.canaries import GradientCanaries, canary_inclusion
 from privacy.screening import screen
 from tasks import model_pool
+from tasks.allocator import keep_freed_memory
 from tasks.config import RunConfig, validate
 from tasks.messages import DATA_PATH
 from tasks.seeding import canary_seeds, derive_seed
@@ -58,6 +59,7 @@ class Client:
     def of(cls, context: Context) -> Client:
         cfg = validate(context.run_config)
         torch.set_num_threads(cfg.resources.client_threads)
+        keep_freed_memory()  # once per process (a Ray actor's too)
         pid = int(context.node_config["partition-id"])
         n = int(context.node_config["num-partitions"])
         own = context.node_config.get(DATA_PATH)

@@ -18,6 +18,7 @@ from flwr.app import Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from strategies.rounds import WorkerLost
+from tasks.allocator import keep_freed_memory
 from tasks.config import RunConfig, validate
 from tasks.progress import Bar
 from tasks.results.folder import (
@@ -44,6 +45,7 @@ def main(grid: Grid, context: Context) -> None:
     turn in this one simulation instead: one start-up for the whole sweep.
     """
     cfg = validate(context.run_config)
+    keep_freed_memory()  # the evaluation's batches without page faults (Ray's server too)
     if hasattr(grid, "pull_interval"):
         # The simulation's InMemoryGrid checks for client replies every 0.1 s by default;
         # polling every 10 ms takes about 0.05 s of idle waiting off each round.

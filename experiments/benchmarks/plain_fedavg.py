@@ -19,6 +19,7 @@ import torch
 
 from experiments.configs import resolve
 from privacy.dp.accounting import clients_per_round
+from tasks.allocator import keep_freed_memory
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed, sample_cohort, sampling_rng
 from tasks.splits import client_split, heldout_split, model_for
@@ -37,6 +38,7 @@ def plain_fedavg(cfg: RunConfig, threads: int | None = None) -> dict:
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)
+    keep_freed_memory()  # as fedpriv's processes: the floor allocates alike
     fed, t = cfg.federation, cfg.training
     seed = t.seed
     random.seed(seed)

@@ -47,6 +47,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from privacy.dp.shared_memo import MEMO_ENV
+from tasks.allocator import keep_freed_memory
 from tasks.messages import FIT
 from tasks.records import copy_records
 from tasks.seeding import GLOBAL_RNG
@@ -342,6 +343,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(PARENT_DIED, orphaned)
+    keep_freed_memory()  # before the client workers fork: theirs too
     warm_up()
     preload.load(argv[1:])  # what the CLI expects the run to need (Opacus for local DP)
     line = sys.stdin.readline()
