@@ -161,4 +161,3 @@ def _server_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-

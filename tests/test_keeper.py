@@ -71,15 +71,16 @@ def test_the_keeper_marks_runs_listed_before_its_folder_was_removed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"status": "running"}))
-    owner = subprocess.Popen(SLEEP)
+    owner, started_by_owner = subprocess.Popen(SLEEP), subprocess.Popen(SLEEP)
     keeper_proc = None
     try:
         record = home / "processes.json"
         record.with_suffix(".runs").write_text(f"{run}\n")
+        record.with_suffix(".roots").write_text(f"{started_by_owner.pid}\n")
         keeper_proc = subprocess.Popen([sys.executable, "-m", "experiments.runtime.keeper",
                                         str(record), str(owner.pid)], cwd=REPO)
-        _wait(lambda: (home / keeper.KEEPER_FILE).exists())
-        time.sleep(3 * keeper.INTERVAL)  # it has read the list
+        # the root recorded: the keeper's pass that did it read the run list first
+        _wait(lambda: started_by_owner.pid in keeper.read_record(record))
         for f in home.iterdir():
             f.unlink()
         owner.kill()
@@ -87,7 +88,7 @@ def test_the_keeper_marks_runs_listed_before_its_folder_was_removed(tmp_path):
         assert keeper_proc.wait(timeout=30) == 0
         assert json.loads((run / "run.json").read_text())["status"] == "crashed"
     finally:
-        for p in (owner, keeper_proc):
+        for p in (owner, started_by_owner, keeper_proc):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()

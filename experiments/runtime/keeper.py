@@ -50,9 +50,8 @@ def live(record: dict[int, float]) -> list[psutil.Process]:
     out = []
     for pid, when in record.items():
         try:
-            p = psutil.Process(pid)
-            if same_process(pid, when) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
+            if same_process(pid, when):  # alive, not a zombie
+                out.append(psutil.Process(pid))
         except psutil.Error:
             continue
     return out
