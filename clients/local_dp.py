@@ -31,7 +31,7 @@ from privacy.dp.dpsgd import make_private, resolve_mode
 from privacy.dp.public import PublicSchedule, schedule_for
 from tasks.config import RunConfig
 from tasks.seeding import derive_seed
-from tasks.splits import model_name
+from tasks.splits import expected_partition_size, model_name
 from tasks.training import (
     CanaryHook,
     TrainResult,
@@ -81,6 +81,28 @@ def new_ledger(cfg: RunConfig, plan: PublicSchedule, num_clients: int) -> Client
         sigma = p.noise_multiplier
     return ClientLedger(sigma, q, delta, p.accountant, p.target_epsilon,
                         relation=plan.relation)
+
+
+def warm_accounting(cfg: RunConfig, num_partitions: int) -> None:
+    """Compute here what every client's accounting of the run asks for first: the noise
+    multiplier (calibrated, with a target epsilon: ~2 s), the one-step PLDs of the grids
+    the planned rounds reach (~0.4 s each) and the first round's epsilon. A runtime
+    calls it before forking its client workers, which then inherit the results instead
+    of each computing them in its first rounds. Only where the schedule is public before
+    any data (add/remove, the public size from the configuration); a setting that cannot
+    work is left for the clients to report."""
+    p, t, fed = cfg.privacy, cfg.training, cfg.federation
+    if p.dp != "local" or p.dp_relation != "add-remove":
+        return
+    public = p.public_records or expected_partition_size(cfg, num_partitions)
+    plan = schedule(cfg, public, public)
+    try:
+        ledger = new_ledger(cfg, plan, num_partitions)
+    except LocalDPError:
+        return
+    rounds = planned_rounds(fed.num_server_rounds, fed.fraction_train, fed.min_train_clients,
+                            num_partitions)
+    ledger.warm(round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps), rounds)
 
 
 def load_ledger(context: Context) -> ClientLedger | None:

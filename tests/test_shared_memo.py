@@ -140,3 +140,80 @@ def test_another_local_user_cannot_plant_an_epsilon(tmp_path, monkeypatch):
     assert os.waitstatus_to_exitcode(status) == 1
     monkeypatch.setenv(shared_memo.MEMO_ENV, folder)
     assert shared_memo.shared(key, lambda: 2.5) == 2.5
+
+
+def test_an_epsilon_asked_for_does_not_wait_for_another_being_computed(monkeypatch):
+    # a client's epsilon for this round, while the next round's is computed ahead (here,
+    # or in another process holding its memo lock): it is answered, not queued behind it
+    import threading
+
+    ahead, now = ((1.37, 0.05, 11),), ((1.37, 0.05, 12),)
+    started, release = threading.Event(), threading.Event()
+    real = accounting._compute
+
+    def compute(history, delta, accountant, relation):
+        if history == ahead:
+            started.set()
+            release.wait(60)
+        return real(history, delta, accountant, relation)
+
+    monkeypatch.setattr(accounting, "_compute", compute)
+    monkeypatch.delenv(shared_memo.MEMO_ENV, raising=False)
+    accounting._epsilon.cache_clear()
+    slow = threading.Thread(target=accounting.epsilon, args=(ahead, 1e-5))
+    slow.start()
+    try:
+        assert started.wait(30)
+        answered: list[float] = []
+        asker = threading.Thread(target=lambda: answered.append(accounting.epsilon(now, 1e-5)))
+        asker.start()
+        asker.join(30)
+        assert answered == [real(now, 1e-5, "pld", "add-remove")]
+    finally:
+        release.set()
+        slow.join(60)
+        accounting._epsilon.cache_clear()
+
+
+def _client_accounting_without_building(cfg, rounds: list[int], out: str) -> None:
+    """In a forked worker: the client's ledger and its epsilons after ``rounds``, with
+    dp-accounting's PLD construction and the calibration made to fail if reached."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_module
+
+    from clients.local_dp import new_ledger, schedule
+    from tasks.splits import expected_partition_size
+
+    os.environ.pop(shared_memo.MEMO_ENV, None)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("built in the worker")
+
+    pld_module.from_gaussian_mechanism = refused
+    accounting._calibrate_pld = refused
+    n = expected_partition_size(cfg, 10)
+    ledger = new_ledger(cfg, schedule(cfg, n, n), 10)
+    steps = math.ceil(n / cfg.training.batch_size)
+    values = [accounting.epsilon([(ledger.noise_multiplier, ledger.sample_rate, r * steps)],
+                                 ledger.delta) for r in rounds]
+    with open(out, "w") as f:
+        f.write(" ".join(repr(v) for v in values))
+
+
+def test_workers_forked_after_the_warm_up_calibrate_and_build_nothing(tmp_path):
+    # what the in-process runtime does before forking its client workers: calibrate the
+    # noise and build each grid's one-step PLD once; the workers' accounting then reaches
+    # neither, on any round of the planned run (epsilon 25: three grids)
+    from clients.local_dp import warm_accounting
+    from experiments.configs import resolve
+
+    cfg = resolve(None, ["dp=local", "target-epsilon=25", "num-clients=10",
+                         "num-server-rounds=30"])
+    warm_accounting(cfg, 10)
+    out = str(tmp_path / "eps")
+    child = multiprocessing.get_context("fork").Process(
+        target=_client_accounting_without_building, args=(cfg, [1, 15, 30], out))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    first, middle, last = (float(v) for v in open(out).read().split())
+    assert first < 10 < middle < 20 < last <= 25 * (1 + 1e-9)  # one value on each grid

@@ -260,6 +260,7 @@ class InProcessGrid(Grid):
 def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     """Run the ServerApp's main on an in-process federation of ``num_nodes``."""
     import clients.app as client_app
+    from clients.local_dp import warm_accounting
     from server.app import app as server_app
     from tasks.config import validate
 
@@ -278,11 +279,14 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     if os.environ.get(MEMO_ENV):
         Path(os.environ[MEMO_ENV]).mkdir(mode=0o700, exist_ok=True)
     # what the run's clients import beyond the apps, once here, not in each worker
-    preload.load(preload.needed(validate(dict(c)) for c in _configs(run_config)))
+    configs = [validate(dict(c)) for c in _configs(run_config)]
+    preload.load(preload.needed(configs))
     if grid.workers > 1 and not grid.together and \
             validate(dict(run_config)).resources.client_workers == "processes":
         if not os.environ.get(MEMO_ENV):
             own_memo = os.environ[MEMO_ENV] = tempfile.mkdtemp(prefix="fedpriv-epsilon-")
+        for cfg in configs:  # the clients' calibration and one-step PLDs, once for all
+            warm_accounting(cfg, num_nodes)
         grid.pool = WorkerPool(client_app.app, grid.workers)  # before any torch kernel
     context = Context(run_id=RUN_ID, node_id=SUPERLINK_NODE_ID, node_config={},
                       state=RecordDict(), run_config=dict(run_config))
