@@ -122,6 +122,7 @@ class DPRound:
     ledger: ClientLedger
     result: TrainResult | None
     model: torch.nn.Module | None
+    reusable: bool = False  # the model is as built (book-keeping): it may go back to the pool
 
     def metrics(self) -> dict[str, Any]:
         out = {"epsilon": self.ledger.epsilon(), "delta": self.ledger.delta,
@@ -211,4 +212,4 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
         # trains otherwise computes its own)
         ledger.epsilon_ahead(planned)
     save_ledger(context, ledger)
-    return DPRound(ledger, result, private.module())
+    return DPRound(ledger, result, private.module(), private.reusable)

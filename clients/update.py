@@ -241,6 +241,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     metrics: dict[str, Any] = {"partition-id": client.partition_id, **release_scores,
                                "num-examples": len(y)}
     start = time.perf_counter()
+    reusable = True  # whether the model goes back to the pool as built
     if cfg.privacy.dp == "local":
         public = client.public_records()
         outcome = dp_round(cfg, context, model, x, y, client.num_partitions, seed, device,
@@ -252,7 +253,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
         metrics.update(outcome.metrics())
         if outcome.result is None:  # budget exhausted: no update, no privacy spent
             return None, metrics
-        result, model = outcome.result, outcome.model
+        result, model, reusable = outcome.result, outcome.model, outcome.reusable
     elif (cohort := together.current()) is not None and cfg.resources.train_together:
         # the round's clients train as one batched program (tasks.cohort_training); the
         # config refuses what it does not do (FedProx, canaries, cvae-online, local DP)
@@ -273,7 +274,7 @@ def local_update(client: Client, context: Context, state: Mapping[str, torch.Ten
     # copies: the model goes back to the pool for the next message
     new_state = {k: v.detach().clone() if v.device.type == "cpu" else v.detach().cpu()
                  for k, v in model.state_dict().items()}
-    if cfg.privacy.dp != "local":  # DP-SGD's model is Opacus-wrapped: not reusable
+    if reusable:  # (Opacus' own modes leave their hooks on the model)
         model_pool.give(cfg, model)
     for step in update_steps(cfg, round_config):  # pruning, client-side clipping
         new_state = step.apply(state, new_state, metrics)

@@ -106,3 +106,35 @@ def test_a_reused_model_trains_to_the_same_bits() -> None:
     a, b = trained(again), trained(fresh)
     assert all(torch.equal(a[k], b[k]) for k in a)
     model_pool.clear()
+
+
+@pytest.mark.parametrize("mode,kept", [("bookkeeping", True), ("hooks", False)])
+def test_a_dp_sgd_model_is_reused_only_as_built(mode: str, kept: bool) -> None:
+    """Book-keeping hands the model back as built (no hooks, no Opacus attributes), so it
+    goes back to the pool, and the next round on it is the round on a fresh model, to the
+    bit; Opacus' hooks stay on their model, which is never reused."""
+    from flwr.app import Context, RecordDict
+
+    from clients.update import Client, local_update
+
+    cfg = validate({"dp": "local", "noise-multiplier": 1.0, "grad-sample-mode": mode})
+    model_pool.clear()
+    client = Client(cfg, 0, 10, client_split(cfg, 0, 10))
+    state = model_for(cfg)[0].state_dict()
+
+    def one_round() -> dict[str, torch.Tensor]:  # round 1 of a fresh client, each time
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        new_state, _ = local_update(client, ctx, state, {"server-round": 1})
+        return new_state
+
+    fresh = one_round()  # on a newly built model
+    idle = [m for models in model_pool._IDLE.values() for m in models]
+    assert len(idle) == int(kept)
+    if kept:
+        model = idle[0]
+        assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
+        assert all(p.requires_grad and p.grad is None and not hasattr(p, "summed_grad")
+                   for p in model.parameters())
+        reused = one_round()  # on the pool's model
+        assert all(torch.equal(fresh[k], reused[k]) for k in fresh)
+    model_pool.clear()

@@ -226,12 +226,17 @@ class BookKeeping(nn.Module):
         return out
 
     def remove(self) -> nn.Module:
-        """Detach the hooks and give the parameters their gradients back; the model."""
+        """Detach the hooks, give the parameters their gradients back and drop what
+        Opacus' optimizer kept on them: the plain model, as it was built."""
         for h in self._handles:
             h.remove()
         self._handles = []
         for p in self.params:
             p.requires_grad_(True)
+            p.grad = None
+            if hasattr(p, "summed_grad"):
+                del p.summed_grad
+        self.saved = {}
         return self._module
 
 

@@ -178,6 +178,12 @@ class PrivateTraining:
 
     swapped: bool = False  # recurrent layers swapped for Opacus' (private_layers)
 
+    @property
+    def reusable(self) -> bool:
+        """Whether :meth:`module` gives the model back as built (book-keeping removes all
+        it added; Opacus' GradSampleModule leaves its hooks on the layers)."""
+        return self.mode == "bookkeeping" and not self.swapped
+
     def module(self) -> nn.Module:
         """The plain model underneath (its state dict has the original keys, in order)."""
         model = unwrap(self.model)
