@@ -120,6 +120,11 @@ def _conv_grad_sample(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.T
         grads.reshape(0, *m.weight.shape)
 
 
+def _sq_norms(x: torch.Tensor) -> torch.Tensor:
+    """Each row's squared L2 norm (one pass, no squared copy of ``x``)."""
+    return torch.linalg.vector_norm(x, dim=1).square()
+
+
 def _pair(p: tuple[int, ...] | int) -> tuple[int, int]:
     return (p, p) if isinstance(p, int) else (p[0], p[1])
 
@@ -174,55 +179,62 @@ class BookKeeping(nn.Module):
 
     def clipped_sums(self, max_grad_norm: float) -> list[torch.Tensor]:
         """Per parameter (in ``self.params`` order), the sum over the batch of each
-        example's gradient clipped to ``max_grad_norm`` in L2 over all parameters."""
+        example's gradient clipped to ``max_grad_norm`` in L2 over all parameters.
+
+        The recorded output gradients are those of the batch's mean loss, each example's
+        own gradient divided by the batch size B; they are used as recorded, and B enters
+        once, in the [B] norms and the clipping weights, instead of a pass over every
+        layer's output gradients."""
         per_layer = [self._per_sample(m) for m in self.layers]
         batch = per_layer[0][0].shape[0] if per_layer else 0
         norms_sq = torch.zeros(batch, device=per_layer[0][1].device if per_layer else None)
         for _, sq, _ in per_layer:
             norms_sq = norms_sq + sq
-        clip = (max_grad_norm / (norms_sq.sqrt() + 1e-6)).clamp(max=1.0)
+        norms = norms_sq.sqrt() * batch  # each example's own gradient norm
+        weights = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * batch
         sums: list[torch.Tensor] = []
         for m, (a, _, g) in zip(self.layers, per_layer, strict=True):
-            sums += self._clipped(m, a, g, clip)
+            sums += self._clipped(m, a, g, weights)
         self.saved = {}
         return sums
 
     def _per_sample(self, m: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(activations as used, per-sample squared gradient norm of the layer, output
-        gradients); for a convolution the activations are its per-sample weight gradients."""
+        gradients), all of the batch's mean loss; for a convolution the activations are
+        its per-sample weight gradients and the output gradients their sums over
+        positions (the bias's)."""
         entry = self.saved.get(m)
         if entry is None or len(entry) < 2:
             raise RuntimeError(f"no gradient reached {type(m).__name__}: call backward() "
                                "on the loss of this forward pass before the optimizer step")
-        # the loss is the batch's mean: each example's own gradient is B times its share
-        a, g = entry[0], entry[1] * entry[1].shape[0]
+        a, g = entry
         if isinstance(m, nn.Linear):
             if a.dim() != 2:
                 raise ValueError("book-keeping supports Linear layers on (batch, features) "
                                  "inputs only")
-            g_sq = g.pow(2).sum(1)
-            sq = a.pow(2).sum(1) * g_sq + (g_sq if m.bias is not None else 0)
+            g_sq = _sq_norms(g)
+            sq = _sq_norms(a) * g_sq + (g_sq if m.bias is not None else 0)
             return a, sq, g
         grads, to_weight = _conv_grads(m, a, g)  # per-sample weight gradients
         self._to_weight[m] = to_weight
-        g = g.flatten(2)  # (an empty batch cannot be reshaped with -1)
-        sq = grads.pow(2).sum((1, 2))
+        sq = _sq_norms(grads.flatten(1))
+        g = g.flatten(2).sum(2)  # (an empty batch cannot be reshaped with -1)
         if m.bias is not None:
-            sq = sq + g.sum(2).pow(2).sum(1)
+            sq = sq + _sq_norms(g)
         return grads, sq, g
 
-    def _clipped(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, clip: torch.Tensor
-                 ) -> list[torch.Tensor]:
+    def _clipped(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor,
+                 weights: torch.Tensor) -> list[torch.Tensor]:
         out = []
         if isinstance(m, nn.Linear):
-            weighted = g * clip[:, None]
-            out.append(weighted.t() @ a)
+            out.append(torch.mm(g.t() * weights, a))
             if m.bias is not None:
-                out.append(weighted.sum(0))
+                out.append(weights @ g)
         else:
-            out.append(self._to_weight[m](torch.einsum("b,bok->ok", clip, a)).contiguous())
+            summed = weights @ a.flatten(1)
+            out.append(self._to_weight[m](summed.view(a.shape[1:])).contiguous())
             if m.bias is not None:
-                out.append(torch.einsum("b,bo->o", clip, g.sum(2)))
+                out.append(weights @ g)
         return out
 
     def remove(self) -> nn.Module:
