@@ -6,8 +6,9 @@ also runs a forward pass to size its classifier) is pure overhead: about 1.5 ms 
 message, more than a four-image client's whole step. A model taken from the pool has
 the message's state loaded, no gradients and training mode on, so what it computes is
 what a freshly built model with that state computes. Only models that came back
-unchanged in structure are returned (plain training and evaluation; a DP-SGD model is
-wrapped by Opacus and is never given back).
+unchanged in structure are returned (plain training, evaluation and book-keeping DP-SGD,
+which removes all it added; a model Opacus' own modes wrapped keeps their hooks and is
+never given back).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from tasks.training import convolutions_channels_last, make_loader, sgd
 
 
 def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None,
-             channels_last=False):
+             channels_last=False, draw_ahead=True):
     torch.manual_seed(0)
     model = build_model(name, (1, 28, 28), 10)
     if channels_last:  # as a client trains on the CPU
@@ -19,7 +19,7 @@ def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None,
     x, y = torch.randn(4 * batch, 1, 28, 28), torch.randint(0, 10, (4 * batch,))
     return make_private(model, sgd(model, 0.1, momentum), make_loader(x, y, batch, 0),
                         noise_multiplier=noise, max_grad_norm=clip, grad_sample_mode=mode,
-                        seed=0, noise_seed=noise_seed)
+                        seed=0, noise_seed=noise_seed, draw_ahead=draw_ahead)
 
 
 def _clipped_sums(private, x, y):
@@ -111,23 +111,28 @@ def test_noise_std_is_sigma_c_over_the_expected_batch(name):
     assert private.history() == [(sigma, 0.25, 3)]
 
 
-@pytest.mark.parametrize("noise_seed,channels_last", [(None, False), (7, False), (7, True)])
+@pytest.mark.parametrize("noise_seed,channels_last,draw_ahead",
+                         [(None, False, True), (7, False, True), (7, True, True),
+                          (7, False, False)])
 def test_bookkeeping_with_momentum_follows_opacus_hooks_step_for_step(noise_seed,
-                                                                      channels_last):
+                                                                      channels_last,
+                                                                      draw_ahead):
     # The noise is drawn in place into buffers kept across steps: with momentum (which
     # keeps a copy of past gradients) an epoch still equals Opacus' hooks, draws included.
     # With a noise generator of its own (as every client has), book-keeping draws the next
-    # step's noise ahead on a worker thread: the same draws, in the same order.
+    # step's noise ahead on a worker thread when asked to: the same draws, in the same order.
     def trained(mode):
         private = _private("small-cnn", mode, 1.0, 0.5, 8, momentum=0.5,
-                           noise_seed=noise_seed, channels_last=channels_last)
+                           noise_seed=noise_seed, channels_last=channels_last,
+                           draw_ahead=draw_ahead)
         torch.manual_seed(1)
         for xb, yb in private.loader:
             private.optimizer.zero_grad(set_to_none=True)
             private.criterion(private.model(xb), yb).backward()
             private.optimizer.step()
         ahead = getattr(private.optimizer, "_ahead", None)
-        assert (ahead is not None) == (mode == "bookkeeping" and noise_seed is not None)
+        assert (ahead is not None) == (mode == "bookkeeping" and noise_seed is not None
+                                       and draw_ahead)
         return private.module().state_dict()
 
     a, b = trained("hooks"), trained("bookkeeping")

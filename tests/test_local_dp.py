@@ -556,3 +556,25 @@ def test_the_composition_and_epsilon_without_python_loops_are_dp_accountings_to_
                 a = pld_pmf._truncate_tails(probs.copy(), tail, pessimistic)
                 b = acc._truncated(probs.copy(), tail, pessimistic)
                 assert a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+@pytest.mark.parametrize(("cpus", "ahead"), [(1, False), (2, True)])
+def test_a_client_draws_its_noise_ahead_only_with_a_core_to_spare(cpus, ahead):
+    # every runtime gives a client client-cpus cores; with one torch thread on each of
+    # them (the default) the thread drawing the next step's noise would only take turns
+    # with training, so the draws are made in the step (the same draws either way)
+    from flwr.app import Context, RecordDict
+
+    from clients.update import local_update
+    from privacy.dp import background
+    from tasks.splits import client_split, model_for
+
+    cfg = validate({"dp": "local", "noise-multiplier": 1.0, "client-cpus": cpus})
+    for worker in background._WORKERS.values():
+        worker.shutdown()
+    background._WORKERS.clear()
+    client = Client(cfg, 0, 10, client_split(cfg, 0, 10))
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    _, metrics = local_update(client, ctx, model_for(cfg)[0].state_dict(), {"server-round": 1})
+    assert metrics["dp-steps"] > 0
+    assert ("noise" in background._WORKERS) == ahead

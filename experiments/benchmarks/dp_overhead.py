@@ -39,6 +39,7 @@ import torch
 from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, bench_fedpriv, print_table
 from experiments.configs import resolve
 from privacy.dp.dpsgd import UnsupportedModelError, check_mode, make_private
+from tasks.allocator import keep_freed_memory
 from tasks.config import RunConfig
 from tasks.splits import client_split, model_for
 from tasks.training import (
@@ -170,6 +171,7 @@ def main() -> None:
                         help="also time client 0's whole round (local_update) in this process")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    keep_freed_memory()  # as a client's process allocates (the epochs and client rounds here)
     sets = args.set if args.config else DEFAULT_SET + args.set  # a preset brings its own
     cfg = resolve(args.config, sets)
     report: dict = {"args": sets, "config": args.config,

@@ -257,8 +257,9 @@ def make_optimizer_class(base: type) -> type:
 
     class BookKeepingOptimizer(base):  # type: ignore[misc, valid-type]
         def __init__(self, optimizer: torch.optim.Optimizer, *, bookkeeping: BookKeeping,
-                     **kwargs: Any) -> None:
+                     draw_ahead: bool = True, **kwargs: Any) -> None:
             self.bookkeeping = bookkeeping
+            self.draw_ahead = draw_ahead
             # the noise's two buffer sets (one in use, one drawn into ahead) and the draw
             # ahead: ((shapes, std) it was drawn for, its future)
             self._sets: list[list[torch.Tensor] | None] = [None, None]
@@ -287,8 +288,8 @@ def make_optimizer_class(base: type) -> type:
             """Opacus' ``add_noise`` (the same draws, to the bit) without its three fresh
             tensors a step: the noise is drawn in place into buffers kept per parameter
             (on the McMahan CNN's 1.66M weights the allocations cost as much as the draw).
-            With a generator of its own, the next step's noise is drawn ahead on a worker
-            thread while this step trains (:func:`_draw_ahead`)."""
+            With a generator of its own and ``draw_ahead``, the next step's noise is drawn
+            ahead on a worker thread while this step trains (:func:`_draw_ahead`)."""
             if self.secure_mode:  # Opacus' four-draw sampling, unchanged
                 super().add_noise()
                 return
@@ -315,7 +316,7 @@ def make_optimizer_class(base: type) -> type:
                     raise RuntimeError("DP-SGD's noise was drawn ahead for another shape or "
                                        "noise level; the draws would no longer be Opacus'")
                 noise = _draw(self._buffers(summed, 0), std, self.generator)
-            if self.generator is not None and std > 0:  # the stream is this training's own
+            if self.draw_ahead and self.generator is not None and std > 0:  # its own stream
                 spare = self._buffers(summed, 1 if noise is self._sets[0] else 0)
                 self._ahead = ((shapes, std), _draw_ahead(spare, std, self.generator))
             return noise

@@ -218,7 +218,8 @@ def _apply_schedule(loader: Any, optimizer: Any, acc: Any, schedule: PublicSched
 def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, *,
                  noise_multiplier: float, max_grad_norm: float, seed: int | None,
                  accountant: str, secure: bool, noise: torch.Generator | None,
-                 schedule: PublicSchedule | None = None) -> PrivateTraining:
+                 schedule: PublicSchedule | None = None, draw_ahead: bool = True
+                 ) -> PrivateTraining:
     """DP-SGD with book-keeping clipping (:mod:`privacy.dp.bookkeeping`), assembled from
     the same Opacus parts ``PrivacyEngine.make_private`` uses — the Poisson data loader,
     ``DPOptimizer``'s noise and scaling, the accountant and its step hook — with the
@@ -238,7 +239,8 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     sample_rate = 1 / len(dp_loader)  # as PrivacyEngine.make_private computes it
     wrapped = BookKeeping(model)
     dp_opt = make_optimizer_class(DPOptimizer)(
-        optimizer, bookkeeping=wrapped, noise_multiplier=noise_multiplier,
+        optimizer, bookkeeping=wrapped, draw_ahead=draw_ahead,
+        noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm,
         expected_batch_size=int(len(dp_loader.dataset) * sample_rate),
         loss_reduction="mean", generator=rng or noise, secure_mode=secure)
@@ -276,7 +278,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
                  seed: int | None = None, accountant: str = "rdp",
                  secure: bool = False, noise_seed: int | None = None,
                  schedule: PublicSchedule | None = None,
-                 device: torch.device | str = "cpu") -> PrivateTraining:
+                 device: torch.device | str = "cpu", draw_ahead: bool = True
+                 ) -> PrivateTraining:
     """Wrap (model, optimizer, loader) for DP-SGD with Poisson sampling.
 
     With a ``schedule`` the sampling rate, steps per epoch and normaliser are its public
@@ -294,7 +297,10 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     Opacus draws it. ``secure`` instead draws batches and noise from :func:`secure_generator`
     and samples noise as Opacus' secure mode does (the sum of four Gaussians, robust to the
     floating-point attacks of Jin et al. 2022 and Haney et al. 2022; Holohan & Braghin 2021):
-    about 4x the noise-sampling cost.
+    about 4x the noise-sampling cost. With ``draw_ahead`` (book-keeping, a generator of its
+    own) each step's noise is drawn on a worker thread while the step before trains: the
+    same draws, faster only where a core is spare (on busy cores the hand-over costs more
+    than it saves).
     """
     model.train()  # Opacus validates (and trains) a model in training mode
     swapped = private_layers(model)
@@ -313,7 +319,8 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         check_mode(mode, model)
         return _bookkeeping(model, optimizer, loader, noise_multiplier=noise_multiplier,
                             max_grad_norm=max_grad_norm, seed=seed, accountant=accountant,
-                            secure=secure, noise=noise, schedule=schedule)
+                            secure=secure, noise=noise, schedule=schedule,
+                            draw_ahead=draw_ahead)
     # Opacus' grad samplers misread a channels-last convolution: its per-example gradients
     # were off by up to 0.1 on the small CNN (tests/test_dp_bookkeeping.py), so the
     # clipping would not bound what each example adds. Its modes get NCHW convolutions
