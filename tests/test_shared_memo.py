@@ -217,3 +217,28 @@ def test_workers_forked_after_the_warm_up_calibrate_and_build_nothing(tmp_path):
     assert child.exitcode == 0
     first, middle, last = (float(v) for v in open(out).read().split())
     assert first < 10 < middle < 20 < last <= 25 * (1 + 1e-9)  # one value on each grid
+
+
+def test_the_runtime_reads_back_the_noise_the_preflight_check_calibrated(tmp_path,
+                                                                        monkeypatch):
+    # the pre-flight check calibrates a target-epsilon run's noise (~2 s under the PLD) in
+    # its own process; given the runtime's folder, it leaves the value there, and the
+    # runtime's clients read it back to the bit instead of calibrating again
+    from clients.local_dp import new_ledger, schedule
+    from experiments.configs import resolve
+    from experiments.preflight.isolated import preflight_isolated
+    from tasks.splits import expected_partition_size
+
+    cfg = resolve(None, ["dp=local", "target-epsilon=3.7", "num-clients=10"])
+    folder = tmp_path / "epsilon"
+    pre = preflight_isolated(cfg, {shared_memo.MEMO_ENV: str(folder)})
+    assert "noise multiplier" in pre.privacy
+    monkeypatch.setenv(shared_memo.MEMO_ENV, str(folder))
+    monkeypatch.setattr(accounting, "_calibrate", lambda *a: pytest.fail("calibrated again"))
+    accounting.calibrate_noise.cache_clear()
+    n = expected_partition_size(cfg, 10)
+    sigma = new_ledger(cfg, schedule(cfg, n, n), 10).noise_multiplier
+    accounting.calibrate_noise.cache_clear()
+    monkeypatch.undo()
+    assert sigma == new_ledger(cfg, schedule(cfg, n, n), 10).noise_multiplier  # computed
+    accounting.calibrate_noise.cache_clear()

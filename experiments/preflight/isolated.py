@@ -8,9 +8,10 @@ otherwise hold for the whole run.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tasks.config import ConfigError, RunConfig
@@ -27,10 +28,11 @@ class Preflight:
     label_counts: list[list[int]] | None = None  # ground truth, per client
 
 
-def _child(given: object) -> tuple[dict, int]:
+def _child(given: object, env: Mapping[str, str] | None) -> tuple[dict, int]:
     # stderr goes straight to the terminal: progress such as backbone training shows live
     proc = subprocess.run([sys.executable, "-m", "experiments.preflight.checks"], text=True,
-                          input=json.dumps(given), stdout=subprocess.PIPE)
+                          input=json.dumps(given), stdout=subprocess.PIPE,
+                          env={**os.environ, **env} if env else None)
     lines = proc.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else {}
@@ -50,16 +52,18 @@ def _preflight(answer: dict, code: int) -> Preflight:
     return Preflight(**answer["result"])
 
 
-def preflight_isolated(cfg: RunConfig) -> Preflight:
-    """:func:`experiments.preflight.checks.preflight` in a child process; its ConfigError is
-    raised here."""
-    return _preflight(*_child(cfg.flat()))
+def preflight_isolated(cfg: RunConfig, env: Mapping[str, str] | None = None) -> Preflight:
+    """:func:`experiments.preflight.checks.preflight` in a child process (``env`` added to
+    its environment: the runtime's shared privacy values, :meth:`InProcessLink.memo_env`);
+    its ConfigError is raised here."""
+    return _preflight(*_child(cfg.flat(), env))
 
 
-def preflight_many(cfgs: Sequence[RunConfig]) -> list[Preflight | Exception]:
+def preflight_many(cfgs: Sequence[RunConfig], env: Mapping[str, str] | None = None
+                   ) -> list[Preflight | Exception]:
     """The pre-flight check of every config in one child process (torch imported once):
     per config its :class:`Preflight`, or the ConfigError / RuntimeError it raised."""
-    answer, code = _child([c.flat() for c in cfgs])
+    answer, code = _child([c.flat() for c in cfgs], env)
     results = answer.get("results") or [{}] * len(cfgs)
     out: list[Preflight | Exception] = []
     for one in results:

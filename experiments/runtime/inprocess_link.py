@@ -57,6 +57,12 @@ class InProcessLink:
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
 
+    def memo_env(self) -> dict[str, str]:
+        """The environment naming this runtime's folder of shared privacy values
+        (:mod:`privacy.dp.shared_memo`): given to the pre-flight check too, whose noise
+        calibrations the runtime then reads back instead of computing them again."""
+        return {MEMO_ENV: str(self.home / "epsilon")} if self.home is not None else {}
+
     def start(self, configs: Iterable[RunConfig] = ()) -> InProcessLink:
         """Start the child (if it is not waiting already); it waits for :meth:`submit`,
         meanwhile importing what ``configs`` (the runs it will likely get) need beyond every
@@ -64,7 +70,7 @@ class InProcessLink:
         if self.proc is None:
             t0 = time.perf_counter()
             # the run's epsilons, shared by its client workers, in our private folder
-            memo = {MEMO_ENV: str(self.home / "epsilon")} if self.home is not None else {}
+            memo = self.memo_env()
             self.proc = procs.start_child(
                 [sys.executable, "-m", "experiments.runtime.inprocess", str(os.getpid()),
                  *preload.needed(configs)],

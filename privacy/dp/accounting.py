@@ -452,8 +452,20 @@ def way_out(floor: float, accountant: str) -> str:
 @functools.lru_cache(maxsize=256)
 def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                     accountant: str = "pld", relation: str = "add-remove") -> float:
-    """The smallest noise multiplier that keeps ``steps`` DP-SGD steps within the target."""
+    """The smallest noise multiplier that keeps ``steps`` DP-SGD steps within the target.
+
+    A function of public values only, so a run computes it once
+    (:mod:`.shared_memo`): the pre-flight check's calibration (~2 s under the PLD) is
+    the one the runtime and its clients read back, to the bit."""
     check_accountant(accountant, relation)
+    key = ("noise-multiplier", float(target_epsilon), float(delta), float(sample_rate),
+           int(steps), accountant, relation)
+    return shared_memo.shared(key, lambda: _calibrate(target_epsilon, delta, sample_rate,
+                                                      steps, accountant, relation))
+
+
+def _calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+               accountant: str, relation: str) -> float:
     if accountant == "pld":
         return _calibrate_pld(target_epsilon, delta, sample_rate, steps, relation)
     from opacus.accountants.utils import MAX_SIGMA, get_noise_multiplier
