@@ -352,7 +352,9 @@ class ResourcesConfig(Section):
     device: str = key("auto", "Torch device for clients and central evaluation; auto = cuda "
                       "when available.", choices=DEVICES)
     client_cpus: int = key(1, "CPUs reserved per simulated client (Ray actor); with C cores, "
-                           "C / client-cpus clients train at once.", lo=1)
+                           "C / client-cpus clients train at once. A local-DP client with "
+                           "more than client-threads draws its next noise on a spare one.",
+                           lo=1)
     client_gpus: float = key(0.25, "GPU share per simulated client when CUDA is present "
                              "(ignored on CPU-only machines).", lo=0, hi=1)
     client_threads: int = key(1, "torch threads per client (more than client-cpus slows "
