@@ -135,6 +135,7 @@ def test_a_dp_sgd_model_is_reused_only_as_built(mode: str, kept: bool) -> None:
         assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
         assert all(p.requires_grad and p.grad is None and not hasattr(p, "summed_grad")
                    for p in model.parameters())
-        reused = one_round()  # on the pool's model
+        reused = one_round()  # on the pool's model, given back again
+        assert [m for models in model_pool._IDLE.values() for m in models] == [model]
         assert all(torch.equal(fresh[k], reused[k]) for k in fresh)
     model_pool.clear()

@@ -126,12 +126,7 @@ def _pld_epsilon(history: tuple[Entry, ...], delta: float, relation: str,
 
     if any(s <= 0 for s, _, _ in history):
         return math.inf
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
-        rough = _rdp_epsilon(history, delta)  # add/remove; replace-one is at most ~2x it
-    if relation == "replace-one":
-        rough *= 2
-    step = pld_interval(rough, interval)
+    step = _grid(history, delta, relation, interval)
     pld = pld_module.identity(value_discretization_interval=step)
     for sigma, q, steps in history:
         if q <= 0 or steps <= 0:  # the accountant composes nothing for them
@@ -145,6 +140,16 @@ def _pld_epsilon(history: tuple[Entry, ...], delta: float, relation: str,
                 value_discretization_interval=step,
                 neighboring_relation=dp_relation(relation)))
     return float(_epsilon_for_delta(pld, delta))
+
+
+def _grid(history: tuple[Entry, ...], delta: float, relation: str,
+          interval: float = 1e-4) -> float:
+    """The value discretization :func:`_pld_epsilon` computes ``history``'s epsilon on:
+    :func:`pld_interval` of its RDP epsilon (replace-one's is at most ~2x add/remove's)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
+        rough = _rdp_epsilon(history, delta)
+    return pld_interval(rough * (2 if relation == "replace-one" else 1), interval)
 
 
 # dp-accounting walks two loops in Python over a composed PMF's 10^4-10^5 entries (a
@@ -326,13 +331,7 @@ def _warm_grids(sigma: float, q: float, delta: float, relation: str, first: int,
     that the epsilons after ``first`` to ``last`` steps are computed on."""
     from dp_accounting.pld import pld_pmf
 
-    def grid(steps: int) -> float:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Optimal order is the", UserWarning)
-            rough = _rdp_epsilon(((sigma, q, steps),), delta)
-        return pld_interval(rough * (2 if relation == "replace-one" else 1))
-
-    step, coarsest = grid(first), grid(last)
+    step, coarsest = (_grid(((sigma, q, n),), delta, relation) for n in (first, last))
     while step <= coarsest:  # powers of two apart: doubling is exact
         pld = _one_step_pld(float(sigma), float(q), step, relation)
         for pmf in {id(p): p for p in (pld._pmf_remove, pld._pmf_add)}.values():
