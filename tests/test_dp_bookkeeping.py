@@ -10,13 +10,28 @@ from tasks.models import build_model
 from tasks.training import convolutions_channels_last, make_loader, sgd
 
 
+def _shape(name):
+    """(input shape, classes): 80-character windows of an 80-symbol alphabet for the
+    character models, 32x32 colour images for the ResNet, 28x28 grey ones otherwise."""
+    if name.startswith("char-"):
+        return (80,), 80
+    return ((3, 32, 32) if name == "resnet18" else (1, 28, 28)), 10
+
+
+def _data(name, n):
+    shape, classes = _shape(name)
+    if name.startswith("char-"):
+        return torch.randint(0, 80, (n, 80)), torch.randint(0, 80, (n,))
+    return torch.randn(n, *shape), torch.randint(0, classes, (n,))
+
+
 def _private(name, mode, noise, clip, batch, momentum=0.0, noise_seed=None,
              channels_last=False, draw_ahead=True):
     torch.manual_seed(0)
-    model = build_model(name, (1, 28, 28), 10)
+    model = build_model(name, *_shape(name))
     if channels_last:  # as a client trains on the CPU
         convolutions_channels_last(model, torch.device("cpu"))
-    x, y = torch.randn(4 * batch, 1, 28, 28), torch.randint(0, 10, (4 * batch,))
+    x, y = _data(name, 4 * batch)
     return make_private(model, sgd(model, 0.1, momentum), make_loader(x, y, batch, 0),
                         noise_multiplier=noise, max_grad_norm=clip, grad_sample_mode=mode,
                         seed=0, noise_seed=noise_seed, draw_ahead=draw_ahead)
@@ -79,6 +94,109 @@ def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name, channels_last):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
     norm = torch.sqrt(sum(s.pow(2).sum() for s in kept))
     assert float(norm) <= 16 * 0.05 * (1 + 1e-5)  # a sum of 16 vectors of norm <= C
+
+
+@pytest.mark.parametrize("name, way", [
+    ("char-gru", "instantiated"), ("char-gru", "gram"), ("char-lstm", "instantiated"),
+    ("char-lstm", "gram"), ("char-transformer", "instantiated"), ("char-transformer", "gram"),
+    ("resnet18", "instantiated")])
+def test_clipped_sum_beyond_the_cnns_equals_opacus_hooks(name, way, monkeypatch):
+    # Opacus' DPGRU/DPLSTM use each cell's Linear layers at every one of the 80 steps,
+    # the transformer its Linear layers on whole sequences: book-keeping sums each
+    # example's gradient over the steps (one batched product, or the Gram matrices of the
+    # steps when the per-example copies would be too large) and gives Opacus' clipped
+    # sum, embeddings (per-example norms from repeated characters), LayerNorm and the
+    # ResNet's GroupNorm included; a clip of 0.05 clips every example.
+    from privacy.dp import bookkeeping
+
+    if way == "gram":
+        monkeypatch.setattr(bookkeeping, "INSTANTIATE_MAX_ELEMENTS", 0)
+    torch.manual_seed(5)
+    x, y = _data(name, 6)
+    hooks = _clipped_sums(_private(name, "hooks", 0.0, 0.05, 6), x, y)
+    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, 0.05, 6), x, y)
+    assert len(hooks) == len(kept) == len(list(build_model(name, *_shape(name)).parameters()))
+    for a, b in zip(hooks, kept, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+    norm = torch.sqrt(sum(s.pow(2).sum() for s in kept))
+    assert float(norm) <= 6 * 0.05 * (1 + 1e-5)  # a sum of 6 vectors of norm <= C
+
+
+class _Tokens(torch.nn.Module):
+    """An embedding with a padding row, a Linear on the whole sequence (B, T, d) and a
+    head: the layer shapes book-keeping meets outside the recurrent cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(12, 6, padding_idx=0)
+        self.mix = torch.nn.Linear(6, 5)
+        self.head = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mix(self.embed(x))).mean(1))
+
+
+@pytest.mark.parametrize("way", ["instantiated", "gram"])
+def test_embedding_and_sequence_linear_clipped_sums_are_each_examples_own(way, monkeypatch):
+    # each example's clipped gradient, from autograd on that example alone, summed: the
+    # padding row gets nothing, a token repeated in a window adds its gradients in one row
+    from privacy.dp import bookkeeping
+
+    if way == "gram":
+        monkeypatch.setattr(bookkeeping, "INSTANTIATE_MAX_ELEMENTS", 0)
+    torch.manual_seed(3)
+    model = _Tokens()
+    x = torch.randint(0, 12, (5, 9))
+    x[0, :4] = 0  # padding
+    x[1, :] = 7  # one token, nine times
+    y = torch.randint(0, 3, (5,))
+    clip = 0.3
+    expected = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(5):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        grads = [p.grad for p in model.parameters()]
+        factor = min(1.0, clip / (float(torch.sqrt(sum(g.pow(2).sum() for g in grads))) + 1e-6))
+        expected = [e + factor * g for e, g in zip(expected, grads, strict=True)]
+    assert float(expected[0][0].abs().max()) == 0.0
+    wrapped = bookkeeping.BookKeeping(model)
+    torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+    sums = wrapped.clipped_sums(clip)
+    for e, s in zip(expected, sums, strict=True):
+        torch.testing.assert_close(s, e, rtol=1e-4, atol=1e-7)
+    assert wrapped.remove() is model and all(p.requires_grad for p in model.parameters())
+
+
+def test_bookkeeping_refuses_a_table_that_changes_in_the_forward_pass():
+    from privacy.dp.bookkeeping import BookKeeping, supports
+
+    model = _Tokens()
+    assert supports(model)
+    model.embed = torch.nn.Embedding(12, 6, max_norm=1.0)
+    assert not supports(model)
+    with pytest.raises(ValueError, match="Embedding"):
+        BookKeeping(model)
+
+
+def test_bookkeeping_char_gru_follows_opacus_hooks_step_for_step():
+    # a whole epoch with noise: the same batches, noise draws and clipping as Opacus'
+    # DPGRU under hooks, and the model comes back with torch's GRU, as the server built it
+    def trained(mode):
+        private = _private("char-gru", mode, 1.0, 0.5, 4, noise_seed=7)
+        for xb, yb in private.loader:
+            private.optimizer.zero_grad(set_to_none=True)
+            private.criterion(private.model(xb), yb).backward()
+            private.optimizer.step()
+        assert private.mode == mode and private.swapped and not private.reusable
+        model = private.module()
+        assert isinstance(model.rnn, torch.nn.GRU)
+        return model.state_dict()
+
+    a, b = trained("hooks"), trained("bookkeeping")
+    assert list(a) == list(b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
@@ -153,15 +271,15 @@ def test_rdp_epsilon_is_opacus_to_the_bit():
         assert epsilon(history, 1e-5, "rdp") == float(acc.get_epsilon(1e-5))
 
 
-@pytest.mark.parametrize("name", ["small-cnn", "cnn"])
-def test_an_empty_poisson_batch_is_a_noise_only_step_on_the_cnns(name):
+@pytest.mark.parametrize("name", ["small-cnn", "cnn", "char-gru"])
+def test_an_empty_poisson_batch_is_a_noise_only_step(name):
     private = _private(name, "bookkeeping", 1.0, 1.0, 1)
     # (the plain model under the wrapper: private.module() would remove the hooks)
     before = {k: v.clone() for k, v in private.model._module.state_dict().items()}
-    x, y = torch.randn(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)
+    x, y = _data(name, 0)
     private.criterion(private.model(x), y).backward()
     private.optimizer.step()
-    after = private.module().state_dict()
+    after = private.model._module.state_dict()  # (with Opacus' recurrent layers' names)
     # no example: each weight moves by lr N(0, (sigma C)^2) / (q n), lr 0.1, q n = 1
     delta = torch.cat([(after[k] - before[k]).flatten() for k in before])
     assert float(delta.std()) == pytest.approx(0.1, rel=0.05)

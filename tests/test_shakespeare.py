@@ -148,19 +148,34 @@ def test_what_does_not_fit_is_refused_before_start(sets, says):
         validate(sets)
 
 
+def test_book_keeping_passes_the_preflight_check_for_every_character_model():
+    from experiments.preflight.checks import _local_dp_check
+    from tasks.models import build_model
+
+    for model in ("char-gru", "char-lstm", "char-transformer"):
+        cfg = validate({"dataset": "shakespeare", "partitioner": "natural", "dp": "local",
+                        "noise-multiplier": 1.0, "grad-sample-mode": "bookkeeping",
+                        "model": model, "num-clients": 4})
+        assert "public N" in _local_dp_check(cfg, build_model(model, (80,), 80), model,
+                                             [100] * 4)
+
+
 def test_the_character_models_train_with_dp_sgd_and_come_back_as_sent():
     from privacy.dp.dpsgd import make_private
     from tasks.models import build_model
     from tasks.training import make_loader, sgd
 
-    for name in ("char-gru", "char-lstm", "char-transformer"):
+    for name, mode in (("char-gru", "hooks"), ("char-gru", "bookkeeping"),
+                       ("char-lstm", "bookkeeping"), ("char-transformer", "hooks"),
+                       ("char-transformer", "bookkeeping")):
         torch.manual_seed(0)
         model = build_model(name, (80,), 80)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         x = torch.randint(0, 80, (24, 80))
         y = torch.randint(0, 80, (24,))
         private = make_private(model, sgd(model, 0.5), make_loader(x, y, 8, 0),
-                               noise_multiplier=1.0, max_grad_norm=1.0, seed=0, noise_seed=1)
+                               noise_multiplier=1.0, max_grad_norm=1.0, seed=0, noise_seed=1,
+                               grad_sample_mode=mode)
         private.model.train()
         for xb, yb in private.loader:
             private.optimizer.zero_grad()

@@ -11,6 +11,18 @@ per-sample norms and the clipped sum from them:
 * ``Linear`` (2-d input): the per-sample weight gradient ``g_i a_i^T`` has norm
   ``|g_i| |a_i|`` (the ghost norm, Goodfellow 2015) and the clipped sum is
   ``(c * g)^T a``, one matrix product, never B copies of the weight;
+* ``Linear`` used more than once in a pass (Opacus' DPGRU/DPLSTM/DPRNN call each cell's
+  layers at every time step) or on a sequence ``(B, T, in)``: the per-sample gradient is
+  ``G_i^T A_i`` over all its uses, one batched product over the ``T`` uses (Opacus' hooks
+  add one ``B x out x in`` product per step); when the ``B`` copies would be too large,
+  the ghost norm of the sum, ``<A_i A_i^T, G_i G_i^T>`` (Li et al. 2022, "Large Language
+  Models Can Be Strong Differentially Private Learners"), and the clipped sum as one
+  matrix product;
+* ``Embedding``: the ghost norm ``sum_{t,s} [x_t = x_s] <g_t, g_s>`` (never the ``B x
+  vocab x dim`` copies) and the clipped sum added row by row into the table;
+* ``LayerNorm`` and ``GroupNorm``: per-sample gradients (one number per channel),
+  ``sum g * x_hat`` for the weight and ``sum g`` for the bias, with ``x_hat`` the input
+  normalized again without the affine map;
 * ``Conv2d``: per-sample weight gradients (conv weights are small), by the cheaper exact
   way for the layer's shape: the unfolded input times the output gradients for a small
   output, otherwise ``torch.func``'s ``vmap`` of the convolution's weight backward (one
@@ -23,8 +35,9 @@ gradient of the input is computed), the noise, scaling and accounting are Opacus
 ``DPOptimizer`` and accountant unchanged (the noise drawn in place, the same draws), and
 an empty Poisson batch is a noise-only step as the analysis requires. Clipping factors
 are Opacus' exactly: ``min(1, C / (|grad_i| + 1e-6))``. Only models whose trainable
-parameters all belong to ``Linear`` and ungrouped ``Conv2d`` layers are supported
-(:func:`supports`).
+parameters all belong to ``Linear``, ungrouped ``Conv2d``, plain ``Embedding``,
+``LayerNorm`` and ``GroupNorm`` layers are supported, and torch's recurrent layers once
+swapped for Opacus' (:func:`supports`).
 """
 
 from __future__ import annotations
@@ -40,22 +53,47 @@ from torch.nn import functional as F
 
 from . import background
 
+_KINDS = (nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.GroupNorm)
+
 
 def _layers(model: nn.Module) -> Iterator[nn.Module]:
     for m in model.modules():
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
+        if isinstance(m, _KINDS):
             yield m
 
 
+def covers(m: nn.Module) -> bool:
+    """Whether book-keeping gives ``m``'s own parameters their per-sample gradients: a
+    Linear, an ungrouped zero-padded Conv2d, an Embedding whose table the forward pass
+    leaves alone (no ``max_norm``) and whose gradient is plain, a LayerNorm or GroupNorm,
+    or a torch recurrent layer (``make_private`` swaps those for Opacus' DPLSTM/DPGRU/DPRNN,
+    built of Linear layers)."""
+    if isinstance(m, nn.RNNBase):
+        return True
+    if isinstance(m, nn.Conv2d):
+        return m.groups == 1 and m.padding_mode == "zeros"
+    if isinstance(m, nn.Embedding):
+        return m.max_norm is None and not m.scale_grad_by_freq and not m.sparse
+    return isinstance(m, _KINDS)
+
+
 def supports(model: nn.Module) -> bool:
-    """True when every trainable parameter is a Linear or an ungrouped Conv2d layer's."""
-    covered = {id(p) for m in _layers(model) for p in m.parameters(recurse=False)}
-    mixed = any(len({p.requires_grad for p in m.parameters(recurse=False)}) > 1
-                for m in _layers(model))  # a frozen bias beside a trained weight
-    convs_ok = all(m.groups == 1 and m.padding_mode == "zeros"
-                   for m in model.modules() if isinstance(m, nn.Conv2d))
-    trained = [p for p in model.parameters() if p.requires_grad]
-    return convs_ok and not mixed and all(id(p) in covered for p in trained)
+    """True when every trained parameter belongs to a layer book-keeping :func:`covers`
+    (and no layer trains a weight but not its bias, or the other way round)."""
+    return not uncovered(model)
+
+
+def uncovered(model: nn.Module) -> list[str]:
+    """The kinds of layer whose trained parameters book-keeping cannot give per-sample
+    gradients (a layer training its weight but not its bias is named too)."""
+    covered = {id(p) for m in model.modules() if covers(m) for p in m.parameters()}
+    kinds = {type(m).__name__ for m in model.modules()
+             if any(p.requires_grad and id(p) not in covered
+                    for p in m.parameters(recurse=False))}
+    kinds |= {f"{type(m).__name__} (a frozen weight or bias beside a trained one)"
+              for m in _layers(model)
+              if len({p.requires_grad for p in m.parameters(recurse=False)}) > 1}
+    return sorted(kinds)
 
 
 # The largest input unfolded per batch (elements: batch x output positions x kernel size
@@ -63,6 +101,10 @@ def supports(model: nn.Module) -> bool:
 # (measured, one thread, batch 32: the small CNN's layers, 0.4M and 0.2M elements, 0.42 /
 # 0.16 ms against 1.25 / 1.87 ms grouped; the McMahan CNN's, 0.6M and 5M, tie).
 UNFOLD_MAX_ELEMENTS = 2_000_000
+
+# The most elements (batch x out x in) a Linear layer used at several steps instantiates
+# as per-sample gradients; above it, its norms come from the steps' Gram matrices.
+INSTANTIATE_MAX_ELEMENTS = 1 << 25
 
 
 def _conv_grads(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor
@@ -139,21 +181,23 @@ def _padding(m: nn.Conv2d) -> tuple[int, ...] | int:
 
 class BookKeeping(nn.Module):
     """Wraps a model: records each layer's input and output gradient in the forward and
-    backward pass, and turns them into the clipped per-sample gradient sum."""
+    backward pass (at each use of the layer), and turns them into the clipped per-sample
+    gradient sum."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        if not supports(model):
-            raise ValueError("book-keeping supports models made of Linear and ungrouped "
-                             "Conv2d layers only")
+        if not supports(model) or any(isinstance(m, nn.RNNBase) for m in model.modules()):
+            raise ValueError("book-keeping supports models made of Linear, ungrouped "
+                             "Conv2d, Embedding, LayerNorm and GroupNorm layers only (torch's "
+                             "recurrent layers once swapped for Opacus': "
+                             "privacy.dp.dpsgd.private_layers)")
         self._module = model  # the name Opacus' wrappers use (dpsgd.unwrap)
         self.layers = [m for m in _layers(model)
                        if any(p.requires_grad for p in m.parameters(recurse=False))]
         self.params = [p for m in self.layers for p in m.parameters(recurse=False)
                        if p.requires_grad]
-        self.saved: dict[nn.Module, list[torch.Tensor]] = {}
-        # per convolution: its per-sample gradients' order -> the weight's shape
-        self._to_weight: dict[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = {}
+        # per layer, one [input, output gradient] per use in the pass
+        self.saved: dict[nn.Module, list[list[torch.Tensor]]] = {}
         self._handles = [m.register_forward_hook(self._record) for m in self.layers]
         for p in self.params:
             p.requires_grad_(False)
@@ -162,13 +206,14 @@ class BookKeeping(nn.Module):
                 output: torch.Tensor) -> None:
         if not self.training:
             return
-        if module in self.saved:
-            raise RuntimeError(f"{type(module).__name__} ran twice in one forward pass "
-                               "(shared weights): book-keeping does not support that")
+        uses = self.saved.setdefault(module, [])
+        if uses and isinstance(module, nn.Conv2d):
+            raise RuntimeError("Conv2d ran twice in one forward pass (shared weights): "
+                               "book-keeping does not support that")
         entry = [inputs[0].detach()]
-        self.saved[module] = entry
+        uses.append(entry)
         replaced = None
-        if not output.requires_grad:  # the first layer: its output is where backward stops
+        if not output.requires_grad:  # nothing trained below: backward stops here
             output = replaced = output.detach().requires_grad_(True)
         output.register_hook(lambda g: entry.append(g.detach()))
         return replaced
@@ -186,56 +231,17 @@ class BookKeeping(nn.Module):
         once, in the [B] norms and the clipping weights, instead of a pass over every
         layer's output gradients."""
         per_layer = [self._per_sample(m) for m in self.layers]
-        batch = per_layer[0][0].shape[0] if per_layer else 0
-        norms_sq = torch.zeros(batch, device=per_layer[0][1].device if per_layer else None)
-        for _, sq, _ in per_layer:
-            norms_sq = norms_sq + sq
+        batch = per_layer[0].batch if per_layer else 0
+        norms_sq = torch.zeros(batch, device=per_layer[0].sq.device if per_layer else None)
+        for layer in per_layer:
+            norms_sq = norms_sq + layer.sq
         norms = norms_sq.sqrt() * batch  # each example's own gradient norm
         weights = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * batch
         sums: list[torch.Tensor] = []
-        for m, (a, _, g) in zip(self.layers, per_layer, strict=True):
-            sums += self._clipped(m, a, g, weights)
+        for layer in per_layer:
+            sums += layer.clipped(weights)
         self.saved = {}
         return sums
-
-    def _per_sample(self, m: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(activations as used, per-sample squared gradient norm of the layer, output
-        gradients), all of the batch's mean loss; for a convolution the activations are
-        its per-sample weight gradients and the output gradients their sums over
-        positions (the bias's)."""
-        entry = self.saved.get(m)
-        if entry is None or len(entry) < 2:
-            raise RuntimeError(f"no gradient reached {type(m).__name__}: call backward() "
-                               "on the loss of this forward pass before the optimizer step")
-        a, g = entry
-        if isinstance(m, nn.Linear):
-            if a.dim() != 2:
-                raise ValueError("book-keeping supports Linear layers on (batch, features) "
-                                 "inputs only")
-            g_sq = _sq_norms(g)
-            sq = _sq_norms(a) * g_sq + (g_sq if m.bias is not None else 0)
-            return a, sq, g
-        grads, to_weight = _conv_grads(m, a, g)  # per-sample weight gradients
-        self._to_weight[m] = to_weight
-        sq = _sq_norms(grads.flatten(1))
-        g = g.flatten(2).sum(2)  # (an empty batch cannot be reshaped with -1)
-        if m.bias is not None:
-            sq = sq + _sq_norms(g)
-        return grads, sq, g
-
-    def _clipped(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor,
-                 weights: torch.Tensor) -> list[torch.Tensor]:
-        out = []
-        if isinstance(m, nn.Linear):
-            out.append(torch.mm(g.t() * weights, a))
-            if m.bias is not None:
-                out.append(weights @ g)
-        else:
-            summed = weights @ a.flatten(1)
-            out.append(self._to_weight[m](summed.view(a.shape[1:])).contiguous())
-            if m.bias is not None:
-                out.append(weights @ g)
-        return out
 
     def remove(self) -> nn.Module:
         """Detach the hooks, give the parameters their gradients back and drop what
@@ -250,6 +256,134 @@ class BookKeeping(nn.Module):
                 del p.summed_grad
         self.saved = {}
         return self._module
+
+    def _uses(self, m: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (input, output gradient) of each use of ``m`` that a gradient reached."""
+        uses = [(e[0], e[1]) for e in self.saved.get(m, []) if len(e) == 2]
+        if not uses:
+            raise RuntimeError(f"no gradient reached {type(m).__name__}: call backward() "
+                               "on the loss of this forward pass before the optimizer step")
+        return uses
+
+    def _per_sample(self, m: nn.Module) -> _Layer:
+        """The layer's per-sample squared gradient norms (of the batch's mean loss) and
+        what it needs to form its clipped sum."""
+        uses = self._uses(m)
+        if isinstance(m, nn.Embedding):
+            return _embedding(m, uses)
+        if isinstance(m, (nn.LayerNorm, nn.GroupNorm)):
+            return _normalization(m, uses)
+        if isinstance(m, nn.Linear):
+            if len(uses) == 1 and uses[0][0].dim() == 2:
+                return _linear(m, *uses[0])
+            return _linear_steps(m, uses)
+        return _conv(m, *uses[0])
+
+
+class _Layer:
+    """One layer's part of a clipping step: per-sample squared norms ``sq`` ([B]) and
+    ``clipped(weights)``, the clipping-weighted sums for its parameters, in order."""
+
+    def __init__(self, batch: int, sq: torch.Tensor,
+                 clipped: Callable[[torch.Tensor], list[torch.Tensor]]) -> None:
+        self.batch, self.sq, self.clipped = batch, sq, clipped
+
+
+def _bias(m: nn.Module, g: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
+    """The clipped bias sum from the per-sample bias gradients ``g`` ([B, out])."""
+    return [weights @ g] if m.bias is not None else []
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``(B, ..., d)`` as ``(B, T, d)``: each example's rows (one for a ``(B, d)`` input)."""
+    return x.unsqueeze(1) if x.dim() == 2 else x.flatten(1, -2)
+
+
+def _linear(m: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> _Layer:
+    """One use on ``(B, in)``: the ghost norm ``|g_i| |a_i|``; the clipped sum one product."""
+    g_sq = _sq_norms(g)
+    sq = _sq_norms(a) * g_sq + (g_sq if m.bias is not None else 0)
+    return _Layer(a.shape[0], sq,
+                  lambda w: [torch.mm(g.t() * w, a), *_bias(m, g, w)])
+
+
+def _linear_steps(m: nn.Linear, uses: list[tuple[torch.Tensor, torch.Tensor]]) -> _Layer:
+    """Several uses (time steps) or a sequence input: each example's gradient is
+    ``G_i^T A_i`` over its ``T`` rows, instantiated by one batched product (its clipped
+    sum is then a weighted sum), or, when the ``B`` copies would be too large, normed by
+    the Gram matrices of the rows and summed as one product."""
+    a = torch.cat([_rows(x) for x, _ in uses], 1)
+    g = torch.cat([_rows(y) for _, y in uses], 1)
+    batch, out, inp = a.shape[0], g.shape[2], a.shape[2]
+    g_bias = g.sum(1)
+    bias_sq = _sq_norms(g_bias) if m.bias is not None else 0
+    if batch * out * inp <= INSTANTIATE_MAX_ELEMENTS:
+        grads = torch.bmm(g.transpose(1, 2), a).flatten(1)  # [B, out * in]
+        return _Layer(batch, _sq_norms(grads) + bias_sq, lambda w: [
+            (w @ grads).view(out, inp), *_bias(m, g_bias, w)])
+    sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    return _Layer(batch, sq + bias_sq, lambda w: [
+        torch.mm((g * w[:, None, None]).reshape(-1, out).t(), a.reshape(-1, inp)),
+        *_bias(m, g_bias, w)])
+
+
+def _embedding(m: nn.Embedding, uses: list[tuple[torch.Tensor, torch.Tensor]]) -> _Layer:
+    """Each example's gradient adds ``g_t`` to row ``x_t`` of the table: its squared norm
+    is ``sum_{t,s} [x_t = x_s] <g_t, g_s>`` (rows of ``padding_idx`` get none), and the
+    clipped sum adds every ``w_i g_t`` into its row."""
+    ids = torch.cat([x.unsqueeze(1) if x.dim() == 1 else x.flatten(1) for x, _ in uses], 1)
+    g = torch.cat([_rows(y) for _, y in uses], 1)
+    if m.padding_idx is not None:
+        g = g * (ids != m.padding_idx).unsqueeze(-1)
+    same = ids.unsqueeze(2) == ids.unsqueeze(1)  # [B, T, T]
+    sq = (torch.bmm(g, g.transpose(1, 2)) * same).sum((1, 2))
+
+    def clipped(w: torch.Tensor) -> list[torch.Tensor]:
+        rows = (g * w[:, None, None]).reshape(-1, g.shape[2])
+        return [m.weight.new_zeros(m.weight.shape).index_add_(0, ids.flatten(), rows)]
+
+    return _Layer(ids.shape[0], sq, clipped)
+
+
+def _normalization(m: nn.LayerNorm | nn.GroupNorm,
+                   uses: list[tuple[torch.Tensor, torch.Tensor]]) -> _Layer:
+    """Per-sample gradients of a LayerNorm's or GroupNorm's affine map, summed over its
+    uses and positions: ``g * x_hat`` for the weight, ``g`` for the bias (per channel)."""
+    grads: list[torch.Tensor] = []
+    for a, g in uses:
+        if isinstance(m, nn.LayerNorm):
+            x_hat = F.layer_norm(a, m.normalized_shape, None, None, m.eps)
+            k = len(m.normalized_shape)  # [B, positions, channels], channels flattened
+
+            def per_sample(x: torch.Tensor, k: int = k) -> torch.Tensor:
+                return _rows(x.flatten(-k)).sum(1)
+        else:
+            x_hat = F.group_norm(a, m.num_groups, None, None, m.eps)
+
+            def per_sample(x: torch.Tensor) -> torch.Tensor:  # [B, C, positions]
+                return (x.flatten(2) if x.dim() > 2 else x.unsqueeze(2)).sum(2)
+        sample = [per_sample(g * x_hat)] + ([per_sample(g)] if m.bias is not None else [])
+        grads = sample if not grads else [s + t for s, t in zip(grads, sample, strict=True)]
+    sq = sum(_sq_norms(x) for x in grads)
+    shape = m.weight.shape
+    return _Layer(grads[0].shape[0], sq,
+                  lambda w: [(w @ x).view(shape) for x in grads])
+
+
+def _conv(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
+    """Per-sample weight gradients (:func:`_conv_grads`); the bias's are the output
+    gradients summed over positions."""
+    grads, to_weight = _conv_grads(m, a, g)
+    sq = _sq_norms(grads.flatten(1))
+    g = g.flatten(2).sum(2)  # (an empty batch cannot be reshaped with -1)
+    if m.bias is not None:
+        sq = sq + _sq_norms(g)
+
+    def clipped(w: torch.Tensor) -> list[torch.Tensor]:
+        summed = w @ grads.flatten(1)
+        return [to_weight(summed.view(grads.shape[1:])).contiguous(), *_bias(m, g, w)]
+
+    return _Layer(grads.shape[0], sq, clipped)
 
 
 def make_optimizer_class(base: type) -> type:

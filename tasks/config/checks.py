@@ -118,11 +118,11 @@ def _data_checks(cfg: RunConfig) -> list[str]:
                       "be taken from every client's own. Use features = 'raw' and "
                       "reference-fraction = 0 with natural clients.")
     if info.kind == "text":
-        if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode in ("ghost",
-                                                                         "bookkeeping"):
-            errors.append(f"grad-sample-mode = {cfg.privacy.grad_sample_mode!r} cannot train "
-                          "recurrent layers (Opacus' DPLSTM/DPGRU reuse a layer at every "
-                          "step). Use grad-sample-mode = 'hooks' or 'auto'.")
+        if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode == "ghost":
+            errors.append("grad-sample-mode = 'ghost' cannot train recurrent layers (Opacus' "
+                          "DPLSTM/DPGRU reuse a layer at every step, which its ghost clipping "
+                          "assumes never happens). Use grad-sample-mode = 'bookkeeping', "
+                          "'hooks' or 'auto'.")
         if cfg.embeddings.enabled:
             errors.append(f"features = 'embeddings' builds image or tabular embeddings; "
                           f"{d.dataset} is text. Use features = 'raw'.")

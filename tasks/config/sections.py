@@ -180,9 +180,10 @@ class PrivacyConfig(Section):
                               name="dp-public-records")
     grad_sample_mode: str = key("auto", "How DP-SGD computes per-sample gradient norms: hooks "
                                 "(Opacus, per-sample gradients), ghost (Opacus' ghost "
-                                "clipping) or bookkeeping (one backward pass; Linear and "
-                                "Conv2d models). All give the same DP-SGD step. auto = the "
-                                "faster for the model (measured).", choices=GRAD_SAMPLE_MODES)
+                                "clipping) or bookkeeping (one backward pass; Linear, "
+                                "Conv2d, Embedding and recurrent models). All give the "
+                                "same DP-SGD step. auto = the faster for the model "
+                                "(measured).", choices=GRAD_SAMPLE_MODES)
     central_clipping: str = key("server-fixed", "dp = central: where client updates are "
                                 "clipped (the server re-clips what it can see either way; "
                                 "client-side clipping is needed with secure aggregation) and "
