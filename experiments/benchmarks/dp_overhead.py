@@ -18,10 +18,9 @@ Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
     python -m experiments.benchmarks.dp_overhead --federated-modes bookkeeping \
         --federated-repeats 3
     python -m experiments.benchmarks.dp_overhead --config shakespeare \
-        --federated-modes hooks --set num-server-rounds=4           # the GRU, 50 steps
+        --federated-modes bookkeeping --set num-server-rounds=4     # the GRU, 50 steps
 
-Modes that cannot train the model (bookkeeping on recurrent or LayerNorm layers) are left
-out and named.
+Modes that cannot train the model (ghost on recurrent layers) are left out and named.
 """
 
 from __future__ import annotations
