@@ -168,6 +168,22 @@ def test_embedding_and_sequence_linear_clipped_sums_are_each_examples_own(way, m
     assert wrapped.remove() is model and all(p.requires_grad for p in model.parameters())
 
 
+def test_bookkeeping_refuses_a_layer_whose_input_is_not_batch_first():
+    # a Linear on a (T, B, d) sequence would have each row credited to the example of its
+    # position in the sequence: the clipping would bound the wrong quantity
+    from privacy.dp.bookkeeping import BookKeeping
+
+    class SequenceFirst(_Tokens):
+        def forward(self, x):
+            return self.head(torch.relu(self.mix(self.embed(x).transpose(0, 1))).mean(0))
+
+    wrapped = BookKeeping(SequenceFirst())
+    x = torch.randint(0, 12, (5, 9))
+    with pytest.raises(RuntimeError, match="not the batch of 5"):
+        wrapped(x)
+    assert torch.isfinite(BookKeeping(_Tokens())(x)).all()
+
+
 def test_bookkeeping_refuses_a_table_that_changes_in_the_forward_pass():
     from privacy.dp.bookkeeping import BookKeeping, supports
 

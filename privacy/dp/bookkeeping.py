@@ -198,6 +198,7 @@ class BookKeeping(nn.Module):
                        if p.requires_grad]
         # per layer, one [input, output gradient] per use in the pass
         self.saved: dict[nn.Module, list[list[torch.Tensor]]] = {}
+        self._batch = 0  # the examples in this pass
         self._handles = [m.register_forward_hook(self._record) for m in self.layers]
         for p in self.params:
             p.requires_grad_(False)
@@ -206,6 +207,13 @@ class BookKeeping(nn.Module):
                 output: torch.Tensor) -> None:
         if not self.training:
             return
+        if inputs[0].shape[:1] != (self._batch,):  # per-example rows would be mixed up
+            raise RuntimeError(
+                f"{type(module).__name__} received an input of shape "
+                f"{tuple(inputs[0].shape)}, whose first dimension is not the batch of "
+                f"{self._batch}: book-keeping needs every layer's input batch-first "
+                "(as Opacus' hooks do); a sequence-first layer would have its rows "
+                "credited to the wrong examples.")
         uses = self.saved.setdefault(module, [])
         if uses and isinstance(module, nn.Conv2d):
             raise RuntimeError("Conv2d ran twice in one forward pass (shared weights): "
@@ -220,6 +228,7 @@ class BookKeeping(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Any:
         self.saved = {}
+        self._batch = x.shape[0]
         return self._module(x)
 
     def clipped_sums(self, max_grad_norm: float) -> list[torch.Tensor]:
