@@ -4,7 +4,9 @@ same workload on the CPU and the plain PyTorch loop on the GPU, in one run.
 Workloads (each an existing benchmark, run as a child with ``--json``):
 
 * the main job (10 clients, 5 rounds): fedpriv's steady round against the plain loop;
-* DP-SGD: one client's local epoch, book-keeping clipping, against plain SGD's epoch;
+* DP-SGD: one client's local epoch, book-keeping clipping, against plain SGD's epoch, on
+  the MNIST default's small CNN and on the language task's char-GRU (Opacus' DPGRU,
+  80 steps of small matrix products a pass: launch-bound on a GPU);
 * ``train-together``: a round's 10, 100 and 1,000 clients as one ``torch.func`` program
   against the same clients trained one after another (the plain loop);
 * the attacks' reference training: 16 reference updates together against the loop.
@@ -62,10 +64,17 @@ def _dp_args(device: str, quick: bool) -> list[str]:
             "1" if quick else "5"]
 
 
-def _dp_rows(report: dict) -> list[tuple[str, float, float]]:
-    epoch = report["epoch-s"]
-    return [(f"DP-SGD client epoch, {mode}", seconds, epoch["none"])
-            for mode, seconds in epoch.items() if mode in ("bookkeeping", "hooks")]
+def _text_dp_args(device: str, quick: bool) -> list[str]:
+    return ["--config", "shakespeare", "--skip-federated", "--set", f"device={device}",
+            "--repeats", "1" if quick else "3", *(["--set", "local-steps=2"] if quick else [])]
+
+
+def _dp_rows(label: str) -> Callable[[dict], list[tuple[str, float, float]]]:
+    def rows(report: dict) -> list[tuple[str, float, float]]:
+        epoch = report["epoch-s"]
+        return [(f"{label} client epoch, {mode}", seconds, epoch["none"])
+                for mode, seconds in epoch.items() if mode in ("bookkeeping", "hooks")]
+    return rows
 
 
 def _together_args(device: str, quick: bool) -> list[str]:
@@ -90,7 +99,8 @@ def _references_rows(report: dict) -> list[tuple[str, float, float]]:
 
 WORKLOADS = (
     Workload("main job", "fedavg_overhead", _main_job_args, _main_job_rows),
-    Workload("DP-SGD", "dp_overhead", _dp_args, _dp_rows),
+    Workload("DP-SGD", "dp_overhead", _dp_args, _dp_rows("DP-SGD")),
+    Workload("DP-SGD, char-GRU", "dp_overhead", _text_dp_args, _dp_rows("DP-SGD char-GRU")),
     Workload("train-together", "cohort_training", _together_args, _together_rows),
     Workload("reference training", "reference_training", _references_args,
              _references_rows),
