@@ -96,31 +96,33 @@ def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name, channels_last):
     assert float(norm) <= 16 * 0.05 * (1 + 1e-5)  # a sum of 16 vectors of norm <= C
 
 
-@pytest.mark.parametrize("name, way", [
-    ("char-gru", "instantiated"), ("char-gru", "gram"), ("char-lstm", "instantiated"),
-    ("char-lstm", "gram"), ("char-transformer", "instantiated"), ("char-transformer", "gram"),
-    ("resnet18", "instantiated")])
-def test_clipped_sum_beyond_the_cnns_equals_opacus_hooks(name, way, monkeypatch):
+@pytest.mark.parametrize("name, way, clip", [
+    ("char-gru", "instantiated", 0.05), ("char-gru", "gram", 0.05),
+    ("char-lstm", "instantiated", 0.05), ("char-lstm", "gram", 0.05),
+    ("char-transformer", "instantiated", 0.05), ("char-transformer", "gram", 0.05),
+    ("resnet18", "instantiated", 0.05),
+    ("char-gru", "instantiated", 1e4), ("char-transformer", "gram", 1e4)])
+def test_clipped_sum_beyond_the_cnns_equals_opacus_hooks(name, way, clip, monkeypatch):
     # Opacus' DPGRU/DPLSTM use each cell's Linear layers at every one of the 80 steps,
     # the transformer its Linear layers on whole sequences: book-keeping sums each
     # example's gradient over the steps (one batched product, or the Gram matrices of the
     # steps when the per-example copies would be too large) and gives Opacus' clipped
     # sum, embeddings (per-example norms from repeated characters), LayerNorm and the
-    # ResNet's GroupNorm included; a clip of 0.05 clips every example.
+    # ResNet's GroupNorm included; a clip of 0.05 clips every example, one of 1e4 none.
     from privacy.dp import bookkeeping
 
     if way == "gram":
         monkeypatch.setattr(bookkeeping, "INSTANTIATE_MAX_ELEMENTS", 0)
     torch.manual_seed(5)
     x, y = _data(name, 6)
-    hooks = _clipped_sums(_private(name, "hooks", 0.0, 0.05, 6), x, y)
-    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, 0.05, 6), x, y)
+    hooks = _clipped_sums(_private(name, "hooks", 0.0, clip, 6), x, y)
+    kept = _clipped_sums(_private(name, "bookkeeping", 0.0, clip, 6), x, y)
     assert len(hooks) == len(kept) == len(list(build_model(name, *_shape(name)).parameters()))
     for a, b in zip(hooks, kept, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
     norm = torch.sqrt(sum(s.pow(2).sum() for s in kept))
-    assert float(norm) <= 6 * 0.05 * (1 + 1e-5)  # a sum of 6 vectors of norm <= C
+    assert float(norm) <= 6 * clip * (1 + 1e-5)  # a sum of 6 vectors of norm <= C
 
 
 class _Tokens(torch.nn.Module):
@@ -166,6 +168,85 @@ def test_embedding_and_sequence_linear_clipped_sums_are_each_examples_own(way, m
     for e, s in zip(expected, sums, strict=True):
         torch.testing.assert_close(s, e, rtol=1e-4, atol=1e-7)
     assert wrapped.remove() is model and all(p.requires_grad for p in model.parameters())
+
+
+class _Reused(torch.nn.Module):
+    """Every kind book-keeping covers, each used more than once in a pass and in every
+    input shape it takes: an embedding on (B, T) and (B,) ids, a Linear on (B, T, d) and
+    (B, 3, 3, d), LayerNorms without a bias and over two dimensions, a GroupNorm on
+    (B, C), and a use under no_grad, which trains nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(12, 6, padding_idx=0)
+        self.mix = torch.nn.Linear(6, 6)
+        self.norm = torch.nn.LayerNorm(6, bias=False)
+        self.block = torch.nn.LayerNorm((3, 6))
+        self.group = torch.nn.GroupNorm(2, 6)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.embed(x) + self.embed(x.flip(1))  # (B, 9, 6)
+        h = self.norm(self.mix(h))
+        h = self.norm(self.mix(torch.relu(h)))
+        h = self.block(self.mix(h.view(-1, 3, 3, 6))).flatten(1, 2)
+        with torch.no_grad():
+            fixed = self.mix(h)  # a constant: no gradient reaches mix through this use
+        h = h + fixed
+        pooled = h.mean(1) + self.embed(x[:, 0])  # (B,) ids
+        pooled = self.group(pooled) + self.group(2 * pooled)
+        return self.head(pooled)
+
+
+def _own_clipped_sums(model, x, y, clip):
+    """Each example's gradient (autograd on that example alone, the loss a batch of one's
+    mean) clipped to ``clip`` as Opacus does, summed over the batch."""
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(len(x)):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        grads = [p.grad for p in model.parameters()]
+        norm = float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+        total = [t + min(1.0, clip / (norm + 1e-6)) * g for t, g in zip(total, grads, strict=True)]
+    return total
+
+
+@pytest.mark.parametrize("way", ["instantiated", "gram"])
+@pytest.mark.parametrize("clip", [0.3, 1e4])
+def test_every_layer_used_many_times_gets_each_examples_own_clipped_sum(way, clip,
+                                                                       monkeypatch):
+    from privacy.dp import bookkeeping
+
+    if way == "gram":
+        monkeypatch.setattr(bookkeeping, "INSTANTIATE_MAX_ELEMENTS", 0)
+    torch.manual_seed(4)
+    model = _Reused().double()
+    x = torch.randint(0, 12, (5, 9))
+    x[0, :4] = 0
+    x[1, :] = 7
+    y = torch.randint(0, 3, (5,))
+    expected = _own_clipped_sums(model, x, y, clip)
+    wrapped = bookkeeping.BookKeeping(model)
+    torch.nn.functional.cross_entropy(wrapped(x), y).backward()
+    for e, got in zip(expected, wrapped.clipped_sums(clip), strict=True):
+        torch.testing.assert_close(got, e, rtol=1e-9, atol=1e-12)
+    empty = x[:0]  # an empty Poisson batch: nothing to add, and no NaN
+    torch.nn.functional.cross_entropy(wrapped(empty), y[:0], reduction="sum").backward()
+    assert all(float(s.abs().sum()) == 0.0 for s in wrapped.clipped_sums(clip))
+
+
+def test_bookkeeping_refuses_tied_weights():
+    # an embedding table reused as the head's weight: the two layers' norms taken apart
+    # would under-estimate each example's, |G_a|^2 + |G_b|^2 for |G_a + G_b|^2
+    from privacy.dp.dpsgd import UnsupportedModelError
+
+    model = _Tokens()
+    model.head = torch.nn.Linear(6, 12, bias=False)
+    model.head.weight = model.embed.weight
+    x, y = torch.randint(0, 12, (8, 9)), torch.randint(0, 12, (8,))
+    with pytest.raises(UnsupportedModelError, match="tied weights"):
+        make_private(model, sgd(model, 0.1, 0.0), make_loader(x, y, 4, 0),
+                     noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="bookkeeping")
 
 
 def test_bookkeeping_refuses_a_layer_whose_input_is_not_batch_first():

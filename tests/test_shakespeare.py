@@ -158,6 +158,9 @@ def test_book_keeping_passes_the_preflight_check_for_every_character_model():
                         "model": model, "num-clients": 4})
         assert "public N" in _local_dp_check(cfg, build_model(model, (80,), 80), model,
                                              [100] * 4)
+    # ghost clipping is refused for the recurrent models only: the transformer runs once
+    validate({"dataset": "shakespeare", "partitioner": "natural", "dp": "local",
+              "grad-sample-mode": "ghost", "model": "char-transformer"})
 
 
 def test_the_character_models_train_with_dp_sgd_and_come_back_as_sent():

@@ -37,7 +37,13 @@ an empty Poisson batch is a noise-only step as the analysis requires. Clipping f
 are Opacus' exactly: ``min(1, C / (|grad_i| + 1e-6))``. Only models whose trainable
 parameters all belong to ``Linear``, ungrouped ``Conv2d``, plain ``Embedding``,
 ``LayerNorm`` and ``GroupNorm`` layers are supported, and torch's recurrent layers once
-swapped for Opacus' (:func:`supports`).
+swapped for Opacus' (:func:`supports`), with no Parameter shared by two layers.
+
+Like Opacus' hooks it assumes what every built-in model does: each layer's input is
+batch-first (a first dimension other than the batch is refused; a sequence-first input
+whose length happens to equal the batch cannot be told apart), and a trained Parameter
+reaches the loss only through its own layer (one used directly, e.g. ``F.linear(h,
+embedding.weight)``, would get no gradient: it is frozen during the pass).
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ def covers(m: nn.Module) -> bool:
     leaves alone (no ``max_norm``) and whose gradient is plain, a LayerNorm or GroupNorm,
     or a torch recurrent layer (``make_private`` swaps those for Opacus' DPLSTM/DPGRU/DPRNN,
     built of Linear layers)."""
-    if isinstance(m, nn.RNNBase):
+    if type(m) in (nn.LSTM, nn.GRU, nn.RNN):  # what make_private swaps (exact types)
         return True
     if isinstance(m, nn.Conv2d):
         return m.groups == 1 and m.padding_mode == "zeros"
@@ -93,6 +99,14 @@ def uncovered(model: nn.Module) -> list[str]:
     kinds |= {f"{type(m).__name__} (a frozen weight or bias beside a trained one)"
               for m in _layers(model)
               if len({p.requires_grad for p in m.parameters(recurse=False)}) > 1}
+    # a Parameter two layers share (tied weights): each layer's norm would be taken
+    # apart, |G_a|^2 + |G_b|^2 instead of |G_a + G_b|^2, an under-estimate
+    owners: dict[int, list[str]] = {}
+    for m in _layers(model):
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(type(m).__name__)
+    kinds |= {f"a Parameter shared by {' and '.join(names)} (tied weights)"
+              for names in owners.values() if len(names) > 1}
     return sorted(kinds)
 
 
@@ -205,7 +219,7 @@ class BookKeeping(nn.Module):
 
     def _record(self, module: nn.Module, inputs: tuple[torch.Tensor, ...],
                 output: torch.Tensor) -> None:
-        if not self.training:
+        if not self.training or not torch.is_grad_enabled():  # no gradient from this use
             return
         if inputs[0].shape[:1] != (self._batch,):  # per-example rows would be mixed up
             raise RuntimeError(
@@ -268,7 +282,11 @@ class BookKeeping(nn.Module):
 
     def _uses(self, m: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (input, output gradient) of each use of ``m`` that a gradient reached."""
-        uses = [(e[0], e[1]) for e in self.saved.get(m, []) if len(e) == 2]
+        entries = self.saved.get(m, [])
+        if any(len(e) > 2 for e in entries):
+            raise RuntimeError(f"{type(m).__name__} received two gradients for one use: "
+                               "book-keeping needs one backward pass per forward pass")
+        uses = [(e[0], e[1]) for e in entries if len(e) == 2]
         if not uses:
             raise RuntimeError(f"no gradient reached {type(m).__name__}: call backward() "
                                "on the loss of this forward pass before the optimizer step")

@@ -9,15 +9,16 @@ The grad-sample mode decides how per-sample gradient norms are computed:
   without materializing per-sample gradients and does a second backward pass;
 - ``bookkeeping``: fedpriv's one-pass book-keeping clipping (Bu et al. 2023,
   :mod:`privacy.dp.bookkeeping`) inside Opacus' own loader, optimizer and accountant,
-  for models of Linear and Conv2d layers; the same step as ``hooks`` to float rounding
-  (tested, noise included).
+  for models of Linear, Conv2d, Embedding, LayerNorm, GroupNorm and (swapped for
+  Opacus') recurrent layers; the same step as ``hooks`` to float rounding (tested,
+  noise included).
 
 All process the empty batches Poisson sampling produces as a noise-only step, as the
 analysis requires. Opacus' ``ew`` and ``functorch`` modes fail on an empty batch
 (measured: "Batch size must be positive, got 0") and were no faster than hooks where
 they run, so they are not offered. ``auto`` picks the mode measured fastest for the
-model (docs/BENCHMARKS.md): book-keeping for both CNNs, MLPs and the linear probe,
-hooks for ResNet-18 (GroupNorm: book-keeping does not cover it).
+model (docs/BENCHMARKS.md): book-keeping for both CNNs, MLPs, the linear probe and the
+character models, hooks for ResNet-18 (where the two tie).
 """
 
 from __future__ import annotations

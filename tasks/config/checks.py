@@ -118,7 +118,9 @@ def _data_checks(cfg: RunConfig) -> list[str]:
                       "be taken from every client's own. Use features = 'raw' and "
                       "reference-fraction = 0 with natural clients.")
     if info.kind == "text":
-        if cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode == "ghost":
+        recurrent = cfg.training.model in ("auto", "char-gru", "char-lstm")  # auto: GRU
+        if (cfg.privacy.dp == "local" and cfg.privacy.grad_sample_mode == "ghost"
+                and recurrent):
             errors.append("grad-sample-mode = 'ghost' cannot train recurrent layers (Opacus' "
                           "DPLSTM/DPGRU reuse a layer at every step, which its ghost clipping "
                           "assumes never happens). Use grad-sample-mode = 'bookkeeping', "

@@ -181,7 +181,8 @@ class PrivacyConfig(Section):
     grad_sample_mode: str = key("auto", "How DP-SGD computes per-sample gradient norms: hooks "
                                 "(Opacus, per-sample gradients), ghost (Opacus' ghost "
                                 "clipping) or bookkeeping (one backward pass; Linear, "
-                                "Conv2d, Embedding and recurrent models). All give the "
+                                "Conv2d, Embedding, LayerNorm, GroupNorm and recurrent "
+                                "layers). All give the "
                                 "same DP-SGD step. auto = the faster for the model "
                                 "(measured).", choices=GRAD_SAMPLE_MODES)
     central_clipping: str = key("server-fixed", "dp = central: where client updates are "
