@@ -235,6 +235,18 @@ def test_every_layer_used_many_times_gets_each_examples_own_clipped_sum(way, cli
     assert all(float(s.abs().sum()) == 0.0 for s in wrapped.clipped_sums(clip))
 
 
+def test_a_second_backward_pass_over_one_forward_is_named_not_summed():
+    from privacy.dp.bookkeeping import BookKeeping
+
+    wrapped = BookKeeping(_Tokens())
+    x, y = torch.randint(0, 12, (4, 9)), torch.randint(0, 3, (4,))
+    loss = torch.nn.functional.cross_entropy(wrapped(x), y)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    with pytest.raises(RuntimeError, match="two gradients for one use"):
+        wrapped.clipped_sums(1.0)
+
+
 def test_bookkeeping_refuses_tied_weights():
     # an embedding table reused as the head's weight: the two layers' norms taken apart
     # would under-estimate each example's, |G_a|^2 + |G_b|^2 for |G_a + G_b|^2
