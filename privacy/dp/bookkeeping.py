@@ -326,6 +326,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(1) if x.dim() == 2 else x.flatten(1, -2)
 
 
+def _joined(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The uses' rows side by side, ``(B, T_1 + T_2 + ..., d)`` (one use: as it is)."""
+    return rows[0] if len(rows) == 1 else torch.cat(rows, 1)
+
+
 def _linear(m: nn.Linear, a: torch.Tensor, g: torch.Tensor) -> _Layer:
     """One use on ``(B, in)``: the ghost norm ``|g_i| |a_i|``; the clipped sum one product."""
     g_sq = _sq_norms(g)
@@ -339,8 +344,8 @@ def _linear_steps(m: nn.Linear, uses: list[tuple[torch.Tensor, torch.Tensor]]) -
     ``G_i^T A_i`` over its ``T`` rows, instantiated by one batched product (its clipped
     sum is then a weighted sum), or, when the ``B`` copies would be too large, normed by
     the Gram matrices of the rows and summed as one product."""
-    a = torch.cat([_rows(x) for x, _ in uses], 1)
-    g = torch.cat([_rows(y) for _, y in uses], 1)
+    a = _joined([_rows(x) for x, _ in uses])
+    g = _joined([_rows(y) for _, y in uses])
     batch, out, inp = a.shape[0], g.shape[2], a.shape[2]
     g_bias = g.sum(1)
     bias_sq = _sq_norms(g_bias) if m.bias is not None else 0
@@ -358,8 +363,8 @@ def _embedding(m: nn.Embedding, uses: list[tuple[torch.Tensor, torch.Tensor]]) -
     """Each example's gradient adds ``g_t`` to row ``x_t`` of the table: its squared norm
     is ``sum_{t,s} [x_t = x_s] <g_t, g_s>`` (rows of ``padding_idx`` get none), and the
     clipped sum adds every ``w_i g_t`` into its row."""
-    ids = torch.cat([x.unsqueeze(1) if x.dim() == 1 else x.flatten(1) for x, _ in uses], 1)
-    g = torch.cat([_rows(y) for _, y in uses], 1)
+    ids = _joined([x.unsqueeze(1) if x.dim() == 1 else x.flatten(1) for x, _ in uses])
+    g = _joined([_rows(y) for _, y in uses])
     if m.padding_idx is not None:
         g = g * (ids != m.padding_idx).unsqueeze(-1)
     same = ids.unsqueeze(2) == ids.unsqueeze(1)  # [B, T, T]
