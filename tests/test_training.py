@@ -152,7 +152,13 @@ def test_plain_training_in_channels_last_is_the_same_sgd_summed_in_another_order
     """Convolutions in channels-last layout (a plain client's CPU step): the same
     parameters, names and shapes, weights within float rounding of NCHW training's after
     two epochs, and the state dict reads the same whichever layout holds it; models
-    without convolutions are left as they are."""
+    without convolutions are left as they are.
+
+    Rounded in another order, a max-pool's near-tie or a ReLU at zero can go the other
+    way (in about one data draw of ten, measured over 30), which moves a few weights by
+    up to 0.4% of their tensor's norm after two epochs: each tensor is compared by the
+    norm of the difference, which a layout error would make as large as the tensor."""
+    torch.manual_seed(0)  # the data fixed, whatever the tests before left in the generator
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
     for name in ("small-cnn", "cnn"):
         torch.manual_seed(0)
@@ -169,7 +175,7 @@ def test_plain_training_in_channels_last_is_the_same_sgd_summed_in_another_order
         assert list(a) == list(b)
         for k in a:
             assert a[k].shape == b[k].shape
-            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+            assert float((b[k] - a[k]).norm()) <= 1e-2 * float(a[k].norm()), k
             assert torch.equal(b[k].contiguous(), b[k])  # values, not layout
     mlp = build_model("mlp", (1, 28, 28), 10)
     before = [p.stride() for p in mlp.parameters()]
