@@ -11,7 +11,6 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ from tasks.results.ledger import outcome, read_ledger
 from tasks.results.plots import PlotHook
 from tasks.seeding import GLOBAL_RNG
 from tasks.splits import feature_shape, model_for
-from tasks.version import package_version, source_commit
+from tasks.version import installed_version, package_version, source_commit
 
 from .checkpoint import CLIENTS as CLIENT_STATES
 from .checkpoint import FOLDER as CHECKPOINT
@@ -117,7 +116,7 @@ def start_info(cfg: RunConfig, run: RunFolder, checkpoint: Checkpoint | None,
         info = RunInfo(started=now(), run_dir=str(run.path), run_id=cfg.results.run_id,
                        versions={"fedpriv": package_version(),
                                  "fedpriv-commit": source_commit() or "not a git checkout",
-                                 **{name: version(name) for name in VERSIONS}})
+                                 **{name: installed_version(name) for name in VERSIONS}})
     else:
         info = RunInfo.from_json(checkpoint.info)
         info.status, info.run_dir = "running", str(run.path)

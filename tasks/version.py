@@ -20,6 +20,15 @@ def package_version() -> str:
         return "unknown"
 
 
+def installed_version(name: str) -> str:
+    """A distribution's version for run.json, or "not installed" (Ray, say, is only needed
+    by the Ray runtime: a run without it still records what it ran with)."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 @functools.lru_cache(maxsize=1)
 def source_commit() -> str | None:
     """The checkout's commit, with "+dirty" when tracked files differ from it; None when

@@ -49,6 +49,15 @@ def test_version_names_the_package_and_the_commit():
     assert fedpriv.__version__ != "unknown"
 
 
+def test_run_info_names_a_missing_package_instead_of_failing():
+    from importlib.metadata import version
+
+    from tasks.version import installed_version
+
+    assert installed_version("numpy") == version("numpy")
+    assert installed_version("no-such-distribution-fedpriv") == "not installed"
+
+
 def test_keys_command_prints_the_schema_as_toml_and_text():
     import tomllib
 

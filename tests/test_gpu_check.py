@@ -42,3 +42,6 @@ def test_every_workload_runs_with_the_cpu_standing_in(tmp_path):
         assert expected in names, names
     assert all(f["device-s"] > 0 and f["plain-loop-s"] > 0 for f in report["figures"])
     assert "ratio to the loop" in done.stdout
+    # each workload's figures are printed as it ends, before the table
+    assert done.stdout.index("  main job, steady round: ") < \
+        done.stdout.index("DP-SGD on cpu ...")

@@ -396,7 +396,19 @@ def test_secure_rng_draws_unpredictable_noise_of_the_right_scale():
                           max_grad_norm=0.5, seed=0, secure=True)
     opt = secure.optimizer
     assert opt.secure_mode and opt.generator is not None
-    assert secure.loader.batch_sampler.generator is opt.generator  # batches too
+    # batches from an entropy-seeded generator too, on the CPU where they are drawn; the
+    # noise's on the training device (a CUDA generator on a GPU: one CPU generator for
+    # both failed every DP-SGD step there)
+    batches = secure.loader.batch_sampler.generator
+    assert batches is not None and batches is not opt.generator
+    assert batches.device.type == "cpu" and opt.generator.device.type == "cpu"
+    for mode in ("hooks", "bookkeeping"):
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        private = make_private(model, sgd(model, 1.0), make_loader(x, y, 8, 0),
+                               noise_multiplier=2.0, max_grad_norm=0.5, seed=0, secure=True,
+                               grad_sample_mode=mode, device=torch.device("cpu"))
+        assert private.optimizer.generator.initial_seed() != \
+            private.loader.batch_sampler.generator.initial_seed(), mode
 
     def noise():
         for p in opt.params:

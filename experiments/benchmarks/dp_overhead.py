@@ -100,7 +100,7 @@ def noise_draws(opt: Any, params: list[torch.Tensor], seed: int) -> None:
     DP-SGD at this batch size when no core is spare (a federated round trains a client on
     every core), whatever the clipping costs; book-keeping draws the next step's noise on
     a spare core when there is one, as in this one-process view."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=params[0].device).manual_seed(seed)
     buffers = [torch.empty_like(p) for p in params]
     step = opt.step
 

@@ -49,8 +49,10 @@ class Workload:
 
 
 def _main_job_args(device: str, quick: bool) -> list[str]:
+    # one client on the whole GPU at a time: the in-process runtime, as the plain loop
+    # trains (shares of a GPU would take the Ray runtime)
     sets = ["num-clients=2", "num-server-rounds=2"] if quick else []
-    return [a for s in [f"device={device}", *sets] for a in ("--set", s)]
+    return [a for s in [f"device={device}", "client-gpus=1", *sets] for a in ("--set", s)]
 
 
 def _main_job_rows(report: dict) -> list[tuple[str, float, float]]:
@@ -168,15 +170,23 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(w.name)
             continue
         cpu = {what: seconds for what, seconds, _ in on_cpu}
-        for what, seconds, plain in on_device:
-            figures.append({"workload": what, "device-s": seconds, "plain-loop-s": plain,
-                            "cpu-s": cpu.get(what)})
+        rows = [{"workload": what, "device-s": seconds, "plain-loop-s": plain,
+                 "cpu-s": cpu.get(what)} for what, seconds, plain in on_device]
+        figures += rows
+        for f in rows:  # as each workload ends: a run cut short keeps what it measured
+            print(f"  {f['workload']}: {f['device-s']:.3f} s, plain loop "
+                  f"{f['plain-loop-s']:.3f} s", flush=True)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
+        _save(args.json, args.device, figures, failed)
     _print_table(figures, args.device)
-    if args.json:
-        args.json.write_text(json.dumps({"device": describe(args.device),
-                                         "figures": figures, "failed": failed}, indent=2))
+    _save(args.json, args.device, figures, failed)
     return 1 if failed else 0
+
+
+def _save(path: Path | None, device: str, figures: list[dict], failed: list[str]) -> None:
+    if path:
+        path.write_text(json.dumps({"device": describe(device), "figures": figures,
+                                    "failed": failed}, indent=2))
 
 
 def _print_table(figures: list[dict], device: str) -> None:

@@ -237,7 +237,7 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
 
     from .bookkeeping import BookKeeping, make_optimizer_class
 
-    rng = secure_generator() if secure else None
+    rng = secure_generator() if secure else None  # the batches are drawn on the CPU
     if rng is None and seed is not None and loader.generator is not None:
         loader.generator.manual_seed(seed)
     dp_loader = DPDataLoader.from_data_loader(loader, generator=rng or loader.generator)
@@ -248,7 +248,7 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         noise_multiplier=noise_multiplier,
         max_grad_norm=max_grad_norm,
         expected_batch_size=int(len(dp_loader.dataset) * sample_rate),
-        loss_reduction="mean", generator=rng or noise, secure_mode=secure)
+        loss_reduction="mean", generator=noise, secure_mode=secure)
     acc = create_accountant(mechanism=_opacus_accountant(accountant))
     dp_opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=sample_rate))
     if schedule is not None:
@@ -257,15 +257,16 @@ def _bookkeeping(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
                            SimpleNamespace(accountant=acc), "bookkeeping")
 
 
-def secure_generator() -> torch.Generator:
-    """A torch generator seeded from the OS's entropy pool (128 bits, ``secrets``).
+def secure_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch generator on ``device`` seeded from the OS's entropy pool (63 bits,
+    ``secrets``): the Poisson batches are drawn on the CPU, the noise where the gradients are.
 
     Opacus' ``secure_mode`` wants ``torchcsprng``, which has no build for current torch
     (PyPI has no distribution of it); torch's own generator seeded unpredictably is what
     fedpriv offers instead. It is not a cryptographic stream: an adversary who sees
     many raw draws could in principle recover its state.
     """
-    return torch.Generator().manual_seed(secrets.randbits(63))
+    return torch.Generator(device=device).manual_seed(secrets.randbits(63))
 
 
 def rebuilt(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
@@ -318,7 +319,7 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     if swapped and mode == "ghost":
         raise UnsupportedModelError(RECURRENT.format(mode=mode))
     # the noise is drawn where the gradients are: a generator of the training device
-    noise = (None if secure or noise_seed is None
+    noise = (secure_generator(device) if secure else None if noise_seed is None
              else torch.Generator(device=device).manual_seed(noise_seed))
     if mode == "bookkeeping":
         check_mode(mode, model)
@@ -344,12 +345,15 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
         out = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
                                   noise_multiplier=noise_multiplier,
                                   max_grad_norm=max_grad_norm, poisson_sampling=True,
-                                  grad_sample_mode=mode, noise_generator=noise,
+                                  grad_sample_mode=mode,
+                                  noise_generator=None if secure else noise,
                                   criterion=nn.CrossEntropyLoss())
     if mode == "ghost":
         dp_model, dp_opt, criterion, dp_loader = out
     else:
         (dp_model, dp_opt, dp_loader), criterion = out, nn.CrossEntropyLoss()
+    if secure:  # Opacus gives its one secure_rng (a CPU one: the batches) the noise too
+        dp_opt.generator = noise
     if schedule is not None:
         _apply_schedule(dp_loader, dp_opt, engine.accountant, schedule)
     return PrivateTraining(dp_model, dp_opt, dp_loader, criterion, engine, mode, swapped)
