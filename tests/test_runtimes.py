@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
@@ -163,6 +164,36 @@ def test_auto_picks_inprocess_unless_the_run_needs_ray(values, cuda, expected):
     assert choose(validate(values), cuda=cuda).name == expected
     if not {"runtime", "ray-address"} & set(values):  # those refuse --supernodes
         assert choose(validate(values), cuda=cuda, supernodes=True).name == "deployment"
+
+
+@pytest.mark.parametrize("values, cuda, advice", [
+    ({"runtime": "ray"}, False, "set runtime = 'inprocess'"),
+    ({"ray-address": "10.0.0.5:6379"}, False, "leave ray-address empty"),
+    ({}, True, "set client-gpus = 1"),  # GPU shares: Ray
+])
+def test_a_run_that_needs_ray_without_ray_installed_is_refused_first(
+        monkeypatch, values, cuda, advice):
+    """Ray missing (an environment installed without Flower's simulation extra): the run
+    that would go to Ray is refused by the check every caller makes before any work,
+    saying how to run in-process; runs that stay in-process are untouched."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # what import ray finds: nothing
+    with pytest.raises(ConfigError, match="Ray is not installed") as refused:
+        choose(validate(values), cuda=cuda)
+    assert advice in str(refused.value)
+    assert choose(validate({}), cuda=False).name == "inprocess"
+    assert choose(validate({"client-gpus": 1.0}), cuda=True).name == "inprocess"
+
+
+def test_the_cli_refuses_a_ray_run_without_ray_before_writing_anything(tmp_path):
+    hide = tmp_path / "site"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
+    results = tmp_path / "results"
+    res = run_cli("run", "--set", "runtime=ray", "--set", f"results-dir={results}",
+                  env={"PYTHONPATH": str(hide)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Ray is not installed" in res.stderr and "Traceback" not in res.stderr
+    assert not results.exists() or not any(results.iterdir())
 
 
 def _cell_dir(sweep, n):

@@ -10,6 +10,7 @@ sharing a GPU (``client-gpus`` below 1 on a CUDA machine, so several train at on
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,12 +75,19 @@ def choose(cfg: RunConfig, *, cuda: bool, supernodes: bool = False) -> Runtime:
                        f"client-gpus = {r.client_gpus} on a CUDA machine") + "). Set "
             "runtime = 'inprocess' (with client-gpus = 1 on a GPU), or train-together = "
             "false.")
-    if r.runtime == "ray":
-        return Runtime("ray", "runtime = 'ray'")
     if r.runtime == "inprocess":
         return Runtime("inprocess", "runtime = 'inprocess'")
-    if r.ray_address:
-        return Runtime("ray", f"ray-address = {r.ray_address}")
-    if shares:
-        return Runtime("ray", f"client-gpus = {r.client_gpus} on a CUDA machine")
-    return Runtime("inprocess", "runtime = 'auto'")
+    why = ("runtime = 'ray'" if r.runtime == "ray" else
+           f"ray-address = {r.ray_address}" if r.ray_address else
+           f"client-gpus = {r.client_gpus} on a CUDA machine" if shares else None)
+    if why is None:
+        return Runtime("inprocess", "runtime = 'auto'")
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            f"this run needs Flower's simulation runtime ({why}), which runs on Ray, and Ray "
+            "is not installed in this environment. Install fedpriv's dependencies (pip "
+            "install -e . in the checkout, or pip install 'flwr[simulation]'), or run "
+            "in-process: " + ("set client-gpus = 1 (one client at a time on the whole GPU)"
+                              if shares and not r.ray_address and r.runtime != "ray" else
+                              "set runtime = 'inprocess' and leave ray-address empty") + ".")
+    return Runtime("ray", why)
