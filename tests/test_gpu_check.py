@@ -36,7 +36,8 @@ def test_every_workload_runs_with_the_cpu_standing_in(tmp_path):
     report = json.loads(out.read_text())
     assert report["failed"] == []
     names = [f["workload"] for f in report["figures"]]
-    for expected in ("main job, steady round", "DP-SGD client epoch, bookkeeping",
+    for expected in ("main job, steady round", "main job with train-together, steady round",
+                     "DP-SGD client epoch, bookkeeping",
                      "DP-SGD char-GRU client epoch, bookkeeping",
                      "train-together, 4 clients x 8 images", "reference training, DP-SGD"):
         assert expected in names, names
