@@ -77,17 +77,21 @@ def choose(cfg: RunConfig, *, cuda: bool, supernodes: bool = False) -> Runtime:
             "false.")
     if r.runtime == "inprocess":
         return Runtime("inprocess", "runtime = 'inprocess'")
-    why = ("runtime = 'ray'" if r.runtime == "ray" else
-           f"ray-address = {r.ray_address}" if r.ray_address else
-           f"client-gpus = {r.client_gpus} on a CUDA machine" if shares else None)
-    if why is None:
+    # why the run goes to Ray, and the in-process setting that would serve it instead
+    instead = "set runtime = 'inprocess' and leave ray-address empty"
+    if r.runtime == "ray":
+        why = "runtime = 'ray'"
+    elif r.ray_address:
+        why = f"ray-address = {r.ray_address}"
+    elif shares:
+        why = f"client-gpus = {r.client_gpus} on a CUDA machine"
+        instead = "set client-gpus = 1 (one client at a time on the whole GPU)"
+    else:
         return Runtime("inprocess", "runtime = 'auto'")
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(
             f"this run needs Flower's simulation runtime ({why}), which runs on Ray, and Ray "
             "is not installed in this environment. Install fedpriv's dependencies (pip "
             "install -e . in the checkout, or pip install 'flwr[simulation]'), or run "
-            "in-process: " + ("set client-gpus = 1 (one client at a time on the whole GPU)"
-                              if shares and not r.ray_address and r.runtime != "ray" else
-                              "set runtime = 'inprocess' and leave ray-address empty") + ".")
+            f"in-process: {instead}.")
     return Runtime("ray", why)
