@@ -1,11 +1,16 @@
 """The benchmarks' harness: timed runs are not sampled for memory (sampling stalls the
-process sampled); the peaks come from an extra, untimed sitting."""
+process sampled); the peaks come from an extra, untimed sitting. The accounting view
+times the epsilons a run reports, which are dp-accounting's."""
 
 from __future__ import annotations
 
 import sys
 
-from experiments.benchmarks.fedavg_overhead import _merge, measured
+from experiments.benchmarks.dp_overhead import accounting_times
+from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, _merge, measured
+from experiments.configs import resolve
+
+from .conftest import fresh_epsilon
 
 HOLD = [sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(0.6); print('ok')"]
 
@@ -27,3 +32,15 @@ def test_peaks_come_from_the_memory_runs_and_times_from_the_timed_ones() -> None
     assert merged["total-s"] == 6.0 and merged["steady-round-s"] == 1.5
     assert (merged["peak-rss"], merged["peak-pss"]) == (7, 5)
     assert _merge(timed, [])["peak-pss"] == 0
+
+
+def test_the_accounting_view_times_the_epsilons_a_run_reports() -> None:
+    # the MNIST default under local DP: batch 64 of the public 400 records, 7 steps a round
+    cfg = resolve(None, [*DEFAULT_SET, "dp=local", "noise-multiplier=1.0"])
+    rows = accounting_times(cfg, 3)
+    assert [(a["round"], a["steps"]) for a in rows] == [(1, 7), (2, 14), (3, 21)]
+    for a in rows:  # an independent dp-accounting computation of the same history
+        assert a["epsilon"] == fresh_epsilon([(1.0, 64 / 400, a["steps"])], 1 / 4000, "pld")
+        assert a["rdp-epsilon"] > a["epsilon"] > 0
+        assert a["fedpriv-s"] >= 0 and a["dp-accounting-s"] > 0 and a["rdp-s"] > 0
+    assert rows[0]["epsilon"] < rows[1]["epsilon"] < rows[2]["epsilon"]

@@ -11,7 +11,11 @@ Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
    ``dp = none`` and ``dp = local`` for each mode (fixed noise multiplier, so no
    calibration cost is included);
 3. with ``--client-rounds``, per client round in one process: client 0's whole round as
-   its ClientApp runs it (``local_update``: DP set-up, epoch, ledger, epsilon, digest).
+   its ClientApp runs it (``local_update``: DP set-up, epoch, ledger, epsilon, digest);
+4. with ``--accounting ROUNDS``, the epsilon a client reports after each of the run's
+   first ROUNDS rounds (its DP-SGD schedule, noise multiplier 1.0 unless set): fedpriv's
+   PLD accountant against dp-accounting's own ``PLDAccountant`` on the same history (the
+   floor, and the values must be equal), and Opacus' RDP beside them.
 
     python -m experiments.benchmarks.dp_overhead                   # small-cnn
     python -m experiments.benchmarks.dp_overhead --set model=cnn   # McMahan CNN
@@ -19,6 +23,8 @@ Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
         --federated-repeats 3
     python -m experiments.benchmarks.dp_overhead --config shakespeare \
         --federated-modes bookkeeping --set num-server-rounds=4     # the GRU, 50 steps
+    python -m experiments.benchmarks.dp_overhead --skip-federated --repeats 1 \
+        --accounting 15                                            # each round's epsilon
 
 Modes that cannot train the model (ghost on recurrent layers) are left out and named.
 """
@@ -156,6 +162,53 @@ def client_round_times(sets: list[str], modes: list[str], repeats: int = 7,
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def accounting_times(cfg: RunConfig, rounds: int) -> list[dict[str, float]]:
+    """Per round of the run's local DP-SGD schedule (its public sizes, the clients'
+    ledger): the epsilon reported after it and the seconds each accountant takes for it,
+    as a client computes it once the runtime has warmed the one-step PLDs (fedpriv's
+    PLD, the default), as dp-accounting's ``PLDAccountant`` computes the same history
+    from scratch on the same grid (the floor: the values must be equal to the bit), and
+    Opacus' RDP."""
+    import dp_accounting as dpa
+    from dp_accounting.pld import PLDAccountant
+
+    from clients.local_dp import new_ledger, schedule
+    from privacy.dp.accounting import _grid, dp_relation, epsilon
+    from tasks.splits import expected_partition_size
+    from tasks.training import round_steps
+
+    p, t, n = cfg.privacy, cfg.training, cfg.federation.num_clients
+    public = p.public_records or expected_partition_size(cfg, n)
+    plan = schedule(cfg, public, public)
+    ledger = new_ledger(cfg, plan, n)
+    per_round = round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps)
+    sigma, q, delta, relation = (ledger.noise_multiplier, ledger.sample_rate, ledger.delta,
+                                 ledger.relation)
+    ledger.warm(per_round, rounds)  # what the runtime computes before its workers fork
+    out = []
+    for r in range(1, rounds + 1):
+        history = [(sigma, q, per_round * r)]
+        t0 = time.perf_counter()
+        ours = epsilon(history, delta, "pld", relation)
+        t1 = time.perf_counter()
+        # on the grid fedpriv chose (dp-accounting's default 1e-4 up to epsilon 10)
+        acc = PLDAccountant(dp_relation(relation), value_discretization_interval=_grid(
+            tuple(history), delta, relation))
+        acc.compose(dpa.SelfComposedDpEvent(
+            dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), per_round * r))
+        theirs = float(acc.get_epsilon(delta))
+        t2 = time.perf_counter()
+        rdp = epsilon(history, delta, "rdp", relation) if relation == "add-remove" else \
+            float("nan")
+        t3 = time.perf_counter()
+        if ours != theirs:
+            raise RuntimeError(f"round {r}: fedpriv's PLD epsilon {ours!r} is not "
+                               f"dp-accounting's {theirs!r}")
+        out.append({"round": r, "steps": per_round * r, "epsilon": ours, "fedpriv-s": t1 - t0,
+                    "dp-accounting-s": t2 - t1, "rdp-epsilon": rdp, "rdp-s": t3 - t2})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
     parser.add_argument("--config", help="a preset (without it, the MNIST default: "
@@ -168,6 +221,9 @@ def main() -> None:
                         help="fedpriv runs per variant (taking turns); median of their rounds")
     parser.add_argument("--client-rounds", action="store_true",
                         help="also time client 0's whole round (local_update) in this process")
+    parser.add_argument("--accounting", type=int, default=0, metavar="ROUNDS",
+                        help="also time the epsilon reported after each of the first ROUNDS "
+                        "rounds against dp-accounting's PLDAccountant")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     keep_freed_memory()  # as a client's process allocates (the epochs and client rounds here)
@@ -211,6 +267,18 @@ def main() -> None:
             rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",
                          f"{t:.3f}", f"{t / base:.2f}x"))
     print_table(rows)
+    if args.accounting > 0:
+        dp_sets = ["dp=local"] + ([] if any(s.startswith("noise-multiplier=") for s in sets)
+                                  else ["noise-multiplier=1.0"])
+        report["accounting"] = accounting_times(resolve(args.config, sets + dp_sets),
+                                                args.accounting)
+        print("\nthe epsilon after each round (one thread of this process; fedpriv's equal "
+              "to dp-accounting's, checked)")
+        print_table([("round", "steps", "epsilon (PLD)", "fedpriv (s)", "dp-accounting (s)",
+                      "ratio", "epsilon (RDP)", "RDP (s)")] + [
+            (str(a["round"]), str(a["steps"]), f"{a['epsilon']:.3f}", f"{a['fedpriv-s']:.4f}",
+             f"{a['dp-accounting-s']:.4f}", f"{a['fedpriv-s'] / a['dp-accounting-s']:.2f}x",
+             f"{a['rdp-epsilon']:.3f}", f"{a['rdp-s']:.4f}") for a in report["accounting"]])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
