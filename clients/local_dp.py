@@ -91,18 +91,26 @@ def warm_accounting(cfg: RunConfig, num_partitions: int) -> None:
     of each computing them in its first rounds. Only where the schedule is public before
     any data (add/remove, the public size from the configuration); a setting that cannot
     work is left for the clients to report."""
-    p, t, fed = cfg.privacy, cfg.training, cfg.federation
+    p, fed = cfg.privacy, cfg.federation
     if p.dp != "local" or p.dp_relation != "add-remove":
         return
-    public = p.public_records or expected_partition_size(cfg, num_partitions)
-    plan = schedule(cfg, public, public)
     try:
-        ledger = new_ledger(cfg, plan, num_partitions)
+        ledger, per_round = public_ledger(cfg, num_partitions)
     except LocalDPError:
         return
     rounds = planned_rounds(fed.num_server_rounds, fed.fraction_train, fed.min_train_clients,
                             num_partitions)
-    ledger.warm(round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps), rounds)
+    ledger.warm(per_round, rounds)
+
+
+def public_ledger(cfg: RunConfig, num_partitions: int) -> tuple[ClientLedger, int]:
+    """The ledger a client starts from when its schedule is fixed by the public size
+    (``dp-public-records``, else the expected partition size), and its steps a round."""
+    t = cfg.training
+    public = cfg.privacy.public_records or expected_partition_size(cfg, num_partitions)
+    plan = schedule(cfg, public, public)
+    return (new_ledger(cfg, plan, num_partitions),
+            round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps))
 
 
 def load_ledger(context: Context) -> ClientLedger | None:

@@ -172,16 +172,10 @@ def accounting_times(cfg: RunConfig, rounds: int) -> list[dict[str, float]]:
     import dp_accounting as dpa
     from dp_accounting.pld import PLDAccountant
 
-    from clients.local_dp import new_ledger, schedule
+    from clients.local_dp import public_ledger
     from privacy.dp.accounting import _grid, dp_relation, epsilon
-    from tasks.splits import expected_partition_size
-    from tasks.training import round_steps
 
-    p, t, n = cfg.privacy, cfg.training, cfg.federation.num_clients
-    public = p.public_records or expected_partition_size(cfg, n)
-    plan = schedule(cfg, public, public)
-    ledger = new_ledger(cfg, plan, n)
-    per_round = round_steps(t.local_epochs, plan.steps_per_epoch, t.local_steps)
+    ledger, per_round = public_ledger(cfg, cfg.federation.num_clients)
     sigma, q, delta, relation = (ledger.noise_multiplier, ledger.sample_rate, ledger.delta,
                                  ledger.relation)
     ledger.warm(per_round, rounds)  # what the runtime computes before its workers fork
