@@ -40,7 +40,7 @@ from . import arguments as arg
 from .arguments import Echo, silent
 from .configs import resolve
 from .frames import changed, combine, ledger_frame
-from .preflight.isolated import Preflight, preflight_isolated
+from .preflight.isolated import Checker, Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
 from .runtime.choice import choose
 from .runtime.inprocess_link import InProcessLink
@@ -400,7 +400,7 @@ def _run_config(cfg: RunConfig, *, name: str | None, supernodes: bool, verbose: 
     given = given_run_dir(cfg.results)  # an existing run is refused before any work
     _quick_check(cfg)
     with _warm(cfg, supernodes) as warm:
-        pre = _checked(cfg, echo, warm.memo_env())
+        pre = _checked(cfg, echo, warm.memo_env(), warm.checker())
         choose(cfg, cuda=pre.cuda, supernodes=supernodes)  # a runtime that cannot serve it
         if given is not None:
             given.mkdir(parents=True, exist_ok=True)
@@ -473,11 +473,13 @@ def _quick_check(cfg: RunConfig) -> None:
     quick_check(d.dataset, d.data_dir, d.download, cfg.federation.num_clients)
 
 
-def _checked(cfg: RunConfig, echo: Echo, env: dict[str, str] | None = None) -> Preflight:
-    """The pre-flight check (before any process starts: bad data is bad input); ``env``
-    names the in-process runtime's shared privacy values, which it leaves there."""
+def _checked(cfg: RunConfig, echo: Echo, env: dict[str, str] | None = None,
+             checker: Checker | None = None) -> Preflight:
+    """The pre-flight check (before any run starts: bad data is bad input), in the
+    in-process runtime's waiting child (``checker``) or a child of its own; ``env`` names
+    the in-process runtime's shared privacy values, which it leaves there."""
     _quick_check(cfg)
-    pre = preflight_isolated(cfg, env)
+    pre = preflight_isolated(cfg, env, checker)
     echo(f"checked: {pre.dataset}; model {pre.model} ({pre.parameters:,} parameters); client "
          f"sizes {min(pre.sizes)}–{max(pre.sizes)}")
     if pre.privacy:

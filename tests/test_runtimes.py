@@ -447,9 +447,9 @@ def test_clients_answering_in_threads_or_worker_processes_give_the_same_bits(
 
 def test_the_cli_names_what_its_runs_need_when_it_starts_the_runtime_child(tmp_path):
     """Opacus for local DP (and a DP-trained CVAE), torch's optimizers where one is built,
-    go on the child's command line, which imports them while the pre-flight check runs
-    (serve() loads the same from the run's configs before its workers fork); nothing
-    extra for a plain run; an unknown name is ignored."""
+    go on the child's command line, which imports them before it runs the pre-flight
+    check (serve() loads the same from the run's configs before its workers fork);
+    nothing extra for a plain run; an unknown name is ignored."""
     import sys
 
     from experiments.runtime import preload
@@ -470,3 +470,35 @@ def test_the_cli_names_what_its_runs_need_when_it_starts_the_runtime_child(tmp_p
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_the_waiting_runtime_child_runs_the_pre_flight_check(tmp_path, monkeypatch):
+    """The pre-flight check runs in the in-process runtime's child, which imports torch,
+    the apps and Opacus once for both: its answer is the one a child of its own gives, a
+    refusal is the same ConfigError, a run starts no other child, and a child that dies
+    before answering is said to have crashed, with its exit code."""
+    from experiments import api
+    from experiments.preflight import isolated
+    from experiments.runtime.inprocess_link import InProcessLink
+
+    dp = validate({"dp": "local", "noise-multiplier": 1.0})
+    with InProcessLink() as link:
+        link.start([dp])
+        inside = isolated.preflight_isolated(dp, checker=link.checker())
+        assert inside == isolated.preflight_isolated(dp)  # a child of its own
+        with pytest.raises(ConfigError, match="is not below 1/N"):
+            isolated.preflight_isolated(validate({"dp": "local", "delta": 0.1}), checker=link)
+        assert link.proc is not None
+        link.proc.kill()  # (its own session: by PID)
+        link.proc.wait()
+        with pytest.raises(RuntimeError, match=r"crashed \(exit code -9\)"):
+            isolated.preflight_isolated(dp, checker=link)
+        assert link.checker() is None  # the next run starts a new child
+
+    def own_child(given: object, env: object) -> tuple[dict, int]:
+        raise AssertionError("the pre-flight check started a child of its own")
+
+    monkeypatch.setattr(isolated, "_child", own_child)
+    res = api.run_config(validate({"num-clients": 2, "num-server-rounds": 1,
+                                   "results-dir": str(tmp_path)}), echo=None)
+    assert res.ok and res.accuracy is not None

@@ -446,20 +446,24 @@ def _answer(values: dict) -> dict:
         return {"error": str(exc)}
 
 
+def answer(given: dict | list) -> dict:
+    """The answer to one config (a dict: its result or error; anything else it raises
+    propagates) or several (a list, a sweep's cells: one answer each, a crash included)."""
+    if not isinstance(given, list):
+        return _answer(given)
+    answers = []
+    # a broken cell must not hide the others' answers
+    for values in track(given, "pre-flight: checking cells"):
+        try:
+            answers.append(_answer(values))
+        except Exception as exc:
+            answers.append({"crash": f"{type(exc).__name__}: {exc}"})
+    return {"results": answers}
+
+
 def main() -> None:
     """One config (a JSON object) or several (a JSON list, a sweep's cells) on stdin."""
-    given = json.loads(sys.stdin.read())
-    if isinstance(given, list):
-        answers = []
-        # a broken cell must not hide the others' answers
-        for values in track(given, "pre-flight: checking cells"):
-            try:
-                answers.append(_answer(values))
-            except Exception as exc:
-                answers.append({"crash": f"{type(exc).__name__}: {exc}"})
-        print(json.dumps({"results": answers}))
-    else:
-        print(json.dumps(_answer(given)))
+    print(json.dumps(answer(json.loads(sys.stdin.read()))))
 
 
 if __name__ == "__main__":

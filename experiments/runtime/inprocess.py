@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from experiments.preflight.isolated import ANSWER
 from privacy.dp.shared_memo import MEMO_ENV
 from tasks.allocator import keep_freed_memory
 from tasks.messages import FIT
@@ -331,7 +332,9 @@ def _run_folders(run_config: Mapping[str, Any]) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     """The child's entry (``PARENT_PID``): import what a run needs, then read the run
-    (``{"run-config": FILE, "nodes": N}``) from stdin and serve it; exit at once on EOF."""
+    (``{"run-config": FILE, "nodes": N}``) from stdin and serve it; exit at once on EOF.
+    Before the run it answers pre-flight requests (``{"preflight": CONFIG_OR_LIST}``), each
+    with one ``ANSWER`` line on stdout."""
     from .keeper import mark_orphaned
 
     parent = int(argv[0])
@@ -350,10 +353,14 @@ def main(argv: list[str]) -> int:
     keep_freed_memory()  # before the client workers fork: theirs too
     warm_up()
     preload.load(argv[1:])  # what the CLI expects the run to need (Opacus for local DP)
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0
-    request = json.loads(line)
+    while True:
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0
+        request = json.loads(line)
+        if "preflight" not in request:
+            break
+        print(ANSWER + json.dumps(_preflight(request["preflight"])), flush=True)
     run_config.update(json.loads(Path(request["run-config"]).read_text()))
     try:
         serve(run_config, int(request["nodes"]))
@@ -361,6 +368,19 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _preflight(given: dict | list) -> dict:
+    """The pre-flight check's answer (:func:`experiments.preflight.checks.answer`) to a
+    request the CLI sends before the run; a crash is answered too (its trace printed), so
+    that the CLI says so and stops us."""
+    from experiments.preflight.checks import answer
+
+    try:
+        return answer(given)
+    except Exception as exc:
+        traceback.print_exc()
+        return {"crash": f"{type(exc).__name__}: {exc}"}
 
 
 def warm_up() -> None:

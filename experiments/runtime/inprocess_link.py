@@ -24,7 +24,9 @@ from typing import Any
 
 from privacy.dp.shared_memo import MEMO_ENV
 from tasks.config import RunConfig
+from tasks.progress import Relay
 
+from ..preflight.isolated import ANSWER
 from . import preload, procs
 from .superlink import HOME_PREFIX, remove_stale_homes, write_owner
 
@@ -78,6 +80,35 @@ class InProcessLink:
                 death_signal=signal.SIGUSR1)  # inprocess.PARENT_DIED (no torch import here)
             self.started_s = time.perf_counter() - t0
         return self
+
+    def check(self, given: object) -> tuple[dict, int]:
+        """The pre-flight check of ``given`` (one config's values, or a list) in the waiting
+        child, which has torch, the apps and Opacus imported already (a child of its own
+        would import them again): its answer, or ({}, its exit code) if it ended first.
+        Its other lines (progress, notes) are shown as they come."""
+        proc = self.start().proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps({"preflight": given}) + "\n")
+            proc.stdin.flush()
+        except OSError:  # it is gone already: its exit code says so below
+            pass
+        relay = Relay()
+        try:
+            for line in proc.stdout:
+                if line.startswith(ANSWER):
+                    return json.loads(line[len(ANSWER):]), 0
+                if not relay.feed(line):
+                    sys.stderr.write(line)
+        finally:
+            relay.close()
+        self.proc, self.returncode = None, proc.wait()
+        return {}, self.returncode
+
+    def checker(self) -> InProcessLink | None:
+        """This link, if its child is started (pre-flight checks then run in it), else
+        None (they run in a child of their own)."""
+        return self if self.proc is not None else None
 
     def _stop(self) -> None:
         """Stop a child that is still there, by PID (one never given a run, or ours on

@@ -294,11 +294,11 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
     (:func:`cells_at_once`)."""
     print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
     likely = [c.config for c in cells if _likely_inprocess(c)]
-    env = None
-    if likely:  # it imports torch, the apps and what the cells need meanwhile
+    env, checker = None, None
+    if likely:  # it imports torch, the apps and what the cells need, then checks them
         link = runtimes.link("inprocess").start(likely)
-        env = link.memo_env()  # the checks' noise calibrations, read back by the runtime
-    checks = preflight_many([c.config for c in cells], env)
+        env, checker = link.memo_env(), link.checker()  # the checks' noise calibrations
+    checks = preflight_many([c.config for c in cells], env, checker)  # stay for the runtime
     ready = {c.index: pre for c, raw in zip(cells, checks, strict=True)
              if (pre := _checked(c, raw)) is not None}
     groups: dict[tuple[Any, ...], list[Cell]] = {}
