@@ -226,7 +226,8 @@ def dp_round(cfg: RunConfig, context: Context, model: torch.nn.Module, x: torch.
         ledger.record(planned, server_round, digest)
         # the next round's epsilon, if it trains as this one did: started now, it has a
         # whole round of the federation's time to finish (exact either way: a round that
-        # trains otherwise computes its own)
-        ledger.epsilon_ahead(planned)
+        # trains otherwise computes its own); none after the run's last round
+        if server_round is None or server_round < cfg.federation.num_server_rounds:
+            ledger.epsilon_ahead(planned)
     save_ledger(context, ledger)
     return DPRound(ledger, result, private.module(), private.reusable)

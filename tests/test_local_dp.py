@@ -593,3 +593,27 @@ def test_a_client_draws_its_noise_ahead_only_with_a_core_to_spare(cpus, ahead):
     _, metrics = local_update(client, ctx, model_for(cfg)[0].state_dict(), {"server-round": 1})
     assert metrics["dp-steps"] > 0
     assert ("noise" in background._WORKERS) == ahead
+
+
+def test_a_client_computes_the_next_rounds_epsilon_ahead_except_after_the_last(monkeypatch):
+    """While a round trains, its epsilon is computed ahead, and after it the next round's
+    (the federation's time between rounds); after the run's last round nothing more: an
+    epsilon no round will report would only take CPU from the clients still training."""
+    from flwr.app import Context, RecordDict
+
+    from clients.update import local_update
+    from privacy.dp import accounting
+    from tasks.splits import client_split, model_for
+
+    asked: list[int] = []
+    monkeypatch.setattr(accounting, "_ahead", lambda history, *rest: asked.append(
+        sum(n for _, _, n in history)))
+    cfg = validate({"dp": "local", "noise-multiplier": 1.0, "num-server-rounds": 2})
+    client = Client(cfg, 0, 10, client_split(cfg, 0, 10))
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    state = model_for(cfg)[0].state_dict()
+    _, first = local_update(client, ctx, state, {"server-round": 1})
+    steps = first["dp-steps"]
+    assert asked == [steps, 2 * steps]  # this round's, then the next one's
+    _, last = local_update(client, ctx, state, {"server-round": 2})
+    assert last["dp-steps"] == 2 * steps and asked == [steps, 2 * steps, 2 * steps]
