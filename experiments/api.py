@@ -42,7 +42,7 @@ from .configs import resolve
 from .frames import changed, combine, ledger_frame
 from .preflight.isolated import Checker, Preflight, preflight_isolated
 from .runtime.app_bundle import app_dir
-from .runtime.choice import choose
+from .runtime.choice import choose, likely_inprocess
 from .runtime.inprocess_link import InProcessLink
 from .sweep.settings import effective, inert
 
@@ -411,14 +411,10 @@ def _run_config(cfg: RunConfig, *, name: str | None, supernodes: bool, verbose: 
 @contextlib.contextmanager
 def _warm(cfg: RunConfig, supernodes: bool) -> Iterator[InProcessLink]:
     """The in-process runtime's child, started now if the run will likely need it: it
-    imports torch and the apps while the pre-flight check runs (stopped unused if the
+    imports torch and the apps, then runs the pre-flight check (stopped unused if the
     check refuses the run or the run goes to Ray)."""
-    try:
-        likely = not supernodes and choose(cfg, cuda=False).name == "inprocess"
-    except ConfigError:
-        likely = False
     with InProcessLink() as link:
-        if likely:
+        if likely_inprocess(cfg, supernodes):
             link.start([cfg])
         yield link
 
@@ -430,8 +426,9 @@ def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = pr
                      "results/20261122-101500-mnist-fedavg-iid")
     verbose, echo = arg.flag("resume", "verbose", verbose), arg.echo("resume", echo)
     try:
-        path, cfg, pre = _reopened(folder, "fedpriv run --resume", echo, simulated=True)
+        path, cfg, rounds = _resumable(folder, "fedpriv run --resume", echo)
         with InProcessLink() as link:
+            pre = _reopen(path, cfg, rounds, echo, runtime=link)
             return _launch(cfg, path, pre, False, verbose, echo, link)
     except KeyboardInterrupt as exc:
         if getattr(exc, "run_dir", None) is None:
@@ -439,20 +436,33 @@ def resume(run_dir: str | Path, *, verbose: bool = False, echo: Echo | None = pr
         raise _interrupted(exc) from None
 
 
-def _reopened(run_dir: str | Path, command: str, echo: Echo, simulated: bool = False
-              ) -> tuple[Path, RunConfig, Preflight]:
-    """A resumable run folder, checked (pre-flight included) and marked running again."""
+def _resumable(run_dir: str | Path, command: str, echo: Echo
+               ) -> tuple[Path, RunConfig, int]:
+    """A resumable run folder (checked before anything starts), its config and the round
+    it was checkpointed at."""
     from server.checkpoint import Checkpoint, resumable
 
     path, cfg = resumable(run_dir)
     rounds = Checkpoint.load(path).round
     echo(f"{command} · {path.name} · round {rounds} of "
          f"{cfg.federation.num_server_rounds} checkpointed")
-    pre = _checked(cfg, echo)
-    if simulated:
+    return path, cfg, rounds
+
+
+def _reopen(path: Path, cfg: RunConfig, rounds: int, echo: Echo,
+            runtime: InProcessLink | None = None) -> Preflight:
+    """The pre-flight check of a resumable run, which is then marked running again; a
+    simulated run's ``runtime`` is started for it (and checks it) if it will likely serve
+    it, as for a new run."""
+    if runtime is None:
+        pre = _checked(cfg, echo)
+    else:
+        if likely_inprocess(cfg):
+            runtime.start([cfg])
+        pre = _checked(cfg, echo, runtime.memo_env(), runtime.checker())
         choose(cfg, cuda=pre.cuda)  # a runtime that cannot serve it
     RunFolder(path).reopen({"from-round": rounds, "at": now()})
-    return path, cfg, pre
+    return pre
 
 
 def _no_resume_key(cfg: RunConfig) -> None:
@@ -591,8 +601,9 @@ def resume_deployed(run_dir: str | Path, link: Connection, *, verbose: bool = Fa
     from its last checkpointed round; every SuperNode must have kept its state
     (``--state-dir``), or the ServerApp refuses before the first round."""
     echo = echo or silent
-    path, cfg, pre = _reopened(run_dir, f"fedpriv deploy run --resume ({link.address})", echo)
-    return _submit(cfg, link, path, pre, verbose, echo)
+    path, cfg, rounds = _resumable(run_dir, f"fedpriv deploy run --resume ({link.address})",
+                                   echo)
+    return _submit(cfg, link, path, _reopen(path, cfg, rounds, echo), verbose, echo)
 
 
 def _submit(cfg: RunConfig, link: Connection, run_dir: Path, pre: Preflight, verbose: bool,

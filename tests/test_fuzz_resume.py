@@ -151,6 +151,21 @@ def test_an_unusable_checkpoint_or_client_state_is_refused_before_any_round(
     assert _snapshot(run) == before
 
 
+def test_a_resumed_run_is_checked_in_the_runtime_child_that_runs_it(tmp_path, crashed,
+                                                                    monkeypatch):
+    """As a new run's: a resumed in-process run's pre-flight check runs in the runtime's
+    child (torch and Opacus imported once), no child of its own, and the run finishes."""
+    from experiments.preflight import isolated
+
+    def own_child(given: object, env: object) -> tuple[dict, int]:
+        raise AssertionError("the pre-flight check started a child of its own")
+
+    monkeypatch.setattr(isolated, "_child", own_child)
+    run = _copy(crashed, tmp_path / "run")
+    res = experiments.api.resume(run, echo=None)
+    assert res.ok and len(read_ledger(run)) == 2, res.error
+
+
 # --- finding 2: resume = true set on a new run ------------------------------------------------
 
 def test_resume_true_on_a_new_run_is_refused_with_what_to_do(tmp_path, crashed, capsys):

@@ -95,3 +95,12 @@ def choose(cfg: RunConfig, *, cuda: bool, supernodes: bool = False) -> Runtime:
             "install -e . in the checkout, or pip install 'flwr[simulation]'), or run "
             f"in-process: {instead}.")
     return Runtime("ray", why)
+
+
+def likely_inprocess(cfg: RunConfig, supernodes: bool = False) -> bool:
+    """Whether the in-process runtime will likely serve ``cfg`` (before the pre-flight
+    check says whether CUDA is there): its child can then start, and check the run, early."""
+    try:
+        return not supernodes and choose(cfg, cuda=False).name == "inprocess"
+    except ConfigError:
+        return False

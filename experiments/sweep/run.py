@@ -28,7 +28,7 @@ from tasks.results.ledger import read_ledger
 from ..configs import absolutize, refuse_idle
 from ..preflight.isolated import Preflight, preflight_isolated, preflight_many
 from ..runtime.app_bundle import app_dir
-from ..runtime.choice import choose
+from ..runtime.choice import choose, likely_inprocess
 from ..runtime.inprocess_link import InProcessLink
 from ..runtime.procs import interruption
 from ..runtime.runner import (
@@ -196,15 +196,6 @@ class Runtimes:
         return self.links[name]
 
 
-def _likely_inprocess(c: Cell) -> bool:
-    """Whether the cell will likely run in-process (before its pre-flight check says
-    whether CUDA is there)."""
-    try:
-        return choose(c.config, cuda=False).name == "inprocess"
-    except ConfigError:
-        return False
-
-
 def _runtime(c: Cell, pre: Preflight) -> str | None:
     """The runtime that serves the cell, or None with the cell marked invalid."""
     try:
@@ -293,7 +284,7 @@ def _run_together(runtimes: Runtimes, out: Path, spec: SweepSpec, cells: list[Ce
     ServerApp runs them on the largest cell's federation, in turn or side by side
     (:func:`cells_at_once`)."""
     print("\nchecking every cell (data, model, partitions, privacy)...", flush=True)
-    likely = [c.config for c in cells if _likely_inprocess(c)]
+    likely = [c.config for c in cells if likely_inprocess(c.config)]
     env, checker = None, None
     if likely:  # it imports torch, the apps and what the cells need, then checks them
         link = runtimes.link("inprocess").start(likely)
