@@ -137,8 +137,10 @@ def resnet18_gn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 class CharRNN(nn.Module):
     """A next-character model: an embedding, a stack of LSTM or GRU layers, and a linear
     layer on the last step's output. LEAF's Shakespeare baseline (Caldas et al. 2018) is
-    an 8-dimensional embedding and two LSTM layers of 256. Opacus trains it with DP-SGD
-    through its DPLSTM/DPGRU (:func:`privacy.dp.dpsgd.make_private` swaps them in)."""
+    an 8-dimensional embedding and two LSTM layers of 256. DP-SGD trains it through
+    recurrent layers built of Linear layers (:func:`privacy.dp.dpsgd.make_private` swaps
+    them in: :mod:`privacy.dp.recurrent` under book-keeping, Opacus' DPLSTM/DPGRU under
+    its own modes)."""
 
     def __init__(self, vocab: int, embed: int, hidden: int, layers: int, cell: str) -> None:
         super().__init__()

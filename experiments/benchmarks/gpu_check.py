@@ -7,8 +7,8 @@ Workloads (each an existing benchmark, run as a child with ``--json``):
   it runs by default and with ``train-together`` (the round's clients as one batched
   program);
 * DP-SGD: one client's local epoch, book-keeping clipping, against plain SGD's epoch, on
-  the MNIST default's small CNN and on the language task's char-GRU (Opacus' DPGRU,
-  80 steps of small matrix products a pass: launch-bound on a GPU);
+  the MNIST default's small CNN and on the language task's char-GRU (its recurrence
+  stepped in Python, 80 steps of small matrix products a pass: launch-bound on a GPU);
 * ``train-together``: a round's 10, 100 and 1,000 clients as one ``torch.func`` program
   against the same clients trained one after another (the plain loop);
 * the attacks' reference training: 16 reference updates together against the loop.

@@ -338,9 +338,10 @@ def _distributed_dp_check(cfg: RunConfig, n: int, dim: int) -> str:
 def _local_dp_check(cfg: RunConfig, model, name: str, sizes: list[int]) -> str:
     try:
         model = copy.deepcopy(model)
-        private_layers(model)  # as make_private trains it: Opacus' recurrent layers
+        mode = resolve_mode(cfg.privacy.grad_sample_mode, name)
+        private_layers(model, mode)  # as make_private trains it (recurrent layers swapped)
         check_model(model)
-        check_mode(resolve_mode(cfg.privacy.grad_sample_mode, name), model)
+        check_mode(mode, model)
     except UnsupportedModelError as exc:
         raise ConfigError(str(exc)) from None
     p = cfg.privacy

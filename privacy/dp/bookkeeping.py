@@ -11,10 +11,11 @@ per-sample norms and the clipped sum from them:
 * ``Linear`` (2-d input): the per-sample weight gradient ``g_i a_i^T`` has norm
   ``|g_i| |a_i|`` (the ghost norm, Goodfellow 2015) and the clipped sum is
   ``(c * g)^T a``, one matrix product, never B copies of the weight;
-* ``Linear`` used more than once in a pass (Opacus' DPGRU/DPLSTM/DPRNN call each cell's
-  layers at every time step) or on a sequence ``(B, T, in)``: the per-sample gradient is
-  ``G_i^T A_i`` over all its uses, one batched product over the ``T`` uses (Opacus' hooks
-  add one ``B x out x in`` product per step); when the ``B`` copies would be too large,
+* ``Linear`` on a sequence ``(B, T, in)`` or used more than once in a pass (the recurrent
+  layers of :mod:`.recurrent` report each projection's inputs and output gradients once
+  per sequence; Opacus' DPGRU/DPLSTM/DPRNN call each cell's layers at every time step):
+  the per-sample gradient is ``G_i^T A_i`` over all its rows, one batched product (Opacus'
+  hooks add one ``B x out x in`` product per step); when the ``B`` copies would be too large,
   the ghost norm of the sum, ``<A_i A_i^T, G_i G_i^T>`` (Li et al. 2022, "Large Language
   Models Can Be Strong Differentially Private Learners"), and the clipped sum as one
   matrix product;
@@ -58,6 +59,7 @@ from torch.func import vmap
 from torch.nn import functional as F
 
 from . import background
+from .recurrent import SequenceRecurrent
 
 _KINDS = (nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.GroupNorm)
 
@@ -72,8 +74,8 @@ def covers(m: nn.Module) -> bool:
     """Whether book-keeping gives ``m``'s own parameters their per-sample gradients: a
     Linear, an ungrouped zero-padded Conv2d, an Embedding whose table the forward pass
     leaves alone (no ``max_norm``) and whose gradient is plain, a LayerNorm or GroupNorm,
-    or a torch recurrent layer (``make_private`` swaps those for Opacus' DPLSTM/DPGRU/DPRNN,
-    built of Linear layers)."""
+    or a torch recurrent layer (``make_private`` swaps those for :mod:`.recurrent`'s, or
+    for a bidirectional one Opacus' DPLSTM/DPGRU/DPRNN, both built of Linear layers)."""
     if type(m) in (nn.LSTM, nn.GRU, nn.RNN):  # what make_private swaps (exact types)
         return True
     if isinstance(m, nn.Conv2d):
@@ -214,6 +216,11 @@ class BookKeeping(nn.Module):
         self.saved: dict[nn.Module, list[list[torch.Tensor]]] = {}
         self._batch = 0  # the examples in this pass
         self._handles = [m.register_forward_hook(self._record) for m in self.layers]
+        # recurrent layers run their Linear layers' maths themselves and hand each one's
+        # input and output here once per sequence (privacy.dp.recurrent)
+        self._recurrent = [m for m in model.modules() if isinstance(m, SequenceRecurrent)]
+        for m in self._recurrent:
+            m.recorder = self._record_use
         for p in self.params:
             p.requires_grad_(False)
 
@@ -239,6 +246,12 @@ class BookKeeping(nn.Module):
             output = replaced = output.detach().requires_grad_(True)
         output.register_hook(lambda g: entry.append(g.detach()))
         return replaced
+
+    def _record_use(self, layer: nn.Linear, inputs: torch.Tensor, output: torch.Tensor
+                    ) -> torch.Tensor:
+        """:meth:`_record` for a use a recurrent layer reports (the output to go on with)."""
+        replaced = self._record(layer, (inputs,), output)
+        return output if replaced is None else replaced
 
     def forward(self, x: torch.Tensor) -> Any:
         self.saved = {}
@@ -272,6 +285,8 @@ class BookKeeping(nn.Module):
         for h in self._handles:
             h.remove()
         self._handles = []
+        for m in self._recurrent:
+            m.recorder = None
         for p in self.params:
             p.requires_grad_(True)
             p.grad = None

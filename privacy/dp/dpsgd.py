@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,41 +65,68 @@ def _recurrent_pairs() -> dict[type, type]:
     return {nn.LSTM: DPLSTM, nn.GRU: DPGRU, nn.RNN: DPRNN}
 
 
-def _swap_layers(model: nn.Module, pairs: dict[type, type]) -> bool:
-    """Replace each layer of a type in ``pairs`` by the paired type with the same sizes and
-    weights (the pairs name their weights alike); True if any was replaced."""
+def _opacus_layer(child: nn.Module, target: type) -> nn.Module:
+    """Opacus' DPLSTM/DPGRU/DPRNN (``target``) with ``child``'s sizes and weights (they
+    name their weights as torch does), or torch's own layer from one of Opacus'."""
+    options: dict[str, Any] = {"num_layers": child.num_layers, "bias": child.bias,
+                               "batch_first": child.batch_first, "dropout": child.dropout,
+                               "bidirectional": child.bidirectional}
+    if isinstance(child, nn.RNN):
+        options["nonlinearity"] = child.nonlinearity
+    elif target is nn.RNN:  # Opacus' DPRNN keeps it among its cells' settings
+        options["nonlinearity"] = child.cell_params["nonlinearity"]
+    new = target(child.input_size, child.hidden_size, **options)
+    new.load_state_dict(child.state_dict())
+    return new.to(next(child.parameters()).device)
+
+
+def _swap_layers(model: nn.Module, convert: Callable[[nn.Module], nn.Module | None]) -> bool:
+    """Replace each layer ``convert`` gives a replacement for (same sizes and weights);
+    True if any was replaced."""
     swapped = False
     for name, child in list(model.named_children()):
-        target = pairs.get(type(child))
-        if target is None:
-            swapped |= _swap_layers(child, pairs)
+        new = convert(child)
+        if new is None:
+            swapped |= _swap_layers(child, convert)
             continue
-        new = target(child.input_size, child.hidden_size, num_layers=child.num_layers,
-                     bias=child.bias, batch_first=child.batch_first, dropout=child.dropout,
-                     bidirectional=child.bidirectional)
-        if isinstance(child, nn.RNN):
-            new = target(child.input_size, child.hidden_size, num_layers=child.num_layers,
-                         nonlinearity=child.nonlinearity, bias=child.bias,
-                         batch_first=child.batch_first, dropout=child.dropout,
-                         bidirectional=child.bidirectional)
-        new.load_state_dict(child.state_dict())
-        setattr(model, name, new.to(next(child.parameters()).device))
+        setattr(model, name, new)
         swapped = True
     return swapped
 
 
-def private_layers(model: nn.Module) -> bool:
-    """Swap torch's LSTM, GRU and RNN for Opacus' DPLSTM, DPGRU and DPRNN in place (same
-    weights): torch's fused recurrent kernels have no per-sample gradients. True if any
+def private_layers(model: nn.Module, mode: str = "hooks") -> bool:
+    """Swap torch's LSTM, GRU and RNN in place (same weights) for layers with per-sample
+    gradients: under book-keeping, :mod:`.recurrent`'s (each input projection once per
+    sequence) where they apply; otherwise Opacus' DPLSTM, DPGRU and DPRNN. True if any
     was swapped (:func:`plain_layers` swaps them back)."""
     import_opacus()
-    return _swap_layers(model, _recurrent_pairs())
+    from .recurrent import sequence_layer, supported
+
+    pairs = _recurrent_pairs()
+
+    def convert(child: nn.Module) -> nn.Module | None:
+        if mode == "bookkeeping" and supported(child):
+            return sequence_layer(child)
+        target = pairs.get(type(child))
+        return None if target is None else _opacus_layer(child, target)
+
+    return _swap_layers(model, convert)
 
 
 def plain_layers(model: nn.Module) -> nn.Module:
     """Undo :func:`private_layers`: the model with torch's own recurrent layers (and its
     weights' state-dict order), as the server built it."""
-    _swap_layers(model, {v: k for k, v in _recurrent_pairs().items()})
+    from .recurrent import SequenceRecurrent
+
+    back = {v: k for k, v in _recurrent_pairs().items()}
+
+    def convert(child: nn.Module) -> nn.Module | None:
+        if isinstance(child, SequenceRecurrent):
+            return child.plain()
+        target = back.get(type(child))
+        return None if target is None else _opacus_layer(child, target)
+
+    _swap_layers(model, convert)
     return model
 
 
@@ -124,8 +152,8 @@ FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeepin
                "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
                # hooks 3.9x, ghost 4.6x; bookkeeping within 5% of hooks (batch 32)
                "resnet18": "hooks",
-               # Opacus' DPLSTM/DPGRU, batch 10, 80 steps: the GRU hooks 4.2x,
-               # bookkeeping 1.65x; the 2 x 256 LSTM hooks 12x, bookkeeping 2.6x
+               # batch 10, 80 steps: the GRU hooks 3.9x (Opacus' DPGRU), bookkeeping
+               # 1.28x (privacy.dp.recurrent); the 2 x 256 LSTM hooks 11x, bookkeeping 2.0x
                "char-lstm": "bookkeeping", "char-gru": "bookkeeping",
                "char-transformer": "bookkeeping"}  # hooks 1.76x, bookkeeping 1.32x
 
@@ -309,13 +337,13 @@ def make_private(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     than it saves).
     """
     model.train()  # Opacus validates (and trains) a model in training mode
-    swapped = private_layers(model)
+    mode = resolve_mode(grad_sample_mode, "")
+    swapped = private_layers(model, mode)
     if swapped:  # the optimizer must hold the new layers' parameters
         optimizer = rebuilt(optimizer, model)
     check_model(model)
     from opacus import PrivacyEngine
 
-    mode = resolve_mode(grad_sample_mode, "")
     if swapped and mode == "ghost":
         raise UnsupportedModelError(RECURRENT.format(mode=mode))
     # the noise is drawn where the gradients are: a generator of the training device
