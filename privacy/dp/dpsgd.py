@@ -152,8 +152,8 @@ FASTER_MODE = {"small-cnn": "bookkeeping",  # hooks 2.4x, ghost 2.4x, bookkeepin
                "linear": "bookkeeping",  # hooks 2.4x, ghost 2.6x, bookkeeping 1.55x
                # hooks 3.9x, ghost 4.6x; bookkeeping within 5% of hooks (batch 32)
                "resnet18": "hooks",
-               # batch 10, 80 steps: the GRU hooks 3.9x (Opacus' DPGRU), bookkeeping
-               # 1.28x (privacy.dp.recurrent); the 2 x 256 LSTM hooks 11x, bookkeeping 2.0x
+               # batch 10, 80 steps: the GRU hooks 4.1x (Opacus' DPGRU), bookkeeping
+               # 1.12x (privacy.dp.recurrent); the 2 x 256 LSTM hooks 12x, bookkeeping 2.1x
                "char-lstm": "bookkeeping", "char-gru": "bookkeeping",
                "char-transformer": "bookkeeping"}  # hooks 1.76x, bookkeeping 1.32x
 
