@@ -106,9 +106,10 @@ class SequenceRecurrent(nn.Module):
             if self.mode == "GRU":
                 # the hidden projection's output gradient at every step, through one
                 # zero-valued leaf (r scales its n part, so it is not the input's)
-                probe = gx.new_zeros(gx.shape, requires_grad=torch.is_grad_enabled()
-                                     and self.recorder is not None)
-                seq, h = _gru(gx.unbind(1), probe.unbind(1), hh, h0)
+                probe = (gx.new_zeros(gx.shape, requires_grad=True) if self.recorder
+                         else None)
+                seq, h = _gru(gx.unbind(1), None if probe is None else probe.unbind(1),
+                              hh, h0)
             elif lstm:
                 probe = gx  # the gates are input + hidden projection: the same gradient
                 seq, (h, c) = _lstm(gx.unbind(1), hh, h0, hx[1][k])
@@ -144,15 +145,16 @@ class _Cell(nn.Module):
         self.hh = nn.Linear(hidden, gates * hidden, bias)
 
 
-def _gru(steps: tuple[torch.Tensor, ...], probes: tuple[torch.Tensor, ...], hh: nn.Linear,
-         h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ATen's GRU cell at each step: ``h' = (h - n) * z + n`` (a probe added to the
-    hidden projection: zeros whose gradient is the projection's output gradient)."""
+def _gru(steps: tuple[torch.Tensor, ...], probes: tuple[torch.Tensor, ...] | None,
+         hh: nn.Linear, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's GRU cell at each step: ``h' = (h - n) * z + n`` (with ``probes``, one added
+    to each step's hidden projection: zeros whose gradient is its output gradient)."""
     outs = []
     w, b = hh.weight, hh.bias
-    for gx, probe in zip(steps, probes, strict=True):
+    for t, gx in enumerate(steps):
         xr, xz, xn = gx.chunk(3, 1)
-        hr, hz, hn = (F.linear(h, w, b) + probe).chunk(3, 1)
+        gh = F.linear(h, w, b)
+        hr, hz, hn = (gh if probes is None else gh + probes[t]).chunk(3, 1)
         r = torch.sigmoid(xr + hr)
         z = torch.sigmoid(xz + hz)
         n = torch.tanh(xn + hn * r)
