@@ -660,3 +660,33 @@ def test_a_client_computes_the_next_rounds_epsilon_ahead_except_after_the_last(m
     assert asked == [steps, 2 * steps]  # this round's, then the next one's
     _, last = local_update(client, ctx, state, {"server-round": 2})
     assert last["dp-steps"] == 2 * steps and asked == [steps, 2 * steps, 2 * steps]
+
+
+def test_release_digest_hashes_the_round_the_training_config_and_the_model():
+    # the replay check's key: sha256 of json [round, training config] and the state; the
+    # config's JSON is converted once per config, the bytes hashed are the same
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from clients.local_dp import release_digest
+
+    cpu = torch.device("cpu")
+    cfg = validate({"dp": "local", "noise-multiplier": 1.0})
+    state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}
+    h = hashlib.sha256()
+    config = {k: v for k, v in asdict(cfg).items() if k not in ("results", "resources")}
+    h.update(json.dumps([3, config], sort_keys=True, default=str).encode())
+    for key, value in state.items():
+        h.update(key.encode())
+        h.update(value.numpy().tobytes())
+    assert release_digest(cfg, 3, state, cpu) == h.hexdigest()
+    assert release_digest(cfg, 3, state, cpu) == h.hexdigest()  # the cached config
+    elsewhere = validate({"dp": "local", "noise-multiplier": 1.0, "results-dir": "/tmp/x"})
+    assert release_digest(elsewhere, 3, state, cpu) == h.hexdigest()
+    assert release_digest(cfg, 4, state, cpu) != h.hexdigest()
+    lr = validate({"dp": "local", "noise-multiplier": 1.0, "lr": 0.5})
+    assert release_digest(lr, 3, state, cpu) != h.hexdigest()
+    assert release_digest(cfg, 3, {**state, "b": torch.zeros(2)}, cpu) != h.hexdigest()
+    secure = validate({"dp": "local", "noise-multiplier": 1.0, "secure-rng": True})
+    assert release_digest(secure, 3, state, cpu) == ""
