@@ -1,6 +1,7 @@
 """Local DP-SGD: accounting against a fresh Opacus accountant, calibration, Opacus wiring."""
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -113,8 +114,14 @@ def test_flushed_subnormals_flushes_inside_and_restores_the_thread_after():
         return bool(np.multiply(tiny, 0.5) == 0.0)
 
     assert not flushing()
+    inside, elsewhere = threading.Event(), []  # a thread running beside it (training)
+    thread = threading.Thread(target=lambda: inside.wait() and elsewhere.append(flushing()))
+    thread.start()
     with flushed_subnormals():
         assert flushing() == torch.set_flush_denormal(True)  # where the CPU can
+        inside.set()
+        thread.join()
+    assert elsewhere == [False]
     assert not flushing()
     if torch.set_flush_denormal(True):  # a thread that flushes already keeps flushing
         try:
