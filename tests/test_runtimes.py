@@ -328,11 +328,13 @@ def test_a_cohort_trains_its_joined_clients_and_does_not_wait_for_those_that_lef
 @pytest.mark.slow
 def test_train_together_gives_the_sequential_ledger_to_float_rounding(tmp_path):
     """The same run with the round's clients trained one after another and as one batched
-    program. From the same start a round agrees to float rounding (the first round's
-    metrics here; tests/test_cohort_training.py per client); later rounds start from
-    models that differ in the last bits, which local SGD amplifies (a 1e-7 nudge of one
-    client's start moved its trained weights by 1e-2 here), so they agree as two seeds'
-    worth of noise would, not digit for digit."""
+    program. From the same start each client's training agrees to float rounding (its
+    mean training loss here; tests/test_cohort_training.py compares the weights), but the
+    batched kernels round differently from the sequential ones, and local SGD amplifies
+    the last bits (a 1e-7 nudge of one client's start moved its trained weights by 1e-2):
+    the first round's test loss differed by 4e-4 relative on an AVX-512 Xeon and by under
+    1e-5 on other CPUs, so the model's metrics are compared within 3e-3, and the last
+    round as two seeds' worth of noise would, not digit for digit."""
     sweep = tmp_path / "together.toml"
     sweep.write_text("""
 name = "together"
@@ -350,11 +352,11 @@ train-together = [false, true]
     assert len(alone) == len(together_) == 2
     assert [r["sampled"] for r in alone] == [r["sampled"] for r in together_]
     first, batched = alone[0], together_[0]
-    for key in ("loss", "accuracy"):
-        assert batched["test"][key] == pytest.approx(first["test"][key], rel=1e-5, abs=1e-6)
-        assert batched["train"][key] == pytest.approx(first["train"][key], rel=1e-5, abs=1e-6)
     for a, b in zip(alone[0]["clients"], together_[0]["clients"], strict=True):
-        assert b["train-loss"] == pytest.approx(a["train-loss"], rel=1e-5)
+        assert b["train-loss"] == pytest.approx(a["train-loss"], rel=1e-4)
+    for key in ("loss", "accuracy"):
+        assert batched["test"][key] == pytest.approx(first["test"][key], rel=3e-3)
+        assert batched["train"][key] == pytest.approx(first["train"][key], rel=3e-3)
     assert together_[-1]["test"]["accuracy"] == pytest.approx(alone[-1]["test"]["accuracy"],
                                                               abs=0.03)
 
