@@ -154,7 +154,7 @@ class DivergenceWatch:
             self.seen = True
             say(f"warning: the model diverged at round {record.round}: {cause}. Lower lr; "
                 "with dp = 'central', add less noise per update (more clients a round, a "
-                "lower noise-multiplier)")
+                "smaller clipping-norm, a lower noise-multiplier)")
             self.on_diverged(record.round, cause)
 
     def finish(self) -> None:

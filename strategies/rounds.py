@@ -42,6 +42,14 @@ class WorkerLost(RoundFailed):
 # subclasses ActorDiedError, ActorUnavailableError).
 DEAD_WORKER = re.compile(r"ray\.exceptions\.(RayActorError|ActorDiedError|ActorUnavailableError)")
 
+# What to change when every failed client's update was NaN or Inf: its training diverged
+# from the model it was sent.
+DIVERGED = (". Training diverged from the global model: lower lr (or local-epochs); under "
+            "central DP the global model carries noise of standard deviation "
+            "noise-multiplier x clipping-norm / cohort per weight, so a smaller "
+            "clipping-norm or a larger cohort keeps it trainable (epsilon does not depend on "
+            "the clipping norm)")
+
 
 @dataclass
 class RoundLog:
@@ -83,7 +91,9 @@ class RoundLog:
             what = (f"all {len(self.failures)} sampled clients failed" if not self.clients
                     else f"only {answered} of {answered + len(self.failures)} sampled "
                     f"clients answered, fewer than min-train-clients = {min_replies}")
-            raise RoundFailed(f"round {self.round}: {what}. First errors: {reasons}")
+            raise RoundFailed(f"round {self.round}: {what}. First errors: {reasons}"
+                              + (DIVERGED if all("NaN or Inf" in f["error"]
+                                                 for f in self.failures) else ""))
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,24 @@ def test_round_with_only_failures_raises_with_reasons():
         _runner(validate({}), grid, mapping).run_round(1, ArrayRecord([np.zeros(2)]))
 
 
+def test_a_round_whose_every_update_is_nan_says_training_diverged_and_what_to_change():
+    mapping = {1: 0, 2: 1}
+
+    def nan_weights(m):
+        return Message(RecordDict({"arrays": ArrayRecord([np.array([np.nan, 1.0])]),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=m)
+
+    with pytest.raises(RoundFailed, match="NaN or Inf.*Training diverged.*lower lr.*smaller "
+                                          "clipping-norm or a larger cohort"):
+        _runner(validate({}), NodeList(mapping, nan_weights), mapping).run_round(
+            1, ArrayRecord([np.zeros(2)]))
+    # a failure of another kind does not get the hint
+    grid = NodeList(mapping, lambda m: _reply(m, 0, error="bad data"))
+    with pytest.raises(RoundFailed) as failed:
+        _runner(validate({}), grid, mapping).run_round(1, ArrayRecord([np.zeros(2)]))
+    assert "diverged" not in str(failed.value)
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_trains_the_real_clients(name):
     # 4 clients of the embedded MNIST, 3 rounds through the real ClientApp: accuracy rises
