@@ -296,8 +296,8 @@ def test_the_readme_sweep_table_is_what_the_sweep_prints(tmp_path):
             if column in SWINGING and want["partitioner"] == "shard":
                 # cell 4 printed a final 0.5930 on an AMD EPYC where the README's CPU
                 # printed 0.6350; cell 8 0.6030 (final and best) on AVX2 kernels where
-                # the README's AVX-512 Xeon printed 0.7360; the AUROC and the IID cells
-                # still hold to another CPU's rounding
+                # the README shows 0.7360 (an AVX-512 Xeon prints it within rounding);
+                # the AUROC and the IID cells still hold to another CPU's rounding
                 if column == "best-round":
                     assert 1 <= int(got[column]) <= int(got["rounds"]), (column, got)
                     continue
