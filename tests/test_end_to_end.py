@@ -16,6 +16,7 @@ import uuid
 import psutil
 import pytest
 
+from experiments.runtime.owned_folders import HOME_PREFIX, OWNER_FILE
 from experiments.runtime.superlink import LocalSuperLink, flower_executable
 from tasks.results.folder import read_run_info
 
@@ -295,6 +296,21 @@ def _listening(pids):
     return out
 
 
+def _folders_of(pid):
+    """The private temporary folders that name ``pid`` their owner."""
+    import tempfile
+    from pathlib import Path
+
+    out = []
+    for home in Path(tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
+        try:
+            if json.loads((home / OWNER_FILE).read_text())["pid"] == pid:
+                out.append(home.name.rsplit("-", 1)[0])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out)
+
+
 @pytest.mark.parametrize("runtime", ["ray", "inprocess"])
 def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, results,
                                                                   runtime):
@@ -313,6 +329,8 @@ def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, res
         workers = min(len(os.sched_getaffinity(0)), 3)
         assert len(_processes_with(marker)) == 2 + (workers if workers > 1 else 0)
         assert listening == []
+    # the staged app, the label plot's folder, and Flower's home or the runtime's own
+    assert {"fp-app", "fp-labels"} <= set(_folders_of(proc.pid)), _folders_of(proc.pid)
     proc.kill()  # SIGKILL: no cleanup code in fedpriv runs
     proc.wait(timeout=30)
     # Ray: the keeper stops SuperLink, SuperExec, simulation, Ray; in-process: the kernel
@@ -320,6 +338,7 @@ def test_kill_9_of_fedpriv_leaves_no_process_and_no_private_folder(tmp_path, res
     left = _gone(marker)
     assert left == [], [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
     assert not any(os.path.exists(h) for h in homes)
+    assert _folders_of(proc.pid) == []  # removed by the keeper / the orphaned child
     info = read_run_info(only_run(results))  # and records the outcome fedpriv could not
     assert info["status"] == "crashed" and f"fedpriv (pid {proc.pid}) was killed" in info["error"]
     assert len(ledger_json(only_run(results))) >= 1

@@ -13,7 +13,7 @@ import time
 import psutil
 
 from experiments.runtime import keeper, procs
-from experiments.runtime.superlink import OWNER_FILE, remove_stale_homes
+from experiments.runtime.owned_folders import OWNER_FILE, remove_stale_homes
 
 from .conftest import REPO
 

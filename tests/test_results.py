@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,8 +69,8 @@ def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
     import sys
 
     from experiments.runtime.keeper import KEEPER_FILE
+    from experiments.runtime.owned_folders import OWNER_FILE, remove_stale_homes
     from experiments.runtime.procs import started
-    from experiments.runtime.superlink import OWNER_FILE, remove_stale_homes
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     when = started(gone.pid)
@@ -87,6 +88,40 @@ def test_stale_private_folders_of_dead_owners_are_removed(tmp_path):
     assert sorted(remove_stale_homes(tmp_path)) == [tmp_path / "fp-both-dead",
                                                     tmp_path / "fp-dead"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fp-kept", "fp-live", "fp-unknown"]
+
+
+def test_private_folders_left_by_a_sigkilled_process_are_removed_by_the_next_start(tmp_path):
+    """The app folder a run stages for Flower and a warm SuperNode's secret folder are
+    removed at exit; a process SIGKILLed (no exit code runs) leaves them, and the next
+    start's staging removes them, not a live process's."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from experiments.runtime.app_bundle import stage_app
+
+    killed = ("import os, signal\n"
+              "from experiments.runtime.app_bundle import stage_app\n"
+              "from experiments.deploy.warm_node import write_runtime_secret\n"
+              "print(stage_app(), write_runtime_secret().parent, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", killed], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    staged, secret = map(Path, out.stdout.split())
+    assert (staged / "pyproject.toml").exists() and (secret / "runtime.secret").exists()
+    assert staged.is_relative_to(tmp_path) and secret.is_relative_to(tmp_path)
+    cached, tempfile.tempdir = tempfile.tempdir, str(tmp_path)
+    try:
+        mine = stage_app()
+        again = stage_app()
+    finally:
+        tempfile.tempdir = cached
+    assert not staged.exists() and not staged.parent.exists() and not secret.exists()
+    assert (mine / "pyproject.toml").exists() and (again / "pyproject.toml").exists()
+    assert sorted(tmp_path.iterdir()) == sorted({mine.parent, again.parent})
 
 
 def test_run_info_round_trips_run_json_and_keeps_keys_it_does_not_know():

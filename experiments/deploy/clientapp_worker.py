@@ -46,12 +46,12 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+from ..runtime.owned_folders import owned_folder
 from .app_pin import fab_digest, refusal
 
 # Imported before the first message, so that no message pays for them. Only third-party
@@ -148,7 +148,7 @@ class Worker:
         self.certificates = certificates
         self.secret = secret
         self.allowed = allowed
-        self.apps_dir = apps_dir or Path(tempfile.mkdtemp(prefix="fedpriv-apps-"))
+        self.apps_dir = apps_dir or owned_folder("apps")
         self.refused: set[str] = set()  # digests already reported in the log
         self.fab_hash: str | None = None
         self.app_dir: Path | None = None

@@ -39,11 +39,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..runtime.owned_folders import owned_folder
 from ..runtime.procs import die_with_parent
 
 WORKER = "experiments.deploy.clientapp_worker"
@@ -65,8 +65,9 @@ def _flag(args: list[str], name: str) -> str | None:
 def write_runtime_secret() -> Path:
     """A fresh Runtime API secret: ``runtime.secret`` (mode 0600, 64 hex characters) in a
     new private folder (mode 0700, made by ``mkdtemp``); created exclusively and never
-    through a symlink. Remove its folder when the node exits."""
-    folder = Path(tempfile.mkdtemp(prefix="fedpriv-supernode-"))
+    through a symlink. Remove its folder when the node exits (if the node is SIGKILLed,
+    the next fedpriv start on this host removes it: the folder names its owner)."""
+    folder = owned_folder("supernode")
     os.chmod(folder, 0o700)
     path = folder / "runtime.secret"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

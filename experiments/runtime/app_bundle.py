@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import shutil
-import tempfile
 from pathlib import Path
 
 import tomli_w
 
 from tasks.config import defaults
+
+from .owned_folders import owned_folder
 
 APP_PACKAGES = ("tasks", "server", "clients", "strategies", "privacy")
 
@@ -28,9 +28,10 @@ def app_dir() -> Path:
 
 
 def stage_app() -> Path:
-    """The app packages and a pyproject.toml in a temporary folder, removed at exit."""
-    stage = Path(tempfile.mkdtemp(prefix="fedpriv-app-"))
-    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    """The app packages and a pyproject.toml in a temporary folder, removed at exit; the
+    folder above it names this process its owner, so that the next start removes it if
+    this process dies with no exit code run (SIGKILL), as it removes the runtime's own."""
+    stage = owned_folder("app") / "app"  # Flower builds the FAB from all that is in it
     for name in APP_PACKAGES:
         src = Path(importlib.import_module(name).__file__).parent  # type: ignore[arg-type]
         shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__",

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -55,6 +55,7 @@ from tasks.seeding import GLOBAL_RNG
 
 from . import preload
 from .client_workers import WorkerPool, answer
+from .owned_folders import remove_stale_homes
 
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
 RUN_ID = 1
@@ -346,6 +347,8 @@ def main(argv: list[str]) -> int:
     def orphaned(signum: int, frame: object) -> None:  # the parent died (the kernel says
         if run_config:  # so with PARENT_DIED): nobody else will record our runs
             mark_orphaned(_run_folders(run_config), parent)
+        with suppress(Exception):  # nor remove its private folders
+            remove_stale_homes()
         os._exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stopped)

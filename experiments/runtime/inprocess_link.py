@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -28,7 +27,7 @@ from tasks.progress import Relay
 
 from ..preflight.isolated import ANSWER
 from . import preload, procs
-from .superlink import HOME_PREFIX, remove_stale_homes, write_owner
+from .owned_folders import owned_folder
 
 
 class InProcessLink:
@@ -49,9 +48,8 @@ class InProcessLink:
         self.returncode: int | None = None
 
     def __enter__(self) -> InProcessLink:
-        remove_stale_homes()
-        self.home = Path(tempfile.mkdtemp(prefix=f"{HOME_PREFIX}inprocess-"))
-        write_owner(self.home)  # whose folder it is: removed by a later run if we are killed
+        # whose folder it is: removed by a later run if we are killed
+        self.home = owned_folder("inprocess", remove_at_exit=False)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,7 +11,8 @@ survives), the keeper terminates every recorded process still alive — by PID, 
 checked against its recorded start time so a reused PID is never touched — kills what
 is left after a grace period, marks the owner's runs that were still ``running`` as
 ``crashed`` (``RECORD.runs`` lists their folders; read as they are listed, so a folder
-removed early loses none), removes the owner's private folder, and exits. It names
+removed early loses none), removes the owner's private folder and any other it
+owned (:mod:`~experiments.runtime.owned_folders`), and exits. It names
 itself in ``keeper.json`` there, so another fedpriv cleaning up the folders of dead
 owners leaves this one until the keeper is done. The owner stops the keeper itself (by
 PID) after its own cleanup, which reads the same record. Processes are told apart by
@@ -30,11 +31,11 @@ from pathlib import Path
 
 import psutil
 
+from experiments.runtime.owned_folders import KEEPER_FILE, remove_stale_homes
 from experiments.runtime.procs import same_process, started, terminate_then_kill
 
 INTERVAL = 0.5
 GRACE = 5.0
-KEEPER_FILE = "keeper.json"  # {"pid", "started"} of the keeper, in the owner's folder
 
 
 def read_record(path: Path) -> dict[int, float]:
@@ -136,6 +137,7 @@ def main(argv: list[str]) -> int:
     stop_recorded(record)
     mark_orphaned(folders, owner)
     shutil.rmtree(home, ignore_errors=True)
+    remove_stale_homes()  # the owner's other private folders (its staged app, its plots)
     return 0
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +21,7 @@ from tasks.progress import Relay
 from tasks.results.folder import RunFolder, read_run_info, run_identity, settings_title
 
 from ..leakage.release_plot import plot_in_child
+from .owned_folders import owned_folder
 from .procs import interruption, stream_child
 from .superlink import LocalSuperLink
 
@@ -127,13 +128,13 @@ class _Drawing:
     cells on one partition: the title names the split, not lr or seed)."""
 
     def __init__(self, draw: Callable[[Path], None]) -> None:
-        self.folder = tempfile.TemporaryDirectory(prefix="fedpriv-labels-")
+        self.folder = owned_folder("labels")  # a SIGKILLed CLI's is removed by the next start
         self.users = 0
         self.future = GroundTruthPlot.drawer().submit(draw, self.path)
 
     @property
     def path(self) -> Path:
-        return Path(self.folder.name) / "label_distribution.png"
+        return self.folder / "label_distribution.png"
 
 
 class GroundTruthPlot:
@@ -193,7 +194,7 @@ class GroundTruthPlot:
         if not drawing.future.cancel():
             with contextlib.suppress(Exception):
                 drawing.future.result()
-        drawing.folder.cleanup()
+        shutil.rmtree(drawing.folder, ignore_errors=True)
 
 
 def _plot_labels(path: Path, partitions: list[dict[str, Any]], title: str) -> None:

@@ -10,13 +10,11 @@ ends, on success, on error and on Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -28,9 +26,8 @@ import tomli_w
 from tasks.config import plugin_roots, to_toml
 
 from . import keeper, procs
+from .owned_folders import owned_folder
 
-HOME_PREFIX = "fp-"
-OWNER_FILE = "owner.json"
 # How real SuperNodes run their ClientApps: "warm" (one long-running worker per node,
 # short polls: experiments.deploy.warm_node) or "per-message" (Flower's stock SuperNode:
 # a new flwr-clientapp process per message, 3 s idle polls). Read when not passed.
@@ -42,39 +39,6 @@ def flower_config(default: str, connections: Mapping[str, Mapping[str, Any]]) ->
     """``$FLWR_HOME/config.toml`` (by tomli-w): the SuperLink ``connections`` by name,
     ``default`` the one Flower's commands use."""
     return tomli_w.dumps({"superlink": {"default": default, **connections}})
-
-
-def remove_stale_homes(root: Path | None = None) -> list[Path]:
-    """Remove private Flower folders whose owning fedpriv process is gone (a crash that
-    even the keeper did not survive); folders without an owner file are left alone, and so
-    is one whose keeper is still at work (it reads the folder to record the owner's runs
-    as crashed, then removes it itself)."""
-    removed = []
-    for home in Path(root or tempfile.gettempdir()).glob(f"{HOME_PREFIX}*"):
-        try:
-            owner = json.loads((home / OWNER_FILE).read_text())
-            alive = procs.same_process(int(owner["pid"]), float(owner["started"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if alive or _keeper_at_work(home):
-            continue
-        shutil.rmtree(home, ignore_errors=True)
-        removed.append(home)
-    return removed
-
-
-def _keeper_at_work(home: Path) -> bool:
-    try:
-        me = json.loads((home / keeper.KEEPER_FILE).read_text())
-        return procs.same_process(int(me["pid"]), float(me["started"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def write_owner(home: Path) -> None:
-    """Name this process as ``home``'s owner (:func:`remove_stale_homes` reads it)."""
-    (home / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(),
-                                               "started": procs.started(os.getpid())}))
 
 
 class SuperLinkError(RuntimeError):
@@ -188,9 +152,8 @@ class LocalSuperLink:
 
     def start(self) -> LocalSuperLink:
         t0 = time.perf_counter()
-        remove_stale_homes()
-        self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
-        write_owner(self.home)
+        # removed by close() or, if this process is killed, by the keeper or a later start
+        self.home = owned_folder(remove_at_exit=False)
         (self.home / "ray").mkdir()
         self.port = free_port()
         (self.home / "config.toml").write_text(flower_config(
