@@ -379,3 +379,39 @@ def test_runs_showing_the_same_label_plot_share_one_drawing_and_each_gets_a_copy
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
         assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes()
     assert not folder.exists() and not GroundTruthPlot._drawings
+
+
+def _picture(path):
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGBA")).astype(int)
+
+
+@pytest.mark.parametrize("extra", [None, "suptitle", "long-legend"])
+def test_save_figure_writes_the_picture_savefig_tight_writes_and_leaves_the_figure_as_it_was(
+        tmp_path, extra):
+    """One draw gives the tight box and the PNG (:func:`_png_and_tight_box`): the same
+    picture as ``savefig(bbox_inches="tight")`` at the PNG's dpi (its crop to whole
+    pixels), the PDF cropped to the same box; a figure-level title, or a legend wider
+    than the room drawn around the figure, takes savefig's way."""
+    from tasks.results.plots import PNG_DPI, _png_and_tight_box, save_figure
+
+    ledger = [_record(r, 0.1 * r, 2.0 / r, 1.9 / r) for r in range(1, 6)]
+    fig = run_figures(ledger, {"accuracy": 0.1, "loss": 2.3}, "a title · lr 0.05")["loss.png"]
+    ax = fig.axes[0]
+    if extra == "suptitle":
+        fig.suptitle("a figure title")
+    if extra == "long-legend":  # a legend reaching further right than the room drawn
+        ax.plot([1, 5], [1, 1], label="a very long series name " * 4)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    size, dpi, where, canvas = fig.get_size_inches().copy(), fig.dpi, ax.get_position(), fig.canvas
+    fig.savefig(tmp_path / "savefig.png", dpi=PNG_DPI, bbox_inches="tight")
+    assert (_png_and_tight_box(fig, None) is None) == (extra is not None)
+    save_figure(fig, tmp_path / "mine.png")
+    theirs, mine = _picture(tmp_path / "savefig.png"), _picture(tmp_path / "mine.png")
+    assert mine.shape == theirs.shape
+    differ = (mine != theirs).any(-1)
+    assert differ.mean() < 0.05 and np.abs(mine - theirs).mean() < 1.5  # sub-pixel offsets
+    assert (tmp_path / "mine.pdf").read_bytes().startswith(b"%PDF")
+    assert (fig.get_size_inches() == size).all() and fig.dpi == dpi and fig.canvas is canvas
+    assert ax.get_position().bounds == pytest.approx(where.bounds, abs=1e-12)

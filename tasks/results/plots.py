@@ -5,6 +5,7 @@ decades, non-finite values left out (and said so), legends outside the axes."""
 
 from __future__ import annotations
 
+import io
 import math
 import threading
 import time
@@ -35,13 +36,24 @@ VECTOR = ".pdf"  # written beside every PNG a run, sweep or study ends with
 def save_figure(fig: Figure, path: Path, vector: bool = True, **kwargs: Any) -> None:
     """``path`` as a PNG at :data:`PNG_DPI` and, with ``vector``, a PDF of the same name
     beside it (for papers); each written whole or not at all (a full disk: WriteFailed).
-    The tight crop is laid out once, at the PNG's dpi (the box ``bbox_inches="tight"``
-    finds for the PNG: the same bytes), and the PDF reuses it: one layout pass, not two."""
+    The tight crop is laid out once, at the PNG's dpi, and the PDF reuses its box; a
+    figure whose artists all lie in axes is drawn once for both the box and the PNG
+    (:func:`_png_and_tight_box`)."""
     options = {"bbox_inches": "tight", **kwargs}
+    png = None
     if options["bbox_inches"] == "tight":
-        options["bbox_inches"] = _tight_box(fig, options.pop("pad_inches", None))
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=PNG_DPI,
-                                             pil_kwargs=PNG_COMPRESSION, **options))
+        pad = options.pop("pad_inches", None)
+        drawn = _png_and_tight_box(fig, pad) if not options.keys() - {"bbox_inches"} \
+            else None
+        if drawn is None:
+            options["bbox_inches"] = _tight_box(fig, pad)
+        else:
+            png, options["bbox_inches"] = drawn
+    if png is not None:
+        write_atomic(path, lambda f: f.write(png))
+    else:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=PNG_DPI,
+                                                 pil_kwargs=PNG_COMPRESSION, **options))
     if vector:
         write_atomic(path.with_suffix(VECTOR), lambda f: fig.savefig(f, format="pdf",
                                                                      **options))
@@ -57,6 +69,67 @@ def _tight_box(fig: Figure, pad: float | None) -> Bbox:
     finally:
         fig.set_dpi(dpi)
     return box.padded(rcParams["savefig.pad_inches"] if pad is None else pad)
+
+
+# inches of canvas drawn left, below, right and above a figure, for what its tight box
+# holds outside it (legends go right of the axes)
+ROOM = (1.0, 1.0, 4.0, 1.0)
+
+
+def _png_and_tight_box(fig: Figure, pad: float | None) -> tuple[bytes, Bbox] | None:
+    """The PNG ``savefig(dpi=PNG_DPI, bbox_inches="tight")`` writes (the same picture, its
+    crop rounded to whole pixels) and that box, from one draw where savefig needs two
+    (the box's layout, then the picture's): the figure is drawn with :data:`ROOM` inches
+    of canvas around it, its axes the same size and place in inches, so that labels and
+    legends outside it are drawn too; the box comes from that draw's renderer (text
+    extents cached) and the picture is its pixels. None (savefig's own way) for a figure
+    with anything but axes in it (figure text, legends, sub-figures), a layout engine,
+    axes placed by a locator, or a box larger than the room."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    axes = fig.axes
+    if fig.get_layout_engine() is not None or any(
+            c is not fig.patch and not isinstance(c, Axes) for c in fig.get_children()) \
+            or any(ax.get_axes_locator() is not None for ax in axes):
+        return None
+    width, height = fig.get_size_inches()
+    left, bottom, right, top = ROOM
+    wide, high = width + left + right, height + bottom + top
+    dpi = fig.dpi
+    placed = [(ax, ax.get_position(original=True), ax.get_position()) for ax in axes]
+    canvas = fig.canvas
+    try:
+        fig.set_size_inches(wide, high)
+        fig.set_dpi(PNG_DPI)
+        for ax, original, active in placed:
+            for box, which in ((original, "original"), (active, "active")):
+                ax.set_position([(box.x0 * width + left) / wide,
+                                 (box.y0 * height + bottom) / high,
+                                 box.width * width / wide, box.height * height / high],
+                                which=which)
+        agg = FigureCanvasAgg(fig)
+        agg.draw()
+        tight = fig.get_tightbbox(agg.get_renderer())
+        tight = tight.padded(rcParams["savefig.pad_inches"] if pad is None else pad)
+        if tight.x0 < 0 or tight.y0 < 0 or tight.x1 > wide or tight.y1 > high:
+            return None
+        pixels = np.asarray(agg.buffer_rgba())
+        x0, y0 = round(tight.x0 * PNG_DPI), round(tight.y0 * PNG_DPI)
+        cols, rows = int(tight.width * PNG_DPI), int(tight.height * PNG_DPI)
+        y1 = pixels.shape[0] - y0 - rows
+        crop = np.ascontiguousarray(pixels[y1:y1 + rows, x0:x0 + cols])
+        out = io.BytesIO()
+        Image.fromarray(crop).save(out, format="png", dpi=(PNG_DPI, PNG_DPI),
+                                   **PNG_COMPRESSION)
+    finally:
+        fig.set_size_inches(width, height)
+        fig.set_dpi(dpi)
+        for ax, original, active in placed:
+            ax.set_position(original, which="original")
+            ax.set_position(active, which="active")
+        fig.set_canvas(canvas)
+    return out.getvalue(), tight.translated(-left, -bottom)
 
 
 def _save(fig: Figure, path: Path, vector: bool = True) -> None:
