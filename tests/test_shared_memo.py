@@ -64,29 +64,27 @@ def test_the_runtime_memo_folder_is_private_to_its_user(tmp_path, monkeypatch,
                                                         _task_identity):  # noqa: F811
     # another local user must not be able to plant an epsilon for a run's clients: the
     # runtime's folder is created 0700 (tempfile.mkdtemp), as serve() makes it
+    import tempfile
+
     from experiments.runtime import inprocess
 
-    made = []
-    real = inprocess.tempfile.mkdtemp
-
-    def noted(*a, **k):
-        made.append(real(*a, dir=tmp_path, **{k_: v for k_, v in k.items() if k_ != "dir"}))
-        return made[-1]
-
-    monkeypatch.setattr(inprocess.tempfile, "mkdtemp", noted)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr("clients.app._IN_PROCESS", False)  # restored after the test
     monkeypatch.delenv(shared_memo.MEMO_ENV, raising=False)
     monkeypatch.setattr(inprocess, "WorkerPool", _NoPool)
-    monkeypatch.setattr("server.app.app", lambda grid, context: _seen.append(
-        stat.S_IMODE(os.stat(os.environ[shared_memo.MEMO_ENV]).st_mode)))
+    monkeypatch.setattr("server.app.app", lambda grid, context: _seen.append((
+        os.environ[shared_memo.MEMO_ENV],
+        stat.S_IMODE(os.stat(os.environ[shared_memo.MEMO_ENV]).st_mode))))
     monkeypatch.setattr(inprocess, "workers", lambda run_config: 2)
+    _seen.clear()
     inprocess.serve({"num-clients": 2}, 2)
-    assert made and _seen == [0o700]
-    assert not os.path.exists(made[0])  # removed when the run ends, and no longer named
+    [(folder, mode)] = _seen
+    assert mode == 0o700 and os.path.dirname(folder) == str(tmp_path)
+    assert not os.path.exists(folder)  # removed when the run ends, and no longer named
     assert shared_memo.MEMO_ENV not in os.environ
 
 
-_seen: list[int] = []
+_seen: list[tuple[str, int]] = []
 
 
 class _NoPool:

@@ -13,7 +13,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ import tomli_w
 
 from tasks.config import ConfigError
 
+from ..runtime.owned_folders import owned_folder
 from ..runtime.superlink import LocalSuperLink, flower_config, flower_env, flower_executable
 from .credentials import read_certificate
 from .fleet_gateway import OPERATOR_ONLY
@@ -129,7 +129,7 @@ def register(link: Connection, keys: Sequence[Path], action: str = "register",
         if action == "register" and not key.is_file():
             raise ConfigError(f"public key {str(key)!r} does not exist (the .pub file made by "
                               "`fedpriv deploy keys`).")
-    home = Path(tempfile.mkdtemp(prefix="fp-deploy-"))
+    home = owned_folder("deploy", remove_at_exit=False)
     try:
         (home / "config.toml").write_text(flower_config("deploy", {"deploy": link.table()}))
         env = flower_env(home)
@@ -161,7 +161,7 @@ class DeployedSuperLink(LocalSuperLink):
 
     def start(self) -> DeployedSuperLink:
         refuse_public_port(self.link)
-        self.home = Path(tempfile.mkdtemp(prefix="fp-deploy-"))
+        self.home = owned_folder("deploy", remove_at_exit=False)
         (self.home / "config.toml").write_text(
             flower_config(self.CONNECTION, {self.CONNECTION: self.link.table()}))
         self.port = int(self.link.address.rpartition(":")[2])

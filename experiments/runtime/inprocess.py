@@ -31,7 +31,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext, suppress
@@ -55,7 +54,7 @@ from tasks.seeding import GLOBAL_RNG
 
 from . import preload
 from .client_workers import WorkerPool, answer
-from .owned_folders import remove_stale_homes
+from .owned_folders import owned_folder, remove_stale_homes
 
 NODE_ID_BASE = 1000  # node i has id NODE_ID_BASE + i (the server orders nodes by partition)
 RUN_ID = 1
@@ -286,7 +285,7 @@ def serve(run_config: Mapping[str, Any], num_nodes: int) -> None:
     if grid.workers > 1 and not grid.together and \
             validate(dict(run_config)).resources.client_workers == "processes":
         if not os.environ.get(MEMO_ENV):
-            own_memo = os.environ[MEMO_ENV] = tempfile.mkdtemp(prefix="fedpriv-epsilon-")
+            own_memo = os.environ[MEMO_ENV] = str(owned_folder("epsilon", remove_at_exit=False))
         for cfg in configs:  # the clients' calibration and one-step PLDs, once for all
             warm_accounting(cfg, num_nodes)
         grid.pool = WorkerPool(client_app.app, grid.workers)  # before any torch kernel
