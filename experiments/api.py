@@ -574,8 +574,10 @@ def _once(cfg: RunConfig, run_dir: Path, pre: Preflight, supernodes: bool, verbo
     if ray:
         echo(f"the simulated clients run on the Ray cluster at {ray}")
     with LocalSuperLink(supernodes=nodes, ray=ray, plugins=cfg.plugins.plugins) as link:
-        echo(f"SuperLink up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; starting "
-             f"{fed.num_clients} {'SuperNodes' if nodes else 'simulated clients'}...")
+        up = f"SuperLink and {nodes} SuperNodes" if nodes else "SuperLink"
+        echo(f"{up} up on 127.0.0.1:{link.port} in {link.started_s:.1f} s; "
+             + ("submitting the run..." if nodes
+                else f"starting {fed.num_clients} simulated clients..."))
         return execute(link, app_dir(), cfg, run_dir, cuda=pre.cuda, verbose=verbose,
                        echo=echo, label_counts=pre.label_counts)
 

@@ -14,6 +14,7 @@ user (made here; root only) as the attacker, and a probe app of another digest.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import pwd
@@ -23,6 +24,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -157,6 +159,56 @@ def test_the_state_dir_is_made_private(tmp_path):
                               data_dir=None, backbone_weights=None)
     assert _node_config(args)["state-dir"] == str(folder.resolve())
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+class _Squatter(http.server.ThreadingHTTPServer):
+    """Another local process' server on a loopback port: it answers every request with
+    200, as a SuperLink's /health does, and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        seen: list[str] = []
+
+        class Answer(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                seen.append(f"{self.command} {self.path}")
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Answer)
+        self.seen = seen
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_port_another_process_took_first_is_not_taken_for_fedprivs_own(monkeypatch,
+                                                                          tmp_path):
+    """Adversary: another local process (another user's, or another run's SuperLink) that
+    binds the port fedpriv chose for its SuperLink or a SuperNode's Runtime API between
+    free_port() and the Flower process' own bind. Its answer on the port must not be
+    taken for the SuperLink's (the run, its app and config would go to it), nor a node
+    left without its Runtime API: each is started again on another port."""
+    from experiments.runtime import procs, superlink
+
+    squatter = _Squatter()
+    taken = squatter.server_address[1]
+    chosen = iter([taken, taken])  # the SuperLink's first port, then node 0's
+    free = superlink.free_port
+    monkeypatch.setattr(superlink, "free_port", lambda: next(chosen, None) or free())
+    try:
+        with superlink.LocalSuperLink(cwd=tmp_path, supernodes=1) as link:
+            assert link.port != taken and link.node_ports[0] != taken
+            assert procs.listens_on(link.proc.pid, link.port) and link.proc.poll() is None
+            node = link.nodes[0]
+            assert procs.listens_on(node.pid, link.node_ports[0]) and node.poll() is None
+            assert not procs.listens_on(link.proc.pid, taken)
+    finally:
+        squatter.shutdown()
+    assert squatter.seen == []  # never asked anything, let alone sent a run
 
 
 # --- real processes: a local user and a foreign app against running SuperNodes ----------------

@@ -23,6 +23,7 @@ import pytest
 from experiments.deploy import fast_poll
 from experiments.deploy.clientapp_worker import PULL_BACKOFF, pull_task_input
 from experiments.deploy.warm_node import parse, worker_command
+from experiments.runtime import procs
 
 from .conftest import REPO, ledger_json, only_run
 
@@ -125,7 +126,10 @@ def _run_watched(results: Path, mode: str) -> tuple[list[dict], dict[tuple[int, 
                 try:
                     # the latest that is not empty: a child seen between fork and exec
                     # has its parent's, a zombie none
-                    key, line, ppid = (p.pid, p.create_time()), " ".join(p.cmdline()), p.ppid()
+                    # its start since boot: psutil's create_time adds a boot time that
+                    # moves with the wall clock, which would count one worker twice
+                    key = (p.pid, procs.started(p.pid))
+                    line, ppid = " ".join(p.cmdline()), p.ppid()
                 except psutil.Error:  # gone while read: none of it is kept
                     continue
                 if line:

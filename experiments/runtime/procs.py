@@ -171,6 +171,16 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
         pass
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Process ``pid`` itself holds a listening TCP socket on ``port``: the port is its,
+    not another process' that answers on it."""
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections("inet"))
+    except psutil.Error:
+        return False
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

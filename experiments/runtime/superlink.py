@@ -41,6 +41,13 @@ def flower_config(default: str, connections: Mapping[str, Mapping[str, Any]]) ->
     return tomli_w.dumps({"superlink": {"default": default, **connections}})
 
 
+# A port is chosen free and bound by the Flower process a second or two later: another
+# process can take it in between (its bind wins; the Flower process exits saying so). Such
+# a port is chosen again, at most this many times in all.
+PORT_TRIES = 3
+PORT_TAKEN = "address already in use"
+
+
 class SuperLinkError(RuntimeError):
     """The SuperLink or `flwr run` could not be started."""
 
@@ -130,6 +137,7 @@ class LocalSuperLink:
         self.simulation = supernodes == 0  # else real SuperNodes: no federation config
         self.ray = ray  # a Ray cluster to run the simulation on ("": a private Ray)
         self.nodes: list[subprocess.Popen] = []
+        self.node_ports: dict[int, int] = {}  # node -> its Runtime API port
         self.home: Path | None = None
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
@@ -155,32 +163,73 @@ class LocalSuperLink:
         # removed by close() or, if this process is killed, by the keeper or a later start
         self.home = owned_folder(remove_at_exit=False)
         (self.home / "ray").mkdir()
-        self.port = free_port()
-        (self.home / "config.toml").write_text(flower_config(
-            self.CONNECTION, {self.CONNECTION: {"address": f"127.0.0.1:{self.port}",
-                                                "insecure": True}}))
-        mode = [] if self.num_supernodes else ["--simulation"]
-        self.proc = self._spawn("superlink.log", [
-            flower_executable("flower-superlink"), "--insecure", *mode,
-            "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-            "--port", str(self.port)])
-        ok = procs.wait_until(lambda: self._healthy() or self.proc.poll() is not None,
-                              self.startup_timeout)
-        if not ok or self.proc.poll() is not None:
+        for attempt in range(1, PORT_TRIES + 1):
+            self.port = free_port()
+            (self.home / "config.toml").write_text(flower_config(
+                self.CONNECTION, {self.CONNECTION: {"address": f"127.0.0.1:{self.port}",
+                                                    "insecure": True}}))
+            mode = [] if self.num_supernodes else ["--simulation"]
+            self.proc = self._spawn("superlink.log", [
+                flower_executable("flower-superlink"), "--insecure", *mode,
+                "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                "--port", str(self.port)])
+            self._keep(self.proc)
+            # ready when it answers on a port it holds itself: an answer alone could come
+            # from another SuperLink that took the port after free_port() let it go
+            procs.wait_until(lambda: self.proc.poll() is not None
+                             or (procs.listens_on(self.proc.pid, self.port)
+                                 and self._healthy()), self.startup_timeout)
+            if self.proc.poll() is None and procs.listens_on(self.proc.pid, self.port):
+                break
             tail = self.log_tail()
+            if self.proc.poll() is not None and PORT_TAKEN in tail and attempt < PORT_TRIES:
+                continue  # taken between choosing and binding: choose another
             self.stop()
             raise SuperLinkError(f"flower-superlink did not become ready on port {self.port}"
                                  f" (exit code {self.proc.poll()}). Its log ends with:\n{tail}")
-        for i in range(self.num_supernodes):
-            self.nodes.append(self._spawn(f"supernode-{i}.log", [
-                *self._supernode(), "--insecure",
-                "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
-                "--port", str(free_port()),
-                "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"
-                + (f' plugins="{self.plugins}"' if self.plugins else "")]))
-        self._keep(self.proc, *self.nodes)
+        self.nodes = [self._start_node(i) for i in range(self.num_supernodes)]
+        self._await_nodes()
         self.started_s = time.perf_counter() - t0
         return self
+
+    def _start_node(self, i: int) -> subprocess.Popen:
+        """SuperNode ``i`` (partition i of N) on a free port for its Runtime API."""
+        port = free_port()
+        self.node_ports[i] = port
+        node = self._spawn(f"supernode-{i}.log", [
+            *self._supernode(), "--insecure",
+            "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+            "--port", str(port),
+            "--node-config", f"partition-id={i} num-partitions={self.num_supernodes}"
+            + (f' plugins="{self.plugins}"' if self.plugins else "")])
+        self._keep(node)
+        return node
+
+    def _await_nodes(self) -> None:
+        """Wait until every SuperNode holds its Runtime API port (its ClientApps' tasks
+        go through it); restart on another port a node whose port was taken first."""
+        def settled(i: int) -> bool:
+            node = self.nodes[i]
+            return node.poll() is not None or procs.listens_on(node.pid, self.node_ports[i])
+
+        for attempt in range(1, PORT_TRIES + 1):
+            procs.wait_until(lambda: all(settled(i) for i in range(len(self.nodes))),
+                             self.startup_timeout)
+            lost = [i for i, node in enumerate(self.nodes)
+                    if node.poll() is not None
+                    or not procs.listens_on(node.pid, self.node_ports[i])]
+            for i in lost:
+                tail = self.log_tail(f"supernode-{i}.log")
+                if (self.nodes[i].poll() is None or PORT_TAKEN not in tail
+                        or attempt == PORT_TRIES):
+                    self.stop()
+                    raise SuperLinkError(
+                        f"SuperNode {i} did not start its Runtime API on port "
+                        f"{self.node_ports[i]} (exit code {self.nodes[i].poll()}). Its log "
+                        f"ends with:\n{tail}")
+                self.nodes[i] = self._start_node(i)
+            if not lost:
+                return
 
     def _supernode(self) -> list[str]:
         """The command that starts a SuperNode, before Flower's arguments."""
@@ -231,8 +280,8 @@ class LocalSuperLink:
                     f"{self.proc.returncode} during the run")
         return None
 
-    def log_tail(self, lines: int = 20) -> str:
-        path = (self.home or Path("/nonexistent")) / "superlink.log"
+    def log_tail(self, name: str = "superlink.log", lines: int = 20) -> str:
+        path = (self.home or Path("/nonexistent")) / name
         return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
 
     def pids(self) -> list[int]:
