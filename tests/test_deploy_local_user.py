@@ -211,6 +211,30 @@ def test_a_port_another_process_took_first_is_not_taken_for_fedprivs_own(monkeyp
     assert squatter.seen == []  # never asked anything, let alone sent a run
 
 
+def test_a_deployments_internal_port_taken_after_the_check_gets_nothing(monkeypatch,
+                                                                         tmp_path):
+    """Adversary: a local process that binds the deployment SuperLink's internal port
+    after `fedpriv deploy superlink` checked it free. Its answer must not be taken for
+    the SuperLink's: the SuperExec would send it the Runtime API secret and the gateway
+    the nodes' Fleet calls. The start fails instead, saying so."""
+    from experiments.deploy import superlink as deploy_superlink
+
+    squatter = _Squatter()
+    internal = squatter.server_address[1]
+    monkeypatch.setattr(deploy_superlink, "port_free", lambda *a: None)
+    said: list[str] = []
+    try:
+        code = deploy_superlink.serve_superlink(
+            None, tmp_path / "state", "127.0.0.1", _free_ports(1)[0], auth=False, nodes=1,
+            echo=said.append, internal_port=internal, startup_timeout=60)
+    finally:
+        squatter.shutdown()
+    assert code != 0, said
+    assert any(f"did not start on 127.0.0.1:{internal}" in line for line in said), said
+    assert any("address already in use" in line for line in said), said
+    assert squatter.seen == []
+
+
 # --- real processes: a local user and a foreign app against running SuperNodes ----------------
 
 PROBE = '''\

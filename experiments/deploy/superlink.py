@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tasks.config import ConfigError
 
-from ..runtime.procs import Foreground
+from ..runtime.procs import Foreground, listens_on
 from ..runtime.superlink import flower_env, flower_executable
 from .credentials import LOOPBACK, Certificates, certificate_hosts
 from .fleet_gateway import READY, bind
@@ -165,7 +165,10 @@ def serve_superlink(certs: Certificates | None, state: Path, host: str, port: in
     with Foreground(line, flower_env(None)) as children:
         link = children.start(superlink_command(certs, state, "127.0.0.1", internal, auth,
                                                 secret))
-        if not children.pump(lambda: _answers(internal, certs), startup_timeout):
+        # its own port answering: not an answer from a process that took the port after
+        # the check above (the SuperExec would give it the Runtime API secret)
+        if not children.pump(lambda: listens_on(link.pid, internal)
+                             and _answers(internal, certs), startup_timeout):
             echo(f"the SuperLink did not start on 127.0.0.1:{internal} (exit code "
                  f"{link.poll()}); see its output above.")
             return link.poll() or 1
