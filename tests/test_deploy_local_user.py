@@ -38,6 +38,7 @@ from experiments.deploy import app_pin, warm_node
 from experiments.deploy.connection import Connection
 from experiments.deploy.superlink import SERVING
 from experiments.deploy.supernode import supernode_command
+from experiments.runtime.procs import wait_until
 from experiments.runtime.superlink import flower_env, flower_executable
 from tasks.config import ConfigError
 
@@ -165,7 +166,7 @@ class _Squatter(http.server.ThreadingHTTPServer):
     """Another local process' server on a loopback port: it answers every request with
     200, as a SuperLink's /health does, and keeps what it was sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         seen: list[str] = []
 
         class Answer(http.server.BaseHTTPRequestHandler):
@@ -180,7 +181,7 @@ class _Squatter(http.server.ThreadingHTTPServer):
             def log_message(self, *args: Any) -> None:
                 pass
 
-        super().__init__(("127.0.0.1", 0), Answer)
+        super().__init__(("127.0.0.1", port), Answer)
         self.seen = seen
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -233,6 +234,45 @@ def test_a_deployments_internal_port_taken_after_the_check_gets_nothing(monkeypa
     assert any(f"did not start on 127.0.0.1:{internal}" in line for line in said), said
     assert any("address already in use" in line for line in said), said
     assert squatter.seen == []
+
+
+def test_the_clientapp_worker_talks_only_to_a_runtime_api_its_node_holds(tmp_path):
+    """Adversary: a local process holding a SuperNode's Runtime API port before the node
+    binds it (the node starts its ClientApp worker first). The worker must send it
+    nothing, neither the node's secret nor an ask for a task, until the node (the
+    worker's parent PID; here this test) holds the port itself; then it talks to it."""
+    (tmp_path / "empty").mkdir()
+    other = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind",
+                              "127.0.0.1", "0"], cwd=tmp_path / "empty",
+                             stdout=subprocess.PIPE, stderr=open(tmp_path / "other.log", "w"),
+                             text=True)
+    port = int(other.stdout.readline().split(" port ")[1].split()[0])
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 64)
+    apps = tmp_path / "apps"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "experiments.deploy.clientapp_worker", "--insecure",
+         "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(os.getpid()),
+         "--superexec-auth-secret-file", str(secret), "--allow-any-app",
+         "--apps-dir", str(apps)], cwd=REPO, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = None
+    try:
+        assert wait_until(apps.is_dir, 120)  # past its start, about to serve
+        time.sleep(1.5)  # it asks every 0.05 s once serving
+        other.terminate()
+        other.wait(timeout=10)
+        assert worker.poll() is None
+        assert "HTTP/1.1" not in (tmp_path / "other.log").read_text()
+        node = _Squatter(port)  # the port is now this process', the worker's parent
+        assert wait_until(lambda: node.seen, 60), "the worker never asked its own node"
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        if other.poll() is None:
+            other.kill()
+        if node is not None:
+            node.shutdown()
 
 
 # --- real processes: a local user and a foreign app against running SuperNodes ----------------

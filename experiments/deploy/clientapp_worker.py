@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime.owned_folders import owned_folder
+from ..runtime.procs import listens_on
 from .app_pin import fab_digest, refusal
 
 # Imported before the first message, so that no message pays for them. Only third-party
@@ -337,6 +338,16 @@ def _top_level(folder: Path) -> set[str]:
     return names
 
 
+def await_port_of(pid: int, address: str, interval: float = 0.05) -> None:
+    """Wait until ``pid`` (the SuperNode that started this worker) itself listens on the
+    Runtime API's port. The node binds it a second or so after starting the worker; a
+    local process holding the port before it would otherwise be sent the node's secret
+    and could hand this worker tasks to run on the host's data."""
+    port = int(address.rpartition(":")[2])
+    while not listens_on(pid, port):
+        time.sleep(interval)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runtime-api-address", required=True, metavar="HOST:PORT",
@@ -393,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
+        if args.parent_pid is not None:
+            await_port_of(args.parent_pid, args.runtime_api_address)
         worker.serve(args.poll)
     except KeyboardInterrupt:  # the parent monitor's SIGINT, or Ctrl-C
         return 0
