@@ -241,12 +241,7 @@ def test_the_clientapp_worker_talks_only_to_a_runtime_api_its_node_holds(tmp_pat
     binds it (the node starts its ClientApp worker first). The worker must send it
     nothing, neither the node's secret nor an ask for a task, until the node (the
     worker's parent PID; here this test) holds the port itself; then it talks to it."""
-    (tmp_path / "empty").mkdir()
-    other = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind",
-                              "127.0.0.1", "0"], cwd=tmp_path / "empty",
-                             stdout=subprocess.PIPE, stderr=open(tmp_path / "other.log", "w"),
-                             text=True)
-    port = int(other.stdout.readline().split(" port ")[1].split()[0])
+    other, port, log = _other_server(tmp_path / "other")
     secret = tmp_path / "secret"
     secret.write_text("s" * 64)
     apps = tmp_path / "apps"
@@ -263,7 +258,7 @@ def test_the_clientapp_worker_talks_only_to_a_runtime_api_its_node_holds(tmp_pat
         other.terminate()
         other.wait(timeout=10)
         assert worker.poll() is None
-        assert "HTTP/1.1" not in (tmp_path / "other.log").read_text()
+        assert "HTTP/1.1" not in log.read_text()
         node = _Squatter(port)  # the port is now this process', the worker's parent
         assert wait_until(lambda: node.seen, 60), "the worker never asked its own node"
     finally:
@@ -273,6 +268,40 @@ def test_the_clientapp_worker_talks_only_to_a_runtime_api_its_node_holds(tmp_pat
             other.kill()
         if node is not None:
             node.shutdown()
+
+
+def _other_server(folder: Path) -> tuple[subprocess.Popen, int, Path]:
+    """Another local process serving HTTP on a loopback port: (process, port, its log of
+    requests)."""
+    folder.mkdir()
+    log = folder / "requests.log"
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind",
+                             "127.0.0.1", "0"], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=open(log, "w"), text=True)
+    return proc, int(proc.stdout.readline().split(" port ")[1].split()[0]), log
+
+
+def test_flowers_superexec_is_started_only_once_its_node_holds_the_runtime_api(tmp_path):
+    """The same adversary against a node that runs Flower's stock executor
+    (`--executor superexec`), which sends the secret to the Runtime API at once: the warm
+    node starts it only once the node's own process holds the port."""
+    other, port, log = _other_server(tmp_path / "other")
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 64)
+    args, flower = warm_node.parse(["--executor", "superexec", "--allow-any-app", "--",
+                                    "--insecure", "--superlink", "127.0.0.1:1",
+                                    "--port", str(port)])
+    keeper = warm_node.executor(args, [*flower, warm_node.SECRET_FLAG, str(secret)],
+                                secret, None, None)
+    keeper.start()
+    try:
+        time.sleep(8)  # Flower's SuperExec would have asked by now
+        assert "HTTP/1.1" not in log.read_text()  # neither the secret nor a call
+        assert keeper.proc is None
+    finally:
+        keeper.stop()
+        other.kill()
+        other.wait(timeout=10)
 
 
 # --- real processes: a local user and a foreign app against running SuperNodes ----------------

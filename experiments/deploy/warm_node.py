@@ -40,11 +40,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..runtime.owned_folders import owned_folder
-from ..runtime.procs import die_with_parent
+from ..runtime.procs import die_with_parent, listens_on
 
 WORKER = "experiments.deploy.clientapp_worker"
 EXECUTORS = ("worker", "superexec")
@@ -117,18 +117,23 @@ class WorkerKeeper:
     """Starts the worker (or SuperExec), restarts it if it dies, and stops it by PID at
     the end."""
 
-    def __init__(self, cmd: list[str], name: str = "the ClientApp worker") -> None:
+    def __init__(self, cmd: list[str], name: str = "the ClientApp worker",
+                 ready: Callable[[], bool] | None = None) -> None:
         self.cmd = cmd
         self.name = name
+        self.ready = ready  # started only once it holds (from the watching thread)
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
+        self._lock = threading.Lock()
         self.starts = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="fedpriv-clientapp-worker")
 
     def start(self) -> None:
-        """Start the worker now (from the calling thread), and watch it from a thread."""
-        self._spawn()
+        """Start the worker now (from the calling thread), or once ``ready()`` holds
+        (from the watching thread), and watch it from a thread."""
+        if self.ready is None:
+            self._spawn()
         self._thread.start()
 
     def _spawn(self) -> None:
@@ -140,6 +145,14 @@ class WorkerKeeper:
         # The parent-death signal is bound to the thread that started the child: the main
         # thread, and for a restarted worker this daemon thread, which lives as long as the
         # process; both end only when the SuperNode process does.
+        if self.ready is not None:
+            while not self.ready():
+                if self.stopping.wait(0.05):
+                    return
+            with self._lock:  # not after stop() has looked for it
+                if self.stopping.is_set():
+                    return
+                self._spawn()
         while self.proc is not None:
             code = self.proc.wait()
             if self.stopping.is_set() or code in (-signal.SIGTERM, -signal.SIGINT):
@@ -148,12 +161,16 @@ class WorkerKeeper:
                   f"with code {code}; starting another", file=sys.stderr, flush=True)
             if self.stopping.wait(1.0):
                 return
-            self._spawn()
+            with self._lock:
+                if self.stopping.is_set():
+                    return
+                self._spawn()
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop the worker (SIGTERM, then SIGKILL after ``grace``), by its PID."""
-        self.stopping.set()
-        proc = self.proc
+        with self._lock:
+            self.stopping.set()
+            proc = self.proc
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
@@ -162,6 +179,21 @@ class WorkerKeeper:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=grace)
+
+
+def executor(args: argparse.Namespace, flower: list[str], secret: Path | None,
+             allow: Sequence[str] | None, folder: Path | None) -> WorkerKeeper:
+    """The keeper of this node's executor: the warm worker, or Flower's SuperExec."""
+    if args.executor == "worker":
+        # the apps it installs live in this start's private folder, removed with it; it
+        # waits itself until this process holds the Runtime API port, importing meanwhile
+        return WorkerKeeper(worker_command(flower, args.worker_poll, os.getpid(), secret,
+                                           allow, folder / "apps" if folder else None))
+    # Flower's executor sends the secret to the port at once: started only once this
+    # process (the SuperNode) holds it, not whoever bound it first
+    port = int(_runtime_api(flower)[1].rpartition(":")[2])
+    return WorkerKeeper(superexec_command(flower, os.getpid(), secret), "Flower's SuperExec",
+                        ready=lambda: listens_on(os.getpid(), port))
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -263,13 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         secret = write_runtime_secret()
         folder = secret.parent
         flower = [*flower, SECRET_FLAG, str(secret)]
-    if args.executor == "worker":
-        # the apps it installs live in this start's private folder, removed with it
-        keeper = WorkerKeeper(worker_command(flower, args.worker_poll, os.getpid(), secret,
-                                             allow, folder / "apps" if folder else None))
-    else:
-        keeper = WorkerKeeper(superexec_command(flower, os.getpid(), secret),
-                              "Flower's SuperExec")
+    keeper = executor(args, flower, secret, allow, folder)
     # before Flower's own handlers (stop_http_server): the worker must be gone before the
     # Runtime API's port is free, or a local user could take the port and serve it tasks
     add_exit_handler(keeper.stop, run_before_force_exit=True)
