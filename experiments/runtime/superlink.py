@@ -176,10 +176,10 @@ class LocalSuperLink:
             self._keep(self.proc)
             # ready when it answers on a port it holds itself: an answer alone could come
             # from another SuperLink that took the port after free_port() let it go
-            procs.wait_until(lambda: self.proc.poll() is not None
-                             or (procs.listens_on(self.proc.pid, self.port)
-                                 and self._healthy()), self.startup_timeout)
-            if self.proc.poll() is None and procs.listens_on(self.proc.pid, self.port):
+            ready = procs.wait_until(lambda: self.proc.poll() is not None
+                                     or (procs.listens_on(self.proc.pid, self.port)
+                                         and self._healthy()), self.startup_timeout)
+            if ready and self.proc.poll() is None:  # alive, holding the port, answering
                 break
             tail = self.log_tail()
             if self.proc.poll() is not None and PORT_TAKEN in tail and attempt < PORT_TRIES:
@@ -187,7 +187,8 @@ class LocalSuperLink:
             self.stop()
             raise SuperLinkError(f"flower-superlink did not become ready on port {self.port}"
                                  f" (exit code {self.proc.poll()}). Its log ends with:\n{tail}")
-        self.nodes = [self._start_node(i) for i in range(self.num_supernodes)]
+        for i in range(self.num_supernodes):  # each listed as soon as it runs: stop() sees it
+            self.nodes.append(self._start_node(i))
         self._await_nodes()
         self.started_s = time.perf_counter() - t0
         return self
