@@ -294,14 +294,22 @@ def test_flowers_superexec_is_started_only_once_its_node_holds_the_runtime_api(t
     keeper = warm_node.executor(args, [*flower, warm_node.SECRET_FLAG, str(secret)],
                                 secret, None, None)
     keeper.start()
+    node = None
     try:
         time.sleep(8)  # Flower's SuperExec would have asked by now
         assert "HTTP/1.1" not in log.read_text()  # neither the secret nor a call
         assert keeper.proc is None
+        other.terminate()
+        other.wait(timeout=10)
+        node = _Squatter(port)  # the port is now this process', the node's
+        assert wait_until(lambda: node.seen, 120), "SuperExec never asked its own node"
+        assert keeper.proc is not None
     finally:
         keeper.stop()
-        other.kill()
-        other.wait(timeout=10)
+        if other.poll() is None:
+            other.kill()
+        if node is not None:
+            node.shutdown()
 
 
 # --- real processes: a local user and a foreign app against running SuperNodes ----------------

@@ -209,16 +209,17 @@ class LocalSuperLink:
     def _await_nodes(self) -> None:
         """Wait until every SuperNode holds its Runtime API port (its ClientApps' tasks
         go through it); restart on another port a node whose port was taken first."""
-        def settled(i: int) -> bool:
+        def holds(i: int) -> bool:  # alive, with its port its own
             node = self.nodes[i]
-            return node.poll() is not None or procs.listens_on(node.pid, self.node_ports[i])
+            return node.poll() is None and procs.listens_on(node.pid, self.node_ports[i])
 
         for attempt in range(1, PORT_TRIES + 1):
-            procs.wait_until(lambda: all(settled(i) for i in range(len(self.nodes))),
+            procs.wait_until(lambda: all(holds(i) or self.nodes[i].poll() is not None
+                                         for i in range(len(self.nodes))),
                              self.startup_timeout)
-            lost = [i for i, node in enumerate(self.nodes)
-                    if node.poll() is not None
-                    or not procs.listens_on(node.pid, self.node_ports[i])]
+            lost = [i for i in range(len(self.nodes)) if not holds(i)]
+            if not lost:
+                return
             for i in lost:
                 tail = self.log_tail(f"supernode-{i}.log")
                 if (self.nodes[i].poll() is None or PORT_TAKEN not in tail
@@ -229,8 +230,6 @@ class LocalSuperLink:
                         f"{self.node_ports[i]} (exit code {self.nodes[i].poll()}). Its log "
                         f"ends with:\n{tail}")
                 self.nodes[i] = self._start_node(i)
-            if not lost:
-                return
 
     def _supernode(self) -> list[str]:
         """The command that starts a SuperNode, before Flower's arguments."""
