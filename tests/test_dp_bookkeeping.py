@@ -418,6 +418,64 @@ def test_a_forked_child_draws_noise_ahead_on_a_worker_of_its_own():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 1e-3)])
+def test_bookkeepings_sgd_update_is_opacus_steps_to_the_bit(momentum, weight_decay,
+                                                              monkeypatch):
+    # book-keeping applies a plain SGD's update by torch's functional sgd, without
+    # Optimizer.step's machinery: two epochs (noise, momentum and weight decay included)
+    # must leave the weights and momentum buffers Opacus' own step leaves, to the bit
+    from privacy.dp import bookkeeping
+
+    plain_group, update = bookkeeping._plain_sgd_group, bookkeeping._sgd_update
+
+    def trained(fast):
+        calls = []
+        monkeypatch.setattr(bookkeeping, "_plain_sgd_group",
+                            plain_group if fast else lambda optimizer: None)
+        monkeypatch.setattr(bookkeeping, "_sgd_update",
+                            lambda *a: (calls.append(1), update(*a)))
+        torch.manual_seed(0)
+        model = build_model("small-cnn", (1, 28, 28), 10)
+        convolutions_channels_last(model, torch.device("cpu"))
+        x, y = _data("small-cnn", 32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum,
+                              weight_decay=weight_decay)
+        private = make_private(model, opt, make_loader(x, y, 8, 0), noise_multiplier=1.0,
+                               max_grad_norm=0.5, grad_sample_mode="bookkeeping", seed=0,
+                               noise_seed=3)
+        for _ in range(2):
+            for xb, yb in private.loader:
+                private.optimizer.zero_grad(set_to_none=True)
+                private.criterion(private.model(xb), yb).backward()
+                private.optimizer.step()
+        steps = private.history()[0][2]
+        assert len(calls) == (steps if fast else 0)  # the path under test was taken
+        buffers = [opt.state[p].get("momentum_buffer") for p in model.parameters()]
+        return private.module().state_dict(), buffers
+
+    (fast, fast_buffers), (opacus, opacus_buffers) = trained(True), trained(False)
+    for k in opacus:
+        assert torch.equal(fast[k], opacus[k]), k
+    assert all((a is None and b is None) or torch.equal(a, b)
+               for a, b in zip(fast_buffers, opacus_buffers, strict=True))
+    assert (fast_buffers[0] is None) == (momentum == 0)
+
+
+def test_bookkeeping_leaves_an_sgd_with_hooks_to_its_own_step():
+    # a step hook on the wrapped SGD (a scheduler's, a user's) runs: its Optimizer.step
+    from privacy.dp import bookkeeping
+
+    private = _private("small-cnn", "bookkeeping", 1.0, 0.5, 8)
+    seen = []
+    private.optimizer.original_optimizer.register_step_post_hook(
+        lambda *a: seen.append(1))
+    assert bookkeeping._plain_sgd_group(private.optimizer.original_optimizer) is None
+    xb, yb = next(iter(private.loader))
+    private.criterion(private.model(xb), yb).backward()
+    private.optimizer.step()
+    assert seen == [1]
+
+
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
 def test_opacus_modes_get_nchw_convolutions_from_a_channels_last_model(mode):
     """Opacus' grad samplers misread channels-last convolutions (per-example gradients off

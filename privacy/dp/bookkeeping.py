@@ -523,7 +523,72 @@ def make_optimizer_class(base: type) -> type:
             self._is_last_step_skipped = False
             return True
 
+        def step(self, closure: Any = None) -> float | None:
+            """Opacus' step; for a plain ``torch.optim.SGD`` its update is applied by the
+            functional ``sgd`` with the arguments ``SGD.step`` passes it (the same bits,
+            tested), without ``Optimizer.step``'s profiling and hook machinery, which
+            costs about as much as the update on a small model."""
+            group = _plain_sgd_group(self.original_optimizer)
+            if closure is not None or group is None:
+                return super().step(closure)
+            if self.pre_step():
+                _sgd_update(self.original_optimizer, group)
+            return None
+
+        def zero_grad(self, set_to_none: bool = False) -> None:
+            """Opacus' ``zero_grad`` (its per-sample state dropped, then the wrapped
+            optimizer's); for a plain SGD's ``set_to_none`` the gradients are dropped
+            here, as ``Optimizer.zero_grad`` would, without its profiling scope."""
+            if not set_to_none or _plain_sgd_group(self.original_optimizer) is None:
+                super().zero_grad(set_to_none)
+                return
+            for p in self.params:
+                p.grad_sample = None
+                if not self._is_last_step_skipped:
+                    p.summed_grad = None
+            for group in self.original_optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
     return BookKeepingOptimizer
+
+
+def _plain_sgd_group(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """The one parameter group of a plain ``torch.optim.SGD`` (not fused, not
+    differentiable, no gradient scaler, no step hooks of its own or global), else None."""
+    from torch.optim import optimizer as torch_optimizer
+
+    if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+        return None
+    group = optimizer.param_groups[0]
+    if group.get("fused") or group.get("differentiable") or \
+            getattr(optimizer, "grad_scale", None) is not None or \
+            getattr(optimizer, "found_inf", None) is not None or \
+            optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or \
+            torch_optimizer._global_optimizer_pre_hooks or \
+            torch_optimizer._global_optimizer_post_hooks:
+        return None
+    return group
+
+
+@torch.no_grad()
+def _sgd_update(optimizer: torch.optim.SGD, group: dict[str, Any]) -> None:
+    """``SGD.step``'s update of ``group``: its functional ``sgd`` on the parameters that
+    have a gradient, the momentum buffers kept in the optimizer's state as it keeps them."""
+    from torch.optim.sgd import sgd
+
+    params = [p for p in group["params"] if p.grad is not None]
+    grads = [p.grad for p in params]
+    momentum = group["momentum"]
+    buffers = [optimizer.state[p].get("momentum_buffer") for p in params] \
+        if momentum != 0 else []
+    sgd(params, grads, buffers, weight_decay=group["weight_decay"], momentum=momentum,
+        lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"],
+        maximize=group["maximize"], has_sparse_grad=any(g.is_sparse for g in grads),
+        foreach=group["foreach"], fused=group["fused"], grad_scale=None, found_inf=None)
+    if momentum != 0:
+        for p, buffer in zip(params, buffers, strict=True):
+            optimizer.state[p]["momentum_buffer"] = buffer
 
 
 def _draw(buffers: list[torch.Tensor], std: float, generator: torch.Generator | None
