@@ -44,3 +44,19 @@ def test_the_accounting_view_times_the_epsilons_a_run_reports() -> None:
         assert a["rdp-epsilon"] > a["epsilon"] > 0
         assert a["fedpriv-s"] >= 0 and a["dp-accounting-s"] > 0 and a["rdp-s"] > 0
     assert rows[0]["epsilon"] < rows[1]["epsilon"] < rows[2]["epsilon"]
+
+
+def test_the_conv_benchmark_times_two_ways_to_the_same_clipping() -> None:
+    """Both ways the convolution benchmark times give the same per-example norms and
+    clipped sums for every shape it lists, so its table compares like with like."""
+    import torch
+
+    from experiments.benchmarks.conv_clipping import SHAPES, ways
+
+    for shape in SHAPES:
+        runs = ways(shape)
+        (sq_g, sums_g), (sq_i, sums_i) = runs["ghost"](), runs["instantiated"]()
+        assert torch.allclose(sq_g, sq_i, rtol=1e-4), shape.name
+        for a, b in zip(sums_g, sums_i, strict=True):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-3), shape.name
+        assert runs["sgd"]().shape == shape.layer().weight.shape

@@ -76,6 +76,52 @@ def test_each_way_to_per_sample_conv_gradients_is_autograd_per_example(shape, wa
     assert (unfolded <= default) == (cin != 32)  # which way the default picks
 
 
+@pytest.mark.parametrize("shape", [
+    (16, 32, 4, 2, 0, 13, 1), (1, 16, 8, 2, 3, 28, 1), (3, 8, 3, 1, "same", 9, 2),
+    (4, 6, (3, 2), (2, 1), (1, 0), 11, 1), (64, 32, 3, 1, 1, 4, 1)])
+def test_conv_ghost_norms_and_clipped_sum_are_each_examples_own(shape):
+    # the ghost norm (Gram matrices of unfolded inputs and output gradients) is each
+    # example's own weight-and-bias gradient norm, by autograd on that example alone, and
+    # its clipped sum is the weighted sum of those gradients
+    from privacy.dp.bookkeeping import _conv_ghost
+
+    cin, cout, k, stride, pad, size, dilation = shape
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=pad, dilation=dilation)
+    a = torch.randn(5, cin, size, size)
+    if cin > 1:
+        a = a.contiguous(memory_format=torch.channels_last)
+    g = torch.randn_like(conv(a))
+    own = []
+    for i in range(5):
+        conv.zero_grad()
+        (conv(a[i:i + 1]) * g[i:i + 1]).sum().backward()
+        own.append((conv.weight.grad.clone(), conv.bias.grad.clone()))
+    layer = _conv_ghost(conv, a, g)
+    expected = torch.stack([w.pow(2).sum() + b.pow(2).sum() for w, b in own])
+    torch.testing.assert_close(layer.sq, expected, rtol=1e-4, atol=1e-5)
+    weights = torch.rand(5)
+    weight_sum, bias_sum = layer.clipped(weights)
+    pairs = list(zip(weights, own, strict=True))
+    torch.testing.assert_close(weight_sum, sum(c * w for c, (w, _) in pairs),
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bias_sum, sum(c * b for c, (_, b) in pairs),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_ghost_norms_are_chosen_for_a_resnets_last_stages_not_for_the_mnist_cnns():
+    # (output positions, kernel x input channels, output channels) of each layer
+    from privacy.dp.bookkeeping import ghost_cheaper
+
+    assert not ghost_cheaper(196, 64, 16)  # the small CNN's first convolution
+    assert not ghost_cheaper(25, 256, 32)  # its second
+    assert not ghost_cheaper(196, 800, 64)  # the McMahan CNN's second
+    assert not ghost_cheaper(256, 1152, 128)  # a CIFAR ResNet-18's second stage (16x16)
+    assert not ghost_cheaper(64, 128, 256)  # its third stage's 1x1 shortcut
+    assert ghost_cheaper(64, 2304, 256)  # its third stage (8x8)
+    assert ghost_cheaper(16, 4608, 512)  # its last stage (4x4)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("name", ["small-cnn", "cnn"])
 def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name, channels_last):
@@ -100,7 +146,8 @@ def test_clipped_sum_equals_opacus_hooks_on_the_same_batch(name, channels_last):
     ("char-gru", "instantiated", 0.05), ("char-gru", "gram", 0.05),
     ("char-lstm", "instantiated", 0.05), ("char-lstm", "gram", 0.05),
     ("char-transformer", "instantiated", 0.05), ("char-transformer", "gram", 0.05),
-    ("resnet18", "instantiated", 0.05),
+    ("resnet18", "instantiated", 0.05), ("resnet18", "conv-ghost", 0.05),
+    ("resnet18", "conv-instantiated", 0.05),
     ("char-gru", "instantiated", 1e4), ("char-transformer", "gram", 1e4)])
 def test_clipped_sum_beyond_the_cnns_equals_opacus_hooks(name, way, clip, monkeypatch):
     # Opacus' DPGRU/DPLSTM use each cell's Linear layers at every one of the 80 steps,
@@ -113,6 +160,8 @@ def test_clipped_sum_beyond_the_cnns_equals_opacus_hooks(name, way, clip, monkey
 
     if way == "gram":
         monkeypatch.setattr(bookkeeping, "INSTANTIATE_MAX_ELEMENTS", 0)
+    if way.startswith("conv-"):  # every convolution by ghost norms, or none
+        monkeypatch.setattr(bookkeeping, "ghost_cheaper", lambda *a: way == "conv-ghost")
     torch.manual_seed(5)
     x, y = _data(name, 6)
     hooks = _clipped_sums(_private(name, "hooks", 0.0, clip, 6), x, y)

@@ -386,7 +386,7 @@ def test_bookkeeping_refuses_models_it_does_not_cover():
 def test_auto_mode_choice():
     assert resolve_mode("auto", "cnn") == "bookkeeping"
     assert resolve_mode("auto", "mlp") == "bookkeeping"
-    assert resolve_mode("auto", "resnet18") == "hooks"
+    assert resolve_mode("auto", "resnet18") == "bookkeeping"
     assert resolve_mode("auto", "small-cnn") == "bookkeeping"
     for name in ("char-gru", "char-lstm", "char-transformer"):
         assert resolve_mode("auto", name) == "bookkeeping"

@@ -417,7 +417,35 @@ def _normalization(m: nn.LayerNorm | nn.GroupNorm,
                   lambda w: [(w @ x).view(shape) for x in grads])
 
 
+def ghost_cheaper(positions: int, kernel: int, out_channels: int) -> bool:
+    """Whether a convolution's per-example norms are cheaper from the Gram matrices of its
+    unfolded inputs and output gradients (the ghost norm, Goodfellow 2015; Li et al. 2022)
+    than from instantiated per-example gradients: per example, with T output positions,
+    K = kernel x input channels and p output channels, the Gram products cost T^2 (K + p)
+    multiply-adds and the clipped sum one T K p product over the whole batch (SGD's own
+    weight gradient, one large GEMM); instantiating costs the T K p product example by
+    example (small batched products or a grouped convolution, several times slower per
+    multiply-add on a CPU) and writes every example's K p gradient. Bu et al. 2023's
+    mixed ghost clipping chooses per layer; its space criterion (2 T^2 < K p) sends the
+    small CNN's second layer and a ResNet-18's 16 x 16 stage the wrong way on a CPU, so
+    the rule here is the measured one (``experiments.benchmarks.conv_clipping``, seven
+    layer shapes): ghost when the Gram products cost less than half the per-example
+    product, T^2 (K + p) < T K p / 2. A CIFAR ResNet-18's last two stages go ghost (4-15x
+    faster there); the MNIST CNNs' layers do not."""
+    return 2 * positions * (kernel + out_channels) < kernel * out_channels
+
+
 def _conv(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
+    """The ghost norm when that is cheaper for the layer's shape (:func:`ghost_cheaper`),
+    else instantiated per-sample gradients."""
+    kh, kw = m.kernel_size
+    if a.shape[0] and ghost_cheaper(g.shape[2] * g.shape[3], kh * kw * a.shape[1],
+                                    g.shape[1]):
+        return _conv_ghost(m, a, g)
+    return _conv_instantiated(m, a, g)
+
+
+def _conv_instantiated(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
     """Per-sample weight gradients (:func:`_conv_grads`); the bias's are the output
     gradients summed over positions."""
     grads, to_weight = _conv_grads(m, a, g)
@@ -431,6 +459,31 @@ def _conv(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
         return [to_weight(summed.view(grads.shape[1:])).contiguous(), *_bias(m, g, w)]
 
     return _Layer(grads.shape[0], sq, clipped)
+
+
+def _conv_ghost(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
+    """Each example's squared weight-gradient norm ``|G_i|^2 = <U_i U_i^T, D_i D_i^T>``
+    (``U_i`` its unfolded input, T x K, ``D_i`` its output gradients, T x p) without
+    forming ``G_i = D_i^T U_i``; the clipped sum is one product over the batch's
+    positions, ``(w D)^T U``."""
+    batch, out, oh, ow = g.shape
+    shape = m.weight.shape
+    kh, kw = m.kernel_size
+    unfolded = _unfold_channels_last(m, a, oh, ow)  # [B, T, K], K in (kh, kw, in) order
+    d = g.permute(0, 2, 3, 1).reshape(batch, oh * ow, out)  # [B, T, p]
+    sq = (torch.bmm(unfolded, unfolded.transpose(1, 2))
+          * torch.bmm(d, d.transpose(1, 2))).sum((1, 2))
+    g_bias = d.sum(1)
+    if m.bias is not None:
+        sq = sq + _sq_norms(g_bias)
+
+    def clipped(w: torch.Tensor) -> list[torch.Tensor]:
+        summed = torch.mm((d * w[:, None, None]).reshape(-1, out).t(),
+                          unfolded.reshape(-1, unfolded.shape[2]))
+        weight = summed.view(shape[0], kh, kw, shape[1]).permute(0, 3, 1, 2)
+        return [weight.contiguous(), *_bias(m, g_bias, w)]
+
+    return _Layer(batch, sq, clipped)
 
 
 def make_optimizer_class(base: type) -> type:
