@@ -24,11 +24,12 @@ per-sample norms and the clipped sum from them:
 * ``LayerNorm`` and ``GroupNorm``: per-sample gradients (one number per channel),
   ``sum g * x_hat`` for the weight and ``sum g`` for the bias, with ``x_hat`` the input
   normalized again without the affine map;
-* ``Conv2d``: per-sample weight gradients (conv weights are small), by the cheaper exact
-  way for the layer's shape: the unfolded input times the output gradients for a small
-  output, otherwise ``torch.func``'s ``vmap`` of the convolution's weight backward (one
-  grouped convolution; 2.6x faster than unfolding on the McMahan CNN); the clipped sum
-  is then their weighted sum.
+* ``Conv2d``: the ghost norm (the Gram matrices of the unfolded input and the output
+  gradients, Bu et al. 2023's mixed ghost clipping) where few output positions face
+  many weights, the clipped sum one product over the batch; otherwise per-sample weight
+  gradients by the cheaper exact way for the layer's shape: the unfolded input times the
+  output gradients for a small output, else one grouped convolution's weight backward
+  with an example in each group; the clipped sum is then their weighted sum.
 
 The layers' own parameters do not require gradients during the pass (autograd computes
 only what flows between layers; the first layer's output is the pass's leaf, so no
@@ -55,7 +56,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import vmap
 from torch.nn import functional as F
 
 from . import background
@@ -114,8 +114,9 @@ def uncovered(model: nn.Module) -> list[str]:
 
 # The largest input unfolded per batch (elements: batch x output positions x kernel size
 # x input channels) for which the unfolded product beats the grouped convolution
-# (measured, one thread, batch 32: the small CNN's layers, 0.4M and 0.2M elements, 0.42 /
-# 0.16 ms against 1.25 / 1.87 ms grouped; the McMahan CNN's, 0.6M and 5M, tie).
+# (measured, one thread, batch 32, 2026-12-03: the small CNN's layers, 0.4M and 0.2M
+# elements, 0.57 / 0.28 ms against 0.81 / 0.56 ms grouped; the McMahan CNN's first, 0.6M,
+# 2.04 against 2.21 ms; its second, 5M, 11.5 against 11.1 ms, at batch 64 44.7 against 22.6).
 UNFOLD_MAX_ELEMENTS = 2_000_000
 
 # The most elements (batch x out x in) a Linear layer used at several steps instantiates
@@ -130,8 +131,9 @@ def _conv_grads(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor
     them (``[out_channels, K]``) to the weight's shape. By the cheaper exact way for the
     layer's shape: the input unfolded channels-last (a strided view, copied once: the
     channels are the contiguous runs) times the output gradients, one batched product;
-    or, for a large unfolded input, ``torch.func.vmap`` of the convolution's weight
-    backward, whose batching rule runs one grouped convolution."""
+    or, for a large unfolded input, the weight backward of one grouped convolution with
+    an example in each group (what ``torch.func.vmap`` of the backward runs, without its
+    copy of the weight for every example)."""
     shape = m.weight.shape
     if a.shape[0] == 0:  # an empty Poisson batch: no example, no gradient
         return a.new_zeros(0, shape[0], shape[1:].numel()), lambda s: s.reshape(shape)
@@ -141,16 +143,16 @@ def _conv_grads(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor
         unfolded = _unfold_channels_last(m, a, g.shape[2], g.shape[3])
         grads = torch.bmm(g.flatten(2), unfolded)  # [B, out, kh * kw * in]
         return grads, lambda s: s.view(shape[0], kh, kw, shape[1]).permute(0, 3, 1, 2)
-    weight = m.weight.detach()
+    # every example a group of its own: its input and output channels side by side in
+    # one image; the weight only gives the gradient's shape (its values are not read)
+    batch = a.shape[0]
     padding = _padding(m)
     padding = list(padding) if isinstance(padding, tuple) else [padding, padding]
-
-    def one(ai: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.convolution_backward(
-            gi[None], ai[None], weight, None, list(m.stride), padding,
-            list(m.dilation), False, [0, 0], m.groups, [False, True, False])[1]
-
-    return vmap(one)(a, g).flatten(2), lambda s: s.reshape(shape)
+    grads = torch.ops.aten.convolution_backward(
+        g.reshape(1, -1, *g.shape[2:]).contiguous(), a.reshape(1, -1, *a.shape[2:]).contiguous(),
+        m.weight.new_empty(batch * shape[0], *shape[1:]), None, list(m.stride), padding,
+        list(m.dilation), False, [0, 0], batch * m.groups, [False, True, False])[1]
+    return grads.reshape(batch, shape[0], -1), lambda s: s.reshape(shape)
 
 
 def _unfold_channels_last(m: nn.Conv2d, a: torch.Tensor, out_h: int, out_w: int
