@@ -432,7 +432,7 @@ def ghost_cheaper(positions: int, kernel: int, out_channels: int) -> bool:
     small CNN's second layer and a ResNet-18's 16 x 16 stage the wrong way on a CPU, so
     the rule here is the measured one (``experiments.benchmarks.conv_clipping``, seven
     layer shapes): ghost when the Gram products cost less than half the per-example
-    product, T^2 (K + p) < T K p / 2. A CIFAR ResNet-18's last two stages go ghost (4-15x
+    product, T^2 (K + p) < T K p / 2. A CIFAR ResNet-18's last two stages go ghost (3-15x
     faster there); the MNIST CNNs' layers do not."""
     return 2 * positions * (kernel + out_channels) < kernel * out_channels
 
