@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -270,6 +271,14 @@ def _table(lines: list[str]) -> list[dict[str, str]]:
     return [dict(zip(head, r, strict=True)) for r in body]
 
 
+def _round_accuracies(results: Path, cell: int) -> dict[int, float]:
+    """A sweep cell's test accuracy after each round, from its ledger."""
+    folder = next(results.glob(f"sweeps/*/cells/{cell:02d}-*"))
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+               if line.strip()]
+    return {r["round"]: r["test"]["accuracy"] for r in records if "test" in r}
+
+
 # the shard cells' accuracies, which swing from round to round (see below)
 SWINGING = ("final-acc", "best-acc", "best-round")
 
@@ -281,7 +290,8 @@ def test_the_readme_sweep_table_is_what_the_sweep_prints(tmp_path):
     (steady-round-s, wall-s) are this machine's. The shard cells' accuracies are the
     exception: their rounds swing (two labels a client), and another processor's rounding
     moves which round lands where, so they are held to a band and to the table's point,
-    below the IID cells of the same size."""
+    below the IID cells of the same size; an IID cell's best round, to being one of this
+    run's best rounds up to that rounding."""
     shown = _table(_block("it is this\nMarkdown", "").splitlines())
     res = run_cli("sweep", "clients-partitioning", "--set", f"results-dir={tmp_path}",
                   cwd=tmp_path)
@@ -305,5 +315,13 @@ def test_the_readme_sweep_table_is_what_the_sweep_prints(tmp_path):
                 iid = [float(r[column]) for r in printed if r["partitioner"] == "iid"
                        and r["num-clients"] == got["num-clients"]]
                 assert float(got[column]) < min(iid) - 0.1, (column, got, iid)
+                continue
+            if column == "best-round":
+                # rounds whose accuracies tie (cell 2: 0.9550 at rounds 4 and 5 on the
+                # README's CPU) swap places under another CPU's rounding: the README's best
+                # round must be one of this run's best, up to that rounding
+                accuracy = _round_accuracies(tmp_path, int(got["cell"]))
+                assert _near(float(got["best-acc"]), accuracy[int(value)]), \
+                    (column, want, got, accuracy)
                 continue
             assert _close(value, got[column]), (column, want, got)
