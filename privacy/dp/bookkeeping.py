@@ -142,7 +142,7 @@ def _conv_grads(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor
     if a.shape[0] * positions * kh * kw * a.shape[1] <= UNFOLD_MAX_ELEMENTS:
         unfolded = _unfold_channels_last(m, a, g.shape[2], g.shape[3])
         grads = torch.bmm(g.flatten(2), unfolded)  # [B, out, kh * kw * in]
-        return grads, lambda s: s.view(shape[0], kh, kw, shape[1]).permute(0, 3, 1, 2)
+        return grads, lambda s: _weight_from_channels_last(s, m)
     # every example a group of its own: its input and output channels side by side in
     # one image; the weight only gives the gradient's shape (its values are not read)
     batch = a.shape[0]
@@ -171,6 +171,13 @@ def _unfold_channels_last(m: nn.Conv2d, a: torch.Tensor, out_h: int, out_w: int
     view = x.as_strided((b, out_h, out_w, kh, kw, c),
                         (st[0], st[1] * sh, st[2] * sw, st[1] * dh, st[2] * dw, st[3]))
     return view.reshape(b, out_h * out_w, kh * kw * c)
+
+
+def _weight_from_channels_last(s: torch.Tensor, m: nn.Conv2d) -> torch.Tensor:
+    """A gradient with its columns in :func:`_unfold_channels_last`'s (kh, kw, in) order,
+    as ``m.weight``'s [out, in, kh, kw] (a view)."""
+    out, inp, kh, kw = m.weight.shape
+    return s.view(out, kh, kw, inp).permute(0, 3, 1, 2)
 
 
 def _conv_grad_sample(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -469,8 +476,6 @@ def _conv_ghost(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
     forming ``G_i = D_i^T U_i``; the clipped sum is one product over the batch's
     positions, ``(w D)^T U``."""
     batch, out, oh, ow = g.shape
-    shape = m.weight.shape
-    kh, kw = m.kernel_size
     unfolded = _unfold_channels_last(m, a, oh, ow)  # [B, T, K], K in (kh, kw, in) order
     d = g.permute(0, 2, 3, 1).reshape(batch, oh * ow, out)  # [B, T, p]
     sq = (torch.bmm(unfolded, unfolded.transpose(1, 2))
@@ -482,8 +487,7 @@ def _conv_ghost(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> _Layer:
     def clipped(w: torch.Tensor) -> list[torch.Tensor]:
         summed = torch.mm((d * w[:, None, None]).reshape(-1, out).t(),
                           unfolded.reshape(-1, unfolded.shape[2]))
-        weight = summed.view(shape[0], kh, kw, shape[1]).permute(0, 3, 1, 2)
-        return [weight.contiguous(), *_bias(m, g_bias, w)]
+        return [_weight_from_channels_last(summed, m).contiguous(), *_bias(m, g_bias, w)]
 
     return _Layer(batch, sq, clipped)
 
