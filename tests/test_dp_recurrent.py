@@ -133,3 +133,25 @@ def test_a_packed_sequence_is_refused_with_the_way_out():
     packed = pack_padded_sequence(torch.randn(2, 5, 3), [5, 3], batch_first=True)
     with pytest.raises(ValueError, match="PackedSequence.*hooks"):
         layer(packed)
+
+
+def test_the_lstm_sequence_node_and_the_per_step_graph_torch_func_sees_agree():
+    # outside torch.func the recurrence is one node with a hand-written backward; inside
+    # (vmap/grad) it is the per-step graph: the same outputs and the same gradients
+    from torch.func import functional_call, grad
+
+    torch.manual_seed(0)
+    layer = sequence_layer(nn.LSTM(5, 6, 2, batch_first=True))
+    x, target = torch.randn(3, 8, 5), torch.randn(3, 8, 6)
+
+    def loss(params, xb):
+        out, (h, c) = functional_call(layer, params, (xb,))
+        return ((out - target) ** 2).sum() + h.sum() + c.square().sum()
+
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    inside = grad(loss)(params, x)
+    out, (h, c) = layer(x)
+    ((out - target) ** 2).sum().add(h.sum()).add(c.square().sum()).backward()
+    assert type(out.grad_fn).__name__ == "_LSTMSequenceBackward"
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, inside[name], rtol=1e-5, atol=1e-6)

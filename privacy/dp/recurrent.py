@@ -13,6 +13,14 @@ its output gradients are the gates' (the LSTM and RNN add the two projections) o
 the GRU, whose reset gate scales part of it, those of a zero-valued probe added to it.
 So no hook runs per step, and each example's gradient is one batched product.
 
+The LSTM's recurrence is one autograd node (:class:`_LSTMSequence`): the forward keeps
+each step's activated gates and cell state, and the backward walks the steps back by
+hand, with everything that does not depend on the step before (the gates' derivatives,
+``tanh(c)``) computed for the whole sequence at once; each step is then one product with
+the hidden weights and five elementwise operations, where autograd ran some twenty nodes
+(the ``(B, T, 4H)`` gate gradient it returns is what book-keeping reads for both
+projections). Inside ``torch.func`` transforms the recurrence is the per-step graph.
+
 The same equations, gate order and elementwise operations as ATen's cells (GRU: r, z, n
 with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``, ``h' = (h - n) * z + n``; LSTM:
 i, f, g, o): the outputs equal the fused layer's to float rounding (tested), and the
@@ -29,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 # torch's recurrent layer type -> (the kind its equations are, gates per hidden unit)
@@ -112,7 +121,7 @@ class SequenceRecurrent(nn.Module):
                               hh, h0)
             elif lstm:
                 probe = gx  # the gates are input + hidden projection: the same gradient
-                seq, (h, c) = _lstm(gx.unbind(1), hh, h0, hx[1][k])
+                seq, (h, c) = _lstm(gx, hh, h0, hx[1][k])
                 c_n.append(c)
             else:
                 probe = gx
@@ -163,17 +172,94 @@ def _gru(steps: tuple[torch.Tensor, ...], probes: tuple[torch.Tensor, ...] | Non
     return torch.stack(outs, 1), h
 
 
-def _lstm(steps: tuple[torch.Tensor, ...], hh: nn.Linear, h: torch.Tensor, c: torch.Tensor
+def _lstm(gx: torch.Tensor, hh: nn.Linear, h: torch.Tensor, c: torch.Tensor
           ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """ATen's LSTM cell at each step: ``c' = f * c + i * g``, ``h' = o * tanh(c')``."""
+    """ATen's LSTM cell at each step: ``c' = f * c + i * g``, ``h' = o * tanh(c')``; one
+    autograd node for the sequence (:class:`_LSTMSequence`, the same floats forward)
+    outside ``torch.func`` transforms."""
+    if not torch._C._are_functorch_transforms_active():
+        out, h, c = _LSTMSequence.apply(gx, h, c, hh.weight, hh.bias)
+        return out, (h, c)
     outs = []
     w, b = hh.weight, hh.bias
-    for gx in steps:
-        i, f, g, o = (F.linear(h, w, b) + gx).chunk(4, 1)
+    for step in gx.unbind(1):
+        i, f, g, o = (F.linear(h, w, b) + step).chunk(4, 1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         outs.append(h)
     return torch.stack(outs, 1), (h, c)
+
+
+class _LSTMSequence(torch.autograd.Function):
+    """An LSTM layer's recurrence over a sequence given its input projections ``gx``
+    ``(B, T, 4H)``: forward, ATen's cell step by step (the same operations as
+    :func:`_lstm`'s loop); backward, backpropagation through time by hand (Werbos 1990):
+    per step ``dh += dout_t``, ``dc += dh * o (1 - tanh^2 c)``, the gate gradient
+    ``dz_t`` from ``dc`` and ``dh`` by factors computed for all steps at once, then
+    ``dc *= f`` and ``dh = dz_t W_hh``. Returns ``dz`` as ``gx``'s gradient (the gates'
+    pre-activation gradient, which book-keeping reads) and, when they are trained,
+    ``W_hh``'s and ``b_hh``'s as one product over the sequence."""
+
+    @staticmethod
+    def forward(ctx: Any, gx: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+                w: torch.Tensor, b: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, steps, width = gx.shape
+        hidden = width // 4
+        gates = gx.new_empty(steps, batch, width)  # activated i, f, g, o; time-major
+        cells = gx.new_empty(steps + 1, batch, hidden)
+        out = gx.new_empty(batch, steps, hidden)
+        cells[0] = c0
+        h = h0
+        for t in range(steps):
+            z = F.linear(h, w, b).add_(gx[:, t])
+            act = gates[t]
+            torch.sigmoid(z, out=act)
+            torch.tanh(z[:, 2 * hidden:3 * hidden], out=act[:, 2 * hidden:3 * hidden])
+            i, f, g, o = act.chunk(4, 1)
+            torch.add(f * cells[t], i * g, out=cells[t + 1])
+            h = torch.mul(o, torch.tanh(cells[t + 1]), out=out[:, t])
+        ctx.save_for_backward(gates, cells, out, h0, w)
+        ctx.has_bias = b is not None
+        return out, out[:, -1].clone(), cells[-1].clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_hn: torch.Tensor | None,
+                 d_cn: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        gates, cells, out, h0, w = ctx.saved_tensors
+        steps, batch, width = gates.shape
+        hidden = width // 4
+        i, f, g, o = gates.split(hidden, 2)
+        tanh_c = torch.tanh(cells[1:])
+        to_cell = o * (1 - tanh_c * tanh_c)  # dc += dh * to_cell
+        from_cell = gates.new_empty(steps, batch, 3, hidden)  # dz_{i,f,g} = dc * from_cell
+        torch.mul(g, i * (1 - i), out=from_cell[:, :, 0])
+        torch.mul(cells[:-1], f * (1 - f), out=from_cell[:, :, 1])
+        torch.mul(i, 1 - g * g, out=from_cell[:, :, 2])
+        from_h = tanh_c * o * (1 - o)  # dz_o = dh * from_h
+        forget = f.contiguous()
+        d_out_t = (d_out if d_out is not None else out.new_zeros(out.shape)).transpose(0, 1)
+        dz = gates.new_empty(steps, batch, width)
+        dh = d_hn.clone() if d_hn is not None else h0.new_zeros(batch, hidden)
+        dc = d_cn.clone() if d_cn is not None else h0.new_zeros(batch, hidden)
+        for t in range(steps - 1, -1, -1):
+            dh.add_(d_out_t[t])
+            dc.addcmul_(dh, to_cell[t])
+            torch.mul(dc.unsqueeze(1), from_cell[t], out=dz[t, :, :3 * hidden].view(
+                batch, 3, hidden))
+            torch.mul(dh, from_h[t], out=dz[t, :, 3 * hidden:])
+            dc.mul_(forget[t])
+            dh = torch.mm(dz[t], w)
+        d_gx = dz.transpose(0, 1)
+        d_w = d_b = None
+        if ctx.needs_input_grad[3]:
+            previous = torch.cat([h0.unsqueeze(1), out[:, :-1]], 1)
+            d_w = torch.mm(d_gx.reshape(-1, width).t(), previous.reshape(-1, hidden))
+        if ctx.has_bias and ctx.needs_input_grad[4]:
+            d_b = dz.sum((0, 1))
+        return (d_gx, dh if ctx.needs_input_grad[1] else None,
+                dc if ctx.needs_input_grad[2] else None, d_w, d_b)
 
 
 def _rnn(steps: tuple[torch.Tensor, ...], hh: nn.Linear, h: torch.Tensor,
