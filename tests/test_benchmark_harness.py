@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.benchmarks.dp_overhead import accounting_times
+from experiments.benchmarks.dp_overhead import accounting_times, same_batch_sets
 from experiments.benchmarks.fedavg_overhead import DEFAULT_SET, _merge, measured
 from experiments.configs import resolve
 
@@ -44,6 +44,22 @@ def test_the_accounting_view_times_the_epsilons_a_run_reports() -> None:
         assert a["rdp-epsilon"] > a["epsilon"] > 0
         assert a["fedpriv-s"] >= 0 and a["dp-accounting-s"] > 0 and a["rdp-s"] > 0
     assert rows[0]["epsilon"] < rows[1]["epsilon"] < rows[2]["epsilon"]
+
+
+def test_plain_sgd_is_also_timed_at_the_settings_dp_sgd_trains_at() -> None:
+    """The DP round's own floor: plain SGD at DP-SGD's batch size and learning rate where a
+    local-DP run takes settings of its own (MNIST's), and no such variant where it keeps
+    the run's (a model without tuned settings, or a batch size the user set)."""
+    from experiments.dp_defaults import MNIST_SETTINGS
+
+    own = [f"{k}={MNIST_SETTINGS[k]}" for k in ("batch-size", "lr")]
+    for sets in (DEFAULT_SET, [*DEFAULT_SET, "model=mlp"]):
+        assert same_batch_sets(resolve(None, sets), None, sets) == own
+        plain = resolve(None, [*sets, "dp=none", *own]).training
+        dp = resolve(None, [*sets, "dp=local", "noise-multiplier=1.0"]).training
+        assert (plain.batch_size, plain.lr) == (dp.batch_size, dp.lr)
+    for sets in ([*DEFAULT_SET, "model=cnn"], [*DEFAULT_SET, "batch-size=64"]):
+        assert same_batch_sets(resolve(None, sets), None, sets) == []
 
 
 def test_the_conv_benchmark_times_two_ways_to_the_same_clipping() -> None:

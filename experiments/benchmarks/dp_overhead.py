@@ -7,9 +7,11 @@ Views of the same workload (default: 10 clients x 400 embedded-MNIST images,
    ``ghost`` and ``bookkeeping`` clipping (1 torch thread, as a simulated client runs),
    and plain SGD drawing DP-SGD's Gaussian noise in each step: the floor no clipping
    method goes below at this batch size without a spare core;
-2. per round, through fedpriv (Flower + Ray): steady-state round time with
+2. per round, through fedpriv (the in-process runtime): steady-state round time with
    ``dp = none`` and ``dp = local`` for each mode (fixed noise multiplier, so no
-   calibration cost is included);
+   calibration cost is included), and, where DP-SGD trains at a batch size or learning
+   rate of its own (MNIST's DP-SGD settings), ``dp = none`` at those as well: the
+   mechanism's cost apart from the settings' (the last rows);
 3. with ``--client-rounds``, per client round in one process: client 0's whole round as
    its ClientApp runs it (``local_update``: DP set-up, epoch, ledger, epsilon, digest);
 4. with ``--accounting ROUNDS``, the epsilon a client reports after each of the run's
@@ -203,6 +205,22 @@ def accounting_times(cfg: RunConfig, rounds: int) -> list[dict[str, float]]:
     return out
 
 
+SAME_BATCH = "none@dp-settings"
+
+
+def same_batch_sets(cfg: RunConfig, config: str | None, sets: list[str]) -> list[str]:
+    """The ``KEY=VALUE`` settings a local-DP run of ``cfg`` trains at where plain SGD's
+    differ (batch size and learning rate: :mod:`experiments.dp_defaults` gives DP-SGD its
+    own on MNIST), so that plain SGD can be timed at DP-SGD's batches as well: the
+    per-round ratio then holds the mechanism (clipping, noise, Poisson sampling) apart
+    from the settings. Empty when they are the same."""
+    dp = resolve(config, sets + ["dp=local", "noise-multiplier=1.0"]).training
+    plain = cfg.training
+    return [f"{key}={value}" for key, value, own in
+            (("batch-size", dp.batch_size, plain.batch_size), ("lr", dp.lr, plain.lr))
+            if value != own]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="DP-SGD vs SGD round time per grad-sample mode")
     parser.add_argument("--config", help="a preset (without it, the MNIST default: "
@@ -242,6 +260,9 @@ def main() -> None:
     if not args.skip_federated:
         report["round-s"] = {}
         variants = {"none": ["--set", "dp=none"]}
+        same = same_batch_sets(cfg, args.config, sets)
+        if same:  # DP-SGD trains at settings of its own: plain SGD at them too
+            variants[SAME_BATCH] = ["--set", "dp=none", *(a for s in same for a in ("--set", s))]
         for mode in federated_modes:
             variants[mode] = ["--set", "dp=local", "--set", "noise-multiplier=1.0",
                               "--set", f"grad-sample-mode={mode}"]
@@ -257,9 +278,14 @@ def main() -> None:
                 rounds[name] += res["rounds-s"][1:]  # steady state: after the first round
         report["round-s"] = {name: statistics.median(ts) for name, ts in rounds.items()}
         base = report["round-s"]["none"]
+        labels = {"none": "no DP", SAME_BATCH: f"no DP at DP-SGD's {', '.join(same)}"}
         for name, t in report["round-s"].items():
-            rows.append((f"federated round (fedpriv), {name if name != 'none' else 'no DP'}",
+            rows.append((f"federated round (fedpriv), {labels.get(name, name)}",
                          f"{t:.3f}", f"{t / base:.2f}x"))
+        if same:
+            rows += [(f"federated round, {name} against no DP at the same settings", "",
+                      f"{report['round-s'][name] / report['round-s'][SAME_BATCH]:.2f}x")
+                     for name in federated_modes]
     print_table(rows)
     if args.accounting > 0:
         dp_sets = ["dp=local"] + ([] if any(s.startswith("noise-multiplier=") for s in sets)
